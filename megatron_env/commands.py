@@ -1,0 +1,86 @@
+"""What the front doors call: one function per command, each returning an exit code.
+
+`tasks.py` parses arguments and calls these; nothing here parses command lines. A `UserError`
+raised anywhere below is printed as one line plus its fix by `guarded`, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from . import checks, profile, report, snapshot
+from .errors import UserError
+
+
+def guarded(fn: Callable[..., int]) -> Callable[..., int]:
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs) -> int:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            err = report.console(stderr=True)
+            err.print(f"[bold red]error[/]: {e.message}")
+            if e.fix:
+                err.print(f"  [dim]fix:[/] {e.fix}")
+            return e.exit_code
+        except KeyboardInterrupt:
+            report.console(stderr=True).print("[bold red]interrupted[/]")
+            return 130
+
+    return wrapper
+
+
+@guarded
+def profiles() -> int:
+    out = report.console()
+    items = profile.load_all()
+    width = max((len(p.name) for p in items), default=0)
+    for p in items:
+        mark = "*" if p.is_default else " "
+        out.print(f"{mark} {p.name:<{width}}  python {p.python:<5} torch {p.torch:<7} "
+                  f"cuda {p.cuda:<5} megatron {p.megatron['tag']}")
+    out.print(f"[dim]{len(items)} profiles under envs/; * marks the default[/dim]")
+    return 0
+
+
+@guarded
+def collect(out_dir: str) -> int:
+    out = report.console(stderr=True)
+    path = Path(out_dir)
+    out.print(f"Collecting host facts into {path}")
+    snapshot.collect(path, echo=out.print)
+    out.print(f"[bold]snapshot written[/bold] to {path}; analyse it anywhere with "
+              f"`invoke check --snapshot {path}`")
+    return 0
+
+
+def findings_for(profile_name: str | None, snapshot_dir: str | None):
+    prof = profile.load(profile_name)
+    if snapshot_dir:
+        snap = snapshot.Snapshot.load(Path(snapshot_dir))
+        return prof, snap, checks.run_all(snap, prof)
+    with tempfile.TemporaryDirectory(prefix="megatron-env-snapshot-") as tmp:
+        snap = snapshot.collect(Path(tmp), echo=lambda *_: None)
+        return prof, snap, checks.run_all(snap, prof)
+
+
+@guarded
+def check(profile_name: str | None = None, snapshot_dir: str | None = None,
+          as_json: bool = False) -> int:
+    prof, snap, findings = findings_for(profile_name, snapshot_dir)
+    source = snapshot_dir or "this host"
+    if as_json:
+        report.emit_json(findings, profile=prof.name, source=source)
+    else:
+        report.print_findings(findings, f"Checked {source} against profile {prof.name}")
+    from .findings import exit_code
+
+    return exit_code(findings)
+
+
+def main_exit(code: int) -> None:
+    sys.exit(code)

@@ -1,0 +1,118 @@
+"""The one subprocess runner: every side effect on the host goes through `run`.
+
+Keeping it in one place means one policy for missing tools (reported, never a traceback),
+timeouts, captured output and logging, and one seam for tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a command did. `missing` is True when the program does not exist on this host."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    missing: bool = False
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.missing and not self.timed_out
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr together, as a person would have seen them."""
+        return self.stdout + (self.stderr if self.stderr else "")
+
+    def tail(self, lines: int = 20) -> str:
+        return "\n".join(self.output.rstrip().splitlines()[-lines:])
+
+
+def which(program: str, path: str | None = None) -> str | None:
+    return shutil.which(program, path=path)
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    cwd: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = 120,
+    input: str | None = None,
+    log: Path | None = None,
+    stream: bool = False,
+) -> Result:
+    """Run `argv`; never raises for a missing program, a failure or a timeout.
+
+    `env` replaces the environment (callers derive it from `os.environ`); `log` receives the
+    combined output; `stream` lets the output through to the terminal (long builds), in which
+    case it is also teed into `log` when given.
+    """
+    args = tuple(str(a) for a in argv)
+    exe = args[0]
+    if os.sep not in exe and which(exe, path=(env or os.environ).get("PATH")) is None:
+        return Result(args, 127, "", f"{exe}: command not found", missing=True)
+    try:
+        if stream:
+            return _run_streaming(args, cwd, env, timeout, log)
+        cp = subprocess.run(
+            args,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
+    except FileNotFoundError:
+        return Result(args, 127, "", f"{exe}: command not found", missing=True)
+    except PermissionError as e:
+        return Result(args, 126, "", f"{exe}: {e}")
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        return Result(args, 124, out, f"{exe}: timed out after {timeout}s", timed_out=True)
+    result = Result(args, cp.returncode, cp.stdout, cp.stderr)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"$ {' '.join(args)}\n{result.output}")
+    return result
+
+
+def _run_streaming(args, cwd, env, timeout, log) -> Result:
+    lines: list[str] = []
+    fh = log.open("w") if log is not None else None
+    try:
+        p = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+        )
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+            if fh:
+                fh.write(line)
+                fh.flush()
+            print(line, end="", flush=True)
+        rc = p.wait(timeout=timeout)
+    finally:
+        if fh:
+            fh.close()
+    return Result(args, rc, "".join(lines), "")

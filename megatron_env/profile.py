@@ -1,0 +1,248 @@
+"""Profiles: `envs/<name>/profile.toml`, the single source of truth for one stack.
+
+A profile is declarative, like a Spack recipe: versions with hashes, nothing imperative.
+Everything else (lock constraints, build flags, cache keys, what checks expect) is derived from
+it by code. Loading validates every field against `SCHEMA` and names the file, the key and what
+was expected, so a typo never travels further than `invoke profiles`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from . import REPO_ROOT
+from .errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+ENVS_DIR = REPO_ROOT / "envs"
+PROFILE_FILE = "profile.toml"
+
+# --- field validators: each returns an error text ("expected ...") or None -------------------
+
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_MAJOR_MINOR = re.compile(r"^\d+\.\d+$")
+_DRIVER = re.compile(r"^\d+(\.\d+){1,2}$")
+_ARCH = re.compile(r"^\d+\.\d+a?(\+PTX)?$")
+
+
+def _version(v: str) -> str | None:
+    try:
+        Version(v)
+    except InvalidVersion:
+        return "a version such as 2.1.0"
+    return None
+
+
+def _match(rx: re.Pattern[str], what: str) -> Callable[[str], str | None]:
+    return lambda v: None if rx.match(v) else what
+
+
+def _url(v: str) -> str | None:
+    ok = re.match(r"^(https?|ssh|git|file)://", v) or v.startswith(("/", "git@"))
+    return None if ok else "a git URL (https://, ssh://, git@, file:// or a local path)"
+
+
+def _list_of(check: Callable[[str], str | None] | None) -> Callable[[Any], str | None]:
+    def validate(items: Any) -> str | None:
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            return "a list of strings"
+        for item in items:
+            if check and (err := check(item)):
+                return f"{err} for every item (got {item!r})"
+        return None
+
+    return validate
+
+
+@dataclass(frozen=True)
+class Field:
+    type: type
+    check: Callable[[Any], str | None] | None = None
+    required: bool = True
+
+
+# The whole grammar of a profile. A key not listed here is an error, not silently ignored.
+SCHEMA: dict[str, dict[str, Field] | Field] = {
+    "description": Field(str),
+    "default": Field(bool, required=False),
+    "python": {"version": Field(str, _match(_MAJOR_MINOR, "a Python version such as 3.10"))},
+    "cuda": {
+        "version": Field(str, _match(_MAJOR_MINOR, "a CUDA version such as 12.1")),
+        "min_driver": Field(str, _match(_DRIVER, "a driver version such as 530.30.02")),
+        "archs": Field(list, _list_of(_match(_ARCH, "a compute capability such as 9.0"))),
+    },
+    "torch": {"version": Field(str, _version)},
+    "megatron": {
+        "repo": Field(str, _url),
+        "tag": Field(str),
+        "commit": Field(str, _match(_HEX40, "a commit of 40 lowercase hex digits")),
+    },
+    "flash_attn": {
+        "version": Field(str, _version),
+        "sha256": Field(str, _match(_HEX64, "a sha256 of 64 lowercase hex digits")),
+    },
+    "apex": {
+        "repo": Field(str, _url),
+        "commit": Field(str, _match(_HEX40, "a commit of 40 lowercase hex digits")),
+        "extensions": Field(list, _list_of(_match(re.compile(r"^[a-z_0-9]+$"), "an apex setup.py switch without dashes, such as cuda_ext"))),
+        "modules": Field(list, _list_of(None)),
+    },
+    "requirements": {"packages": Field(list, _list_of(None))},
+    "conda": {
+        "channels": Field(list, _list_of(None)),
+        "packages": Field(list, _list_of(None)),
+    },
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated profile. `data` keeps the raw tables; properties name what code needs."""
+
+    name: str
+    path: Path
+    data: dict[str, Any] = field(repr=False)
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def description(self) -> str:
+        return self.data["description"]
+
+    @property
+    def is_default(self) -> bool:
+        return bool(self.data.get("default", False))
+
+    @property
+    def python(self) -> str:
+        return self.data["python"]["version"]
+
+    @property
+    def cuda(self) -> str:
+        return self.data["cuda"]["version"]
+
+    @property
+    def cuda_major(self) -> int:
+        return int(self.cuda.split(".")[0])
+
+    @property
+    def min_driver(self) -> str:
+        return self.data["cuda"]["min_driver"]
+
+    @property
+    def archs(self) -> list[str]:
+        return list(self.data["cuda"]["archs"])
+
+    @property
+    def torch(self) -> str:
+        return self.data["torch"]["version"]
+
+    @property
+    def megatron(self) -> dict[str, str]:
+        return dict(self.data["megatron"])
+
+    @property
+    def flash_attn(self) -> dict[str, str]:
+        return dict(self.data["flash_attn"])
+
+    @property
+    def apex(self) -> dict[str, Any]:
+        return dict(self.data["apex"])
+
+    @property
+    def requirements(self) -> list[str]:
+        return list(self.data["requirements"]["packages"])
+
+    @property
+    def conda(self) -> dict[str, list[str]]:
+        return dict(self.data["conda"])
+
+
+def _validate(data: dict[str, Any], schema: dict[str, Any], where: str, path: Path) -> None:
+    def fail(key: str, expected: str, got: Any = None) -> None:
+        got_text = "" if got is None else f", got {got!r}"
+        raise UserError(
+            f"{path}: {key}: expected {expected}{got_text}",
+            fix=f"edit {path} (see the profiles shipped under envs/ for the shape)",
+        )
+
+    for key in data:
+        if key not in schema:
+            known = ", ".join(sorted(schema))
+            fail(f"{where}{key}", f"one of the known keys ({known}); unknown key")
+    for key, spec in schema.items():
+        name = f"{where}{key}"
+        if isinstance(spec, dict):
+            table = data.get(key)
+            if not isinstance(table, dict):
+                fail(f"[{name}]", "a table" if table is None else "a table, not a value", table)
+            _validate(table, spec, f"{name}.", path)
+            continue
+        if key not in data:
+            if spec.required:
+                fail(name, f"a {spec.type.__name__} (missing)")
+            continue
+        value = data[key]
+        if not isinstance(value, spec.type) or (spec.type is not bool and isinstance(value, bool)):
+            fail(name, f"a {spec.type.__name__}", value)
+        if spec.check and (err := spec.check(value)):
+            fail(name, err, value)
+
+
+def load_file(path: Path) -> Profile:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})", fix="check the path") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: not valid TOML: {e}", fix=f"fix the syntax in {path}") from None
+    _validate(data, SCHEMA, "", path)
+    return Profile(name=path.parent.name, path=path, data=data)
+
+
+def names(envs_dir: Path = ENVS_DIR) -> list[str]:
+    if not envs_dir.is_dir():
+        return []
+    return sorted(p.parent.name for p in envs_dir.glob(f"*/{PROFILE_FILE}"))
+
+
+def load(name: str | None = None, envs_dir: Path = ENVS_DIR) -> Profile:
+    """Load a profile by name (or the default one), or from a path to a profile.toml."""
+    if name and (name.endswith(".toml") or "/" in name):
+        return load_file(Path(name))
+    known = names(envs_dir)
+    if name is None:
+        defaults = [p for p in (load_file(envs_dir / n / PROFILE_FILE) for n in known)
+                    if p.is_default]
+        if len(defaults) != 1:
+            raise UserError(
+                f"{len(defaults)} profiles under {envs_dir} say default = true; exactly one must",
+                fix="pass --profile NAME, or mark one profile as the default",
+            )
+        return defaults[0]
+    if name not in known:
+        raise UserError(
+            f"unknown profile {name!r}; known profiles: {', '.join(known) or 'none'}",
+            fix="pass one of the known names to --profile (invoke profiles lists them)",
+        )
+    return load_file(envs_dir / name / PROFILE_FILE)
+
+
+def load_all(envs_dir: Path = ENVS_DIR) -> list[Profile]:
+    return [load_file(envs_dir / n / PROFILE_FILE) for n in names(envs_dir)]
