@@ -28,3 +28,9 @@ def collect(c, out):
 def check(c, profile=None, snapshot=None, json=False):
     """Check whether this host (or a snapshot) can train the profile's stack at full speed."""
     _done(commands.check(profile, snapshot, json))
+
+
+@task(help={"profile": "profile name (default: the default profile)"})
+def setup(c, profile=None):
+    """Check the host, then build the profile's environment (steps not built yet are listed)."""
+    _done(commands.setup(profile))

@@ -342,11 +342,10 @@ def nccl_env(snap: Snapshot, profile: Profile) -> Finding:
         ifaces = parsers.ip_brief(ifaces_text) if ifaces_text else None
     except ParseError:
         ifaces = None
-    if (spec := nccl.get("NCCL_SOCKET_IFNAME")) and ifaces is not None:
-        if not _ifname_matches(spec, list(ifaces)):
-            problems.append((f"NCCL_SOCKET_IFNAME={spec} matches no interface "
-                             f"(have {', '.join(ifaces)})",
-                             "unset it or name an existing interface"))
+    spec = nccl.get("NCCL_SOCKET_IFNAME")
+    if spec and ifaces is not None and not _ifname_matches(spec, list(ifaces)):
+        problems.append((f"NCCL_SOCKET_IFNAME={spec} matches no interface "
+                         f"(have {', '.join(ifaces)})", "unset it or name an existing interface"))
     active_ib = _active_ib(snap)
     if nccl.get("NCCL_IB_DISABLE") == "1" and active_ib:
         problems.append((f"NCCL_IB_DISABLE=1 although {len(active_ib)} IB port(s) are ACTIVE: "

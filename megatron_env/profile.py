@@ -35,6 +35,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _MAJOR_MINOR = re.compile(r"^\d+\.\d+$")
 _DRIVER = re.compile(r"^\d+(\.\d+){1,2}$")
 _ARCH = re.compile(r"^\d+\.\d+a?(\+PTX)?$")
+_SWITCH = re.compile(r"^[a-z][a-z_0-9]*$")
 
 
 def _version(v: str) -> str | None:
@@ -96,7 +97,7 @@ SCHEMA: dict[str, dict[str, Field] | Field] = {
     "apex": {
         "repo": Field(str, _url),
         "commit": Field(str, _match(_HEX40, "a commit of 40 lowercase hex digits")),
-        "extensions": Field(list, _list_of(_match(re.compile(r"^[a-z_0-9]+$"), "an apex setup.py switch without dashes, such as cuda_ext"))),
+        "extensions": Field(list, _list_of(_match(_SWITCH, "a setup.py switch such as cuda_ext"))),
         "modules": Field(list, _list_of(None)),
     },
     "requirements": {"packages": Field(list, _list_of(None))},

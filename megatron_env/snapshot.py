@@ -54,7 +54,8 @@ class Snapshot:
         known = set(COMMANDS) | {"nvml.json", "env.txt", "meta.json"}
         if not any((path / name).exists() for name in known):
             raise UserError(
-                f"snapshot {path} holds none of the files a snapshot has ({', '.join(sorted(known))})",
+                f"snapshot {path} holds none of the files of a snapshot "
+                f"({', '.join(sorted(known))})",
                 fix="pass a directory written by `invoke collect --out DIR`",
             )
         return cls(path)
@@ -126,13 +127,15 @@ def nvml_facts() -> dict[str, Any]:
                 "pci_bus_id": text(nv.nvmlDeviceGetPciInfo(h).busId),
                 "memory_total": nv.nvmlDeviceGetMemoryInfo(h).total,
             }
-            for key, fn in (
-                ("compute_capability", lambda: ".".join(map(str, nv.nvmlDeviceGetCudaComputeCapability(h)))),
-                ("clocks_event_reasons", lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h)),
-                ("temperature_c", lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-            ):
+            optional = {
+                "compute_capability": (nv.nvmlDeviceGetCudaComputeCapability, ()),
+                "clocks_event_reasons": (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
+                "temperature_c": (nv.nvmlDeviceGetTemperature, (nv.NVML_TEMPERATURE_GPU,)),
+            }
+            for key, (fn, extra) in optional.items():
                 try:
-                    gpu[key] = fn()
+                    value = fn(h, *extra)
+                    gpu[key] = ".".join(map(str, value)) if isinstance(value, tuple) else value
                 except (nv.NVMLError, AttributeError) as e:
                     gpu[key + "_error"] = str(e)
             links = 0

@@ -1,0 +1,56 @@
+"""Profile loading: the shipped profiles load, and every kind of mistake names file and key."""
+
+import pytest
+
+from megatron_env import profile
+from megatron_env.errors import UserError
+
+
+def test_shipped_profiles():
+    names = profile.names()
+    assert names == ["core_v0.19.0-cu130", "core_v0.4.0-cu121"]
+    default = profile.load()
+    assert (default.name, default.python, default.torch, default.cuda) == (
+        "core_v0.4.0-cu121", "3.10", "2.1.0", "12.1")
+    assert default.megatron["commit"] == "38879f8b3f0edc4ed4f50ac2f3271010b12c549f"
+    assert default.archs == ["8.0", "9.0"] and default.min_driver == "530.30.02"
+    current = profile.load("core_v0.19.0-cu130")
+    assert (current.python, current.cuda, current.megatron["tag"]) == ("3.12", "13.0", "core_v0.19.0")
+
+
+def write_variant(tmp_path, old: str, new: str):
+    src = (profile.ENVS_DIR / "core_v0.4.0-cu121" / "profile.toml").read_text()
+    assert old in src
+    d = tmp_path / "envs" / "broken"
+    d.mkdir(parents=True)
+    (d / "profile.toml").write_text(src.replace(old, new, 1))
+    return d / "profile.toml"
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ('commit = "38879f8b3f0edc4ed4f50ac2f3271010b12c549f"', 'commit = "38879f8"',
+     "megatron.commit: expected a commit of 40 lowercase hex digits, got '38879f8'"),
+    ('version = "2.1.0"', 'version = "two.one"', "torch.version: expected a version"),
+    ('version = "3.10"', "version = 3.10", "python.version: expected a str, got 3.1"),
+    ("[torch]", "colour = 'red'\n[torch]", "cuda.colour: expected one of the known keys"),
+    ('min_driver = "530.30.02"', 'min_driver = "new"', "cuda.min_driver: expected a driver version"),
+    ('archs = ["8.0", "9.0"]', 'archs = ["sm_90"]', "cuda.archs: expected a compute capability"),
+    ('default = true', 'default = "yes"', "default: expected a bool"),
+    ("[apex]", "[apex\n", "not valid TOML"),
+])
+def test_bad_profiles_name_file_and_key(tmp_path, old, new, words):
+    path = write_variant(tmp_path, old, new)
+    with pytest.raises(UserError) as e:
+        profile.load_file(path)
+    assert str(path) in e.value.message and words in e.value.message
+
+
+def test_toml_error_names_the_line(tmp_path):
+    path = write_variant(tmp_path, "[apex]", "[apex\n")
+    with pytest.raises(UserError, match=r"line \d+"):
+        profile.load_file(path)
+
+
+def test_unknown_profile_lists_known(tmp_path):
+    with pytest.raises(UserError, match="known profiles: core_v0.19.0-cu130, core_v0.4.0-cu121"):
+        profile.load("core_v9")
