@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""gpu_health.py - is every GPU of this node as fast as its model should be, and do the kernels
+that were built for it (flash-attn, apex) compute what plain PyTorch computes?
+
+    python gpu_health.py [--out runs/gpu_health] [--size 8192]
+    torchrun --nproc_per_node=8 gpu_health.py          # one process per GPU, same results
+
+Per GPU: bf16 GEMM TFLOP/s (random inputs, median of timed runs with CUDA events), device-to-
+device copy bandwidth (bytes read + written), and when importable flash-attn's causal forward
+against torch's scaled_dot_product_attention and apex's FusedLayerNorm against torch.layer_norm.
+Results are judged against expectations per GPU model; JSON out, findings in the shape of
+`invoke check`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# name fragment -> (bf16 dense GEMM TFLOP/s, copy TB/s) that a healthy GPU reaches; a result
+# below WARN x this warns, below FAIL x this fails. H200: 790 TFLOP/s and 4.24 TB/s measured.
+EXPECTED = {"H200": (780.0, 4.2), "H100": (700.0, 2.9), "A100": (280.0, 1.7)}
+WARN, FAIL = 0.85, 0.7
+
+
+def finding(id, status, summary, evidence=(), fix=""):
+    return {"id": id, "status": status, "summary": summary, "evidence": list(evidence), "fix": fix}
+
+
+def timed(torch, fn, warmup=3, reps=10) -> float:
+    """Median seconds of fn() over reps, timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1000)
+    return statistics.median(times)
+
+
+def rel_err(torch, out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).norm() / ref.norm())
+
+
+def gpu_report(torch, index: int, size: int) -> dict:
+    torch.cuda.set_device(index)
+    props = torch.cuda.get_device_properties(index)
+    dev = torch.device("cuda", index)
+    a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    t = timed(torch, lambda: a @ b)
+    tflops = 2 * size**3 / t / 1e12
+    ref = (a[:256].double() @ b[:, :256].double())
+    gemm_err = rel_err(torch, (a @ b)[:256, :256], ref)
+    n = 1 << 30  # 1 GiB of bf16... as bytes: 2 GiB
+    src = torch.randn(n, device=dev, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    tc = timed(torch, lambda: dst.copy_(src))
+    copy_tbs = 2 * src.numel() * src.element_size() / tc / 1e12
+
+    rep = {"index": index, "name": props.name, "sms": props.multi_processor_count,
+           "memory_gib": round(props.total_memory / 2**30, 1),
+           "gemm_bf16_tflops": round(tflops, 1), "gemm_rel_err": gemm_err,
+           "copy_tbs": round(copy_tbs, 3), "kernels": {}}
+    rep["kernels"].update(kernel_checks(torch, dev))
+    torch.cuda.empty_cache()
+    return rep
+
+
+def kernel_checks(torch, dev) -> dict:
+    out = {}
+    try:
+        import flash_attn
+        from flash_attn import flash_attn_func
+    except ImportError:
+        out["flash_attn"] = {"status": "skip", "why": "flash_attn not installed"}
+    else:
+        q, k, v = (torch.randn(4, 2048, 16, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        o = flash_attn_func(q, k, v, causal=True)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
+            is_causal=True).transpose(1, 2)
+        err = rel_err(torch, o, ref)
+        t = timed(torch, lambda: flash_attn_func(q, k, v, causal=True))
+        flops = 4 * 4 * 16 * 2048 * 2048 * 128 / 2
+        out["flash_attn"] = {"status": "pass" if err < 1e-2 else "fail", "version":
+                             flash_attn.__version__, "rel_err": err, "tflops": flops / t / 1e12}
+    try:
+        from apex.normalization import FusedLayerNorm
+    except ImportError:
+        out["apex"] = {"status": "skip", "why": "apex not installed"}
+    else:
+        x = torch.randn(4096, 4096, device=dev, dtype=torch.float32)
+        ln = FusedLayerNorm(4096).to(dev)
+        err = rel_err(torch, ln(x), torch.nn.functional.layer_norm(x, (4096,)))
+        out["apex"] = {"status": "pass" if err < 1e-5 else "fail", "rel_err": err}
+    return out
+
+
+def judge(rep: dict) -> list[dict]:
+    gpu = f"GPU{rep['index']} ({rep['name']})"
+    model = next((k for k in EXPECTED if k in rep["name"]), None)
+    fs = []
+    if rep["gemm_rel_err"] > 1e-2:
+        fs.append(finding("gpu.gemm", "fail", f"{gpu}: bf16 GEMM wrong (rel err "
+                          f"{rep['gemm_rel_err']:.1e})", fix="drain the node; run dcgmi diag -r 3"))
+    if model is None:
+        fs.append(finding("gpu.speed", "skip", f"{gpu}: no expectation for this model; measured "
+                          f"{rep['gemm_bf16_tflops']} TFLOP/s, {rep['copy_tbs']} TB/s"))
+    else:
+        want_tf, want_bw = EXPECTED[model]
+        for what, got, want, unit in (("bf16 GEMM", rep["gemm_bf16_tflops"], want_tf, "TFLOP/s"),
+                                      ("copy", rep["copy_tbs"], want_bw, "TB/s")):
+            ratio = got / want
+            status = "pass" if ratio >= WARN else "warn" if ratio >= FAIL else "fail"
+            fs.append(finding("gpu.speed", status, f"{gpu}: {what} {got} {unit} "
+                              f"({ratio:.0%} of {want} for {model})",
+                              fix="" if status == "pass" else
+                              "check clocks and throttling (invoke check: gpu.throttle)"))
+    for name, k in rep["kernels"].items():
+        if k["status"] == "skip":
+            fs.append(finding(f"kernel.{name}", "skip", f"{gpu}: {name}: {k['why']}"))
+        elif k["status"] == "pass":
+            fs.append(finding(f"kernel.{name}", "pass",
+                              f"{gpu}: {name} matches PyTorch (rel err {k['rel_err']:.1e})"))
+        else:
+            fs.append(finding(f"kernel.{name}", "fail",
+                              f"{gpu}: {name} differs from PyTorch (rel err {k['rel_err']:.1e})",
+                              fix=f"rebuild {name} for this GPU's arch (invoke build)"))
+    return fs
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", type=int, default=8192, help="GEMM edge (default 8192)")
+    p.add_argument("--out", default="runs/gpu_health")
+    args = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(json.dumps({"findings": [finding("gpu.present", "fail", "no CUDA GPU visible to "
+                                               "torch", fix="run on a GPU node")]}))
+        return 1
+    local = os.environ.get("LOCAL_RANK")
+    indices = [int(local)] if local is not None else list(range(torch.cuda.device_count()))
+    reports = [gpu_report(torch, i, args.size) for i in indices]
+    findings = [f for r in reports for f in judge(r)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = f"-rank{local}" if local is not None else ""
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
+           "cuda": torch.version.cuda, "gpus": reports, "findings": findings}
+    (out / f"results{suffix}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    for r in reports:
+        print(f"GPU{r['index']} {r['name']}: bf16 GEMM {r['gemm_bf16_tflops']} TFLOP/s, "
+              f"copy {r['copy_tbs']} TB/s, kernels "
+              + ", ".join(f"{k}={v['status']}" for k, v in r["kernels"].items()))
+    for f in findings:
+        print(f"{f['id']:<18} {f['status']:<5} {f['summary']}")
+    failed = any(f["status"] == "fail" for f in findings)
+    print(f"gpu_health: {'fail' if failed else 'pass'}; {len(reports)} GPU(s); "
+          f"results in {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
