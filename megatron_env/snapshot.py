@@ -34,7 +34,7 @@ COMMANDS: dict[str, list[str]] = {
 
 # Only variables that matter to a GPU job are recorded: env.txt may be shared, secrets must not be.
 ENV_PREFIXES = ("CUDA", "NCCL_", "NVIDIA_", "TORCH_", "SLURM_", "UCX_", "OMPI_", "PMIX_",
-                "FI_", "GLOO_", "MAX_JOBS", "NVCC_", "CONDA_PREFIX", "VIRTUAL_ENV", "PYTHONPATH")
+                "FI_", "GLOO_", "MAX_JOBS", "NVCC_", "CONDA_PREFIX", "VIRTUAL_ENV")
 ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "HOSTNAME")
 
 

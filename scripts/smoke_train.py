@@ -62,6 +62,7 @@ def main(argv=None) -> int:
         from megatron.core import tensor_parallel
         from megatron.core.models.gpt import GPTModel
         from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.transformer.module import Float16Module
         from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError as e:
         print(json.dumps({"status": "fail", "error": f"megatron.core does not import: {e}",
@@ -96,6 +97,9 @@ def main(argv=None) -> int:
                      max_sequence_length=args.seq,
                      pre_process=ps.is_pipeline_first_stage(),
                      post_process=ps.is_pipeline_last_stage()).cuda()
+    # Megatron trains bf16 through Float16Module: bf16 weights, inputs cast on the first stage,
+    # logits/losses back to fp32 on the last.
+    model = Float16Module(config, model)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     # One fixed synthetic batch per data-parallel rank: a model that learns drives its loss down.
@@ -111,7 +115,8 @@ def main(argv=None) -> int:
     def loss_func(loss_mask, output_tensor):
         losses = output_tensor.float()
         loss = torch.sum(losses.view(-1) * loss_mask.view(-1)) / loss_mask.sum()
-        return loss, {"lm loss": loss.detach()}
+        # clone: the schedule divides the returned loss in place by the number of microbatches
+        return loss, {"lm loss": loss.detach().clone()}
 
     def forward_step(data_iterator, model):
         mb = next(data_iterator)

@@ -60,6 +60,8 @@ _NETWORK = re.compile(r"Using network (\S.*?)\s*$")
 _PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(.*)")
 _CHANNEL = re.compile(r"Channel \d+/\d+ : (\d+)\[\w+\] -> (\d+)\[\w+\](?: \[(?:send|receive)\])? via (\S+)")
 _WARN = re.compile(r"NCCL WARN (.*)")
+_PREFIX = re.compile(r"^(?:\[\d+\] )?([\w.<>-]+):\d+:\d+ \[\d+\] NCCL")  # host:pid:tid [dev] NCCL
+_NRANKS = re.compile(r"\bnranks (\d+)")
 
 
 def analyze_log(text: str) -> dict:
@@ -72,7 +74,13 @@ def analyze_log(text: str) -> dict:
     plugins: list[str] = []
     warnings: list[str] = []
     ib_missing = False
+    hosts: set[str] = set()
+    nranks = 0
     for line in text.splitlines():
+        if m := _PREFIX.match(line):
+            hosts.add(m.group(1))
+        if m := _NRANKS.search(line):
+            nranks = max(nranks, int(m.group(1)))
         if m := _CHANNEL.search(line):
             kind = m.group(3)
             parts = kind.split("/")
@@ -85,8 +93,8 @@ def analyze_log(text: str) -> dict:
             ib_missing = True
         elif m := _NET_USING.search(line):
             target = ib_devices if m.group(1) != "Socket" else sockets
-            value = m.group(2).split(" ; ")[0].strip()
-            if value not in target:
+            value = re.split(r" ; |; OOB", m.group(2))[0].strip()
+            if value and value != "[RO]" and value not in target:
                 target.append(value)
         elif (m := _PLUGIN.search(line)) and m.group(1) and m.group(1) not in plugins:
             plugins.append(m.group(1).strip())
@@ -99,7 +107,8 @@ def analyze_log(text: str) -> dict:
         networks = nets
     return {"nccl_versions": versions, "networks": networks, "ib_devices": ib_devices,
             "socket_interfaces": sockets, "plugins": plugins, "ib_missing": ib_missing,
-            "transports": transports, "warnings": warnings}
+            "transports": transports, "warnings": warnings, "hosts": sorted(hosts),
+            "nranks": nranks}
 
 
 def log_findings(a: dict) -> list[dict]:
@@ -108,7 +117,17 @@ def log_findings(a: dict) -> list[dict]:
     tr = a["transports"]
     socket_used = any("Socket" in n for n in nets) or any(k.startswith("NET/Socket") for k in tr)
     ib_used = any(n.startswith("IB") for n in nets) or any(k.startswith("NET/IB") for k in tr)
-    if a["ib_missing"] and socket_used:
+    single_node = len(a["hosts"]) <= 1 and not any(k.startswith("NET/") for k in tr)
+    if single_node and not ib_used:
+        out.append(finding("nccl.net", "skip",
+                           f"single node: no inter-node traffic (network chosen: "
+                           f"{', '.join(nets) or 'none'}"
+                           + ("; no IB device, so sockets would carry multi-node jobs)"
+                              if a["ib_missing"] else ")"),
+                           [f"hosts: {', '.join(a['hosts']) or 'unknown'}", f"nranks: {a['nranks']}"],
+                           "for multi-node training make IB/RoCE visible to NCCL"
+                           if a["ib_missing"] else ""))
+    elif a["ib_missing"] and socket_used:
         out.append(finding("nccl.net", "fail",
                            "no InfiniBand device found: NCCL falls back to TCP sockets between nodes",
                            [f"networks: {', '.join(nets)}"] + a["socket_interfaces"][:4],
