@@ -1,6 +1,11 @@
 """nox sessions: thin wrappers; the work happens in megatron_env and scripts/."""
 
+import sys
+from pathlib import Path
+
 import nox
+
+sys.path.insert(0, str(Path(__file__).parent))  # megatron_env from this checkout
 
 nox.options.sessions = ["tests", "lint"]
 nox.options.reuse_existing_virtualenvs = True
@@ -9,7 +14,7 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def tests(session):
     """Install the tool with its test extras and run the test suite."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test]", "torch")  # torch: verify_nccl runs for real with gloo
     session.run("pytest", *session.posargs)
 
 
@@ -17,3 +22,35 @@ def tests(session):
 def lint(session):
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+# The verification sessions run scripts/ in the profile's environment (built by `invoke setup`),
+# or with --current in the interpreter running nox. Options: --profile P, --nproc N (default: the
+# number of GPUs), --python PATH, --run-dir DIR; anything else (or after --) goes to the program.
+# Example: nox -s verify_nccl -- --current --nproc 4 --backend gloo --sizes 1K:1M
+
+
+def _verify(session, name):
+    from megatron_env import commands
+
+    code = commands.verify(name, session.posargs)
+    if code:
+        session.error(f"{name} failed (exit {code})")
+
+
+@nox.session(venv_backend="none")
+def verify_nccl(session):
+    """NCCL correctness, bus bandwidth sweep and transport analysis (scripts/verify_nccl.py)."""
+    _verify(session, "verify_nccl")
+
+
+@nox.session(venv_backend="none")
+def verify_cuda(session):
+    """Per-GPU GEMM and copy speed, flash-attn/apex against PyTorch (scripts/gpu_health.py)."""
+    _verify(session, "verify_cuda")
+
+
+@nox.session(venv_backend="none")
+def smoke_train(session):
+    """A tiny Megatron GPT trains and its loss falls (scripts/smoke_train.py)."""
+    _verify(session, "smoke_train")

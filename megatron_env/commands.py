@@ -106,3 +106,10 @@ def setup(profile_name: str | None = None) -> int:
     out.print(f"[bold]setup[/bold]: 1 of {len(SETUP_STEPS)} steps exist; "
               "the host check " + ("found problems" if exit_code(findings) else "passed"))
     return exit_code(findings)
+
+
+@guarded
+def verify(name: str, args: list[str]) -> int:
+    from . import verify as verify_mod
+
+    return verify_mod.run(name, args)

@@ -58,7 +58,10 @@ _VERSION = re.compile(r"NCCL version (\S+)")
 _NET_USING = re.compile(r"NET/(IB|Socket|\w+) ?: Using (.*)")
 _NETWORK = re.compile(r"Using network (\S.*?)\s*$")
 _PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(.*)")
-_CHANNEL = re.compile(r"Channel \d+/\d+ : (\d+)\[\w+\] -> (\d+)\[\w+\](?: \[(?:send|receive)\])? via (\S+)")
+# "Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA" (2.7+), "Ring 00 : 0[0] -> 1[1] via P2P/IPC"
+# and "... via direct shared memory" (2.4-2.6)
+_CHANNEL = re.compile(r"(?:Channel|Ring) \d+(?:/\d+)? : (\d+)\[\w+\] -> (\d+)\[\w+\]"
+                      r"(?: \[(?:send|receive)\])? via (.+?)\s*$")
 _WARN = re.compile(r"NCCL WARN (.*)")
 _PREFIX = re.compile(r"^(?:\[\d+\] )?([\w.<>-]+):\d+:\d+ \[\d+\] NCCL")  # host:pid:tid [dev] NCCL
 _NRANKS = re.compile(r"\bnranks (\d+)")
@@ -76,16 +79,16 @@ def analyze_log(text: str) -> dict:
     ib_missing = False
     hosts: set[str] = set()
     nranks = 0
+    gdrdma = False
     for line in text.splitlines():
         if m := _PREFIX.match(line):
             hosts.add(m.group(1))
         if m := _NRANKS.search(line):
             nranks = max(nranks, int(m.group(1)))
         if m := _CHANNEL.search(line):
-            kind = m.group(3)
-            parts = kind.split("/")
-            key = "/".join(parts[:2]) if parts[0] in ("P2P", "NET", "SHM") else kind
+            key = _transport_key(m.group(3))
             transports[key] = transports.get(key, 0) + 1
+            gdrdma = gdrdma or "GDRDMA" in m.group(3)
         elif m := _NETWORK.search(line):
             if m.group(1) not in networks:
                 networks.append(m.group(1))
@@ -108,7 +111,17 @@ def analyze_log(text: str) -> dict:
     return {"nccl_versions": versions, "networks": networks, "ib_devices": ib_devices,
             "socket_interfaces": sockets, "plugins": plugins, "ib_missing": ib_missing,
             "transports": transports, "warnings": warnings, "hosts": sorted(hosts),
-            "nranks": nranks}
+            "nranks": nranks, "gdrdma": gdrdma}
+
+
+def _transport_key(via: str) -> str:
+    """'NET/IBext_v8/7/GDRDMA' -> 'NET/IB', 'P2P/IPC/read' -> 'P2P/IPC', old SHM wording -> 'SHM/direct'."""
+    if via.startswith("direct shared memory"):
+        return "SHM/direct"
+    parts = via.split()[0].split("/")
+    if parts[0] == "NET" and len(parts) > 1:
+        return "NET/IB" if parts[1].startswith("IB") else f"NET/{parts[1]}"
+    return "/".join(parts[:2])
 
 
 def log_findings(a: dict) -> list[dict]:
@@ -139,8 +152,8 @@ def log_findings(a: dict) -> list[dict]:
                            [f"networks: {', '.join(nets)}"],
                            "use IB/RoCE for multi-node training; check NCCL_IB_DISABLE / NCCL_NET"))
     elif ib_used:
-        out.append(finding("nccl.net", "pass", f"NCCL uses {', '.join(nets) or 'IB'}",
-                           a["ib_devices"][:8]))
+        out.append(finding("nccl.net", "pass", f"NCCL uses {', '.join(nets) or 'IB'}"
+                           + (" with GPUDirect RDMA" if a["gdrdma"] else ""), a["ib_devices"][:8]))
     elif nets:
         out.append(finding("nccl.net", "pass", f"network chosen: {', '.join(nets)}",
                            a["plugins"][:2] + a["socket_interfaces"][:2]))
@@ -162,7 +175,7 @@ def log_findings(a: dict) -> list[dict]:
         ("nccl.system_error", r"unhandled system error|ibv_reg_mr failed|Cannot allocate memory",
          "NCCL hit a system error (often locked-memory limits with IB)",
          "set `ulimit -l unlimited` (limits.conf, --ulimit memlock=-1, Slurm PropagateResourceLimits)"),
-        ("nccl.shm", r"/dev/shm|shared memory segment|ShmAlloc|shm_open",
+        ("nccl.shm", r"/dev/shm|shared memory segment|ShmAlloc|shm_open|posix_fallocate",
          "NCCL could not create its shared-memory segments: /dev/shm too small",
          "give the container --shm-size=64g or --ipc=host"),
         ("nccl.ibverbs", r"libibverbs", "libibverbs could not be loaded: no IB support in this "
