@@ -14,7 +14,8 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def tests(session):
     """Install the tool with its test extras and run the test suite."""
-    session.install("-e", ".[test]", "torch")  # torch: verify_nccl runs for real with gloo
+    # torch (+ numpy, which its object collectives need): verify_nccl runs for real with gloo
+    session.install("-e", ".[test]", "torch", "numpy")
     session.run("pytest", *session.posargs)
 
 
