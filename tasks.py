@@ -34,3 +34,25 @@ def check(c, profile=None, snapshot=None, json=False):
 def setup(c, profile=None):
     """Check the host, then build the profile's environment (steps not built yet are listed)."""
     _done(commands.setup(profile))
+
+
+@task(help={"profile": "profile name (default: the default profile; with --check: all)",
+            "check": "exit 1 naming every lock that no longer matches its inputs (no network)",
+            "upgrade_package": "move this one pin to its newest allowed version (repeatable)",
+            "python": "interpreter of the profile's Python version to resolve with",
+            "conda": "conda/mamba/micromamba executable for conda-lock",
+            "channel": "conda channel or mirror overriding the profile's (repeatable)",
+            "pypi_to_conda_lookup_file": "local name-mapping file for conda-lock's pip section"},
+      iterable=["upgrade_package", "channel"])
+def lock(c, profile=None, check=False, upgrade_package=None, python=None, conda=None,
+         channel=None, pypi_to_conda_lookup_file=None):
+    """Resolve a profile into hashed locks (requirements.lock, environment.yml, conda-lock.yml)."""
+    _done(commands.lock(profile, check, upgrade_package, python, conda, channel,
+                        pypi_to_conda_lookup_file))
+
+
+@task(name="lock-diff",
+      help={"base": "git revision to compare with (default: merge base with main)"})
+def lock_diff(c, base=None):
+    """Markdown table of package changes between the locks at BASE and the working tree."""
+    _done(commands.lock_diff(base))

@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import checks, profile, report, snapshot
+from . import REPO_ROOT, checks, profile, report, snapshot
 from .errors import UserError
 
 
@@ -113,3 +113,40 @@ def verify(name: str, args: list[str]) -> int:
     from . import verify as verify_mod
 
     return verify_mod.run(name, args)
+
+
+@guarded
+def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str] | None = None,
+         python: str | None = None, conda: str | None = None, channels: list[str] | None = None,
+         lookup: str | None = None) -> int:
+    """Write (or with check=True, verify) the locks of one profile, or of all with check."""
+    from . import lock as lock_mod
+
+    out = report.console()
+    if check:
+        profs = [profile.load(profile_name)] if profile_name else profile.load_all()
+        problems = [p for prof in profs for p in lock_mod.stale(prof)]
+        for p in problems:
+            out.print(f"[bold red]stale[/] {p}")
+        if problems:
+            out.print("fix: run `invoke lock --profile NAME` and commit the result")
+            return 1
+        out.print(f"[green]fresh[/] locks of {len(profs)} profile(s) match their inputs")
+        return 0
+    prof = profile.load(profile_name)
+    env_file = prof.dir / lock_mod.ENV_FILE
+    env_file.write_text(lock_mod.environment_yml(prof))
+    res = lock_mod.compile_lock(prof, python=python, upgrade=upgrade, echo=out.print)
+    out.print(f"[bold]locked[/] {prof.name}: {res.packages} packages, every file hashed -> "
+              f"{res.path.relative_to(REPO_ROOT)}")
+    lock_mod.conda_lock(prof, solver=conda, lookup=Path(lookup) if lookup else None,
+                        channels=channels, echo=out.print)
+    return 0
+
+
+@guarded
+def lock_diff(base: str | None = None) -> int:
+    from . import lockdiff
+
+    print(lockdiff.markdown(lockdiff.diff_all(base)))
+    return 0

@@ -1,0 +1,116 @@
+"""Locks: the committed ones pin what the profile promises; check, diff and re-lock for real."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_env import lock, profile
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = profile.load("core_v0.4.0-cu121")
+CURRENT = profile.load("core_v0.19.0-cu130")
+
+
+def pins(prof):
+    return lock.parse_lock((prof.dir / lock.LOCK_FILE).read_text())
+
+
+def test_default_lock_pins_the_cuda_121_stack():
+    p = pins(DEFAULT)
+    assert p["torch"] == "2.1.0" and p["triton"] == "2.1.0"
+    assert p["nvidia-cuda-runtime-cu12"] == "12.1.105"
+    assert p["nvidia-nccl-cu12"] == "2.18.1"
+    assert p["nvidia-nvjitlink-cu12"] == "12.1.105"  # floats to 12.9 without the derived constraint
+    assert p["setuptools"] == "69.5.1" and p["numpy"].startswith("1.")
+    assert {"einops", "regex", "six", "sentencepiece", "nltk", "pybind11", "ninja"} <= set(p)
+
+
+def test_current_lock_pins_the_cuda_130_stack():
+    p = pins(CURRENT)
+    assert p["torch"] == "2.11.0" and p["nvidia-cuda-runtime"].startswith("13.0.")
+    assert p["nvidia-nccl-cu13"].startswith("2.")
+
+
+@pytest.mark.parametrize("prof", [DEFAULT, CURRENT], ids=lambda p: p.name)
+def test_every_file_is_hashed_and_no_index_is_named(prof):
+    text = (prof.dir / lock.LOCK_FILE).read_text()
+    entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 5)[-1].strip())
+    assert len(entries) == len(pins(prof))
+    for entry in entries:
+        assert "--hash=sha256:" in entry, entry
+    assert not re.search(r"https?://|--index-url|--extra-index-url|--find-links", text)
+
+
+def test_constraints_are_derived_from_the_cuda_version():
+    assert "nvidia-nvjitlink-cu12==12.1.*" in lock.constraints(DEFAULT)
+    assert "nvidia-nvjitlink==13.0.*" in lock.constraints(CURRENT)
+
+
+def test_committed_locks_are_fresh():
+    for prof in profile.load_all():
+        assert lock.stale(prof) == []
+
+
+def copy_repo(tmp_path: Path) -> Path:
+    dst = tmp_path / "repo"
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "--cached", "--others", "--exclude-standard"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    for rel in files:
+        if rel.startswith(("megatron_env/", "envs/")) or rel in ("tasks.py", "pyproject.toml"):
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / rel, dst / rel)
+    git = ["git", "-C", dst, "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    return dst
+
+
+def invoke(repo: Path, *args: str, env=None):
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=repo, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(repo), **(env or {})},
+                          timeout=900)
+
+
+def test_check_passes_offline_and_names_the_stale_file(tmp_path):
+    repo = copy_repo(tmp_path)
+    offline = {"UV_OFFLINE": "1", "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+    ok = invoke(repo, "lock", "--check", env=offline)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    prof = repo / "envs" / "core_v0.4.0-cu121" / "profile.toml"
+    prof.write_text(prof.read_text().replace('"einops", ', '"einops==0.7.0", '))
+    bad = invoke(repo, "lock", "--check", env=offline)
+    assert bad.returncode == 1
+    assert "envs/core_v0.4.0-cu121/requirements.lock" in bad.stdout
+    assert "core_v0.19.0-cu130" not in bad.stdout
+
+
+def test_moving_one_pin_relocks_and_diffs_as_one_row(tmp_path):
+    """Real resolution with uv against the package index."""
+    repo = copy_repo(tmp_path)
+    prof = repo / "envs" / "core_v0.4.0-cu121" / "profile.toml"
+    old = lock.parse_lock((repo / "envs/core_v0.4.0-cu121/requirements.lock").read_text())["six"]
+    assert old != "1.16.0"
+    prof.write_text(prof.read_text().replace('"six", ', '"six==1.16.0", '))
+    r = invoke(repo, "lock", "--profile", "core_v0.4.0-cu121")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "found on" in r.stdout and "Python 3.10" in r.stdout
+    assert "conda-lock skipped" in r.stdout
+    assert invoke(repo, "lock", "--check").returncode == 0
+    d = invoke(repo, "lock-diff", "--base", "main")
+    assert d.returncode == 0, d.stderr
+    rows = [line for line in d.stdout.splitlines() if line.startswith("| ") and "package" not in line]
+    assert rows == [f"| six | downgraded | {old} | 1.16.0 |"]
+    assert "### envs/core_v0.4.0-cu121/requirements.lock" in d.stdout
+
+
+def test_missing_interpreter_is_one_clear_error(tmp_path):
+    from megatron_env.errors import UserError
+
+    with pytest.raises(UserError, match="never downloads one"):
+        lock.find_python("3.99")
