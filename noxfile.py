@@ -7,7 +7,7 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent))  # megatron_env from this checkout
 
-nox.options.sessions = ["tests", "lint"]
+nox.options.sessions = ["tests", "lint", "lock_check"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -23,6 +23,13 @@ def tests(session):
 def lint(session):
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+@nox.session
+def lock_check(session):
+    """Every committed lock matches the inputs it was made from (no network needed)."""
+    session.install("-e", ".")
+    session.run("invoke", "lock", "--check")
 
 
 # The verification sessions run scripts/ in the profile's environment (built by `invoke setup`),

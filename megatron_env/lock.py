@@ -220,10 +220,20 @@ def conda_solver() -> str | None:
     return None
 
 
+CHANNELS_ENV = "MEGATRON_ENV_CONDA_CHANNELS"  # comma-separated mirrors replacing the profile's
+
+
 def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | None = None,
                channels: list[str] | None = None, echo=print) -> Path | None:
-    """Run conda-lock for linux-64; None (with one line saying why) when it cannot run here."""
+    """Run conda-lock for linux-64; None (with one line saying why) when it cannot run here.
+
+    `channels` (or $MEGATRON_ENV_CONDA_CHANNELS) replace the profile's channels, for mirrors and
+    air-gapped clusters; `lookup` is a local PyPI-to-conda name mapping, so conda-lock fetches
+    nothing from its default URL.
+    """
     env_file = profile.dir / ENV_FILE
+    if not channels and os.environ.get(CHANNELS_ENV):
+        channels = [c for c in os.environ[CHANNELS_ENV].split(",") if c]
     solver = solver or conda_solver()
     if solver is None:
         echo("conda-lock skipped: no conda, mamba or micromamba on PATH "
@@ -239,9 +249,21 @@ def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | No
         argv += ["--channel", c]
     if lookup:
         argv += ["--pypi_to_conda_lookup_file", lookup]
-    r = proc.run(argv, timeout=1800)
+    r = proc.run(argv, timeout=1800, log=profile.dir / ".conda-lock.log")
     if not r.ok:
-        echo(f"conda-lock failed for {profile.name}; the channels may be unreachable "
-             f"(pass --channel MIRROR): {r.tail(3)}")
+        last = next((ln for ln in reversed(r.output.splitlines()) if ln.strip()), "")[:200]
+        echo(f"conda-lock failed for {profile.name} (channels "
+             f"{', '.join(channels or profile.conda['channels'])} unreachable? pass --channel "
+             f"MIRROR or set {CHANNELS_ENV}); log: {profile.dir / '.conda-lock.log'}; {last}")
         return None
+    (profile.dir / ".conda-lock.log").unlink(missing_ok=True)
+    echo(f"[bold]locked[/] conda part of {profile.name} -> {out.name}")
     return out
+
+
+def conda_install(lockfile: Path, prefix: Path, solver: str) -> proc.Result:
+    """Install a conda-lock.yml into `prefix` (the conda path of `invoke env`)."""
+    exe = proc.which("conda-lock")
+    if exe is None:
+        raise UserError("conda-lock is not installed", fix="python3 -m pip install conda-lock")
+    return proc.run([exe, "install", "--conda", solver, "-p", prefix, lockfile], timeout=3600)

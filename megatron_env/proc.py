@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,11 @@ class Result:
 
 
 def which(program: str, path: str | None = None) -> str | None:
-    return shutil.which(program, path=path)
+    """A program on PATH, else beside the running interpreter (a venv whose bin is not on PATH)."""
+    found = shutil.which(program, path=path)
+    if found is None and path is None:
+        found = shutil.which(program, path=str(Path(sys.executable).parent))
+    return found
 
 
 def run(

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""A stand-in for micromamba, built on py-rattler, for the tests only.
+
+It answers the three calls conda-lock makes of a conda solver: `--version`, the dry-run solve
+(`create --prefix P --dry-run --json --override-channels --channel URL... SPECS`, printing the
+FETCH/LINK plan as JSON) and the install of an explicit lock (`create --prefix P --file F --yes`).
+Solving and installing are rattler's, against whatever channels are given (the tests build a
+local file:// channel), so no network is needed.
+"""
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import rattler
+
+
+def parse(argv):
+    opts = {"channels": [], "specs": [], "prefix": None, "file": None, "dry_run": False}
+    it = iter(argv)
+    for a in it:
+        if a in ("--prefix", "-p"):
+            opts["prefix"] = next(it)
+        elif a in ("--channel", "-c"):
+            opts["channels"].append(next(it))
+        elif a == "--file":
+            opts["file"] = next(it)
+        elif a == "--dry-run":
+            opts["dry_run"] = True
+        elif a.startswith("-"):
+            continue  # --json, --yes, --quiet, --override-channels, --copy
+        else:
+            opts["specs"].append(a)
+    return opts
+
+
+def platforms():
+    return [os.environ.get("CONDA_SUBDIR", "linux-64"), "noarch"]
+
+
+def fetch_action(r):
+    return {"name": r.name.normalized, "version": str(r.version), "build": str(r.build),
+            "build_number": r.build_number, "url": r.url, "fn": r.file_name,
+            "md5": r.md5.hex() if r.md5 else "", "sha256": r.sha256.hex() if r.sha256 else None,
+            "depends": list(r.depends), "subdir": r.subdir, "channel": str(r.channel or "")}
+
+
+def solve(opts):
+    specs = [s.split("::")[-1] for s in opts["specs"]]
+    try:
+        records = asyncio.run(rattler.solve(opts["channels"], specs, platforms=platforms()))
+    except Exception as e:  # noqa: BLE001 - the message is what conda-lock shows
+        print(json.dumps({"success": False, "message": str(e)}))
+        return 1
+    actions = [fetch_action(r) for r in records]
+    print(json.dumps({"success": True, "dry_run": True,
+                      "actions": {"FETCH": actions, "LINK": actions, "PREFIX": opts["prefix"]}}))
+    return 0
+
+
+def records_for_urls(urls):
+    """RepoDataRecords for explicit package URLs of file:// channels."""
+    wanted = {u.split("#")[0] for u in urls}
+    roots = {str(Path(urlparse(u).path).parent.parent) for u in wanted}
+    out = []
+    for root in roots:
+        channel = rattler.Channel(f"file://{root}")
+        for subdir in Path(root).iterdir():
+            repodata = subdir / "repodata.json"
+            if repodata.is_file():
+                records = rattler.RepoData.from_path(repodata).into_repo_data(channel)
+                out += [r for r in records if r.url.split("#")[0] in wanted]
+    return out
+
+
+def install(opts):
+    lines = Path(opts["file"]).read_text().splitlines()
+    urls = [line.strip() for line in lines if line.strip().startswith("file://")]
+    records = records_for_urls(urls)
+    if len(records) != len(urls):
+        print(f"stub micromamba: {len(urls)} packages in the lock, {len(records)} found",
+              file=sys.stderr)
+        return 1
+    asyncio.run(rattler.install(records, Path(opts["prefix"]).resolve(), show_progress=False))
+    return 0
+
+
+def main(argv):
+    if argv[:1] == ["--version"]:
+        print("1.5.10")
+        return 0
+    if argv[:1] == ["create"]:
+        opts = parse(argv[1:])
+        return solve(opts) if opts["dry_run"] else install(opts)
+    print(f"stub micromamba: unsupported call {argv}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
