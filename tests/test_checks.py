@@ -178,3 +178,20 @@ def test_cli_garbage_snapshot_does_not_crash(make_snapshot):
     assert "Traceback" not in r.stderr
     doc = json.loads(r.stdout)
     assert sum("could not be parsed" in f["summary"] for f in doc["findings"]) >= 5
+
+
+def test_live_h200_snapshot_collected_by_invoke_collect():
+    """tests/fixtures/h200-live was written by `invoke collect` on an H200 node (one GPU, no IB
+    tools, no iproute2 in that VM): everything passes but IB, which is skipped with its reason."""
+    live = H200.parent / "h200-live"
+    snap = Snapshot.load(live)
+    assert snap.missing("ibstatus.txt") and snap.missing("ip-br-addr.txt")
+    assert snap.nvml()["gpus"][0]["name"] == "NVIDIA H200"
+    v = verdicts(live, CURRENT)
+    assert {k: f.status for k, f in v.items()} == {
+        "driver.version": "pass", "cuda.toolkit": "pass", "gpu.topology": "pass",
+        "gpu.throttle": "pass", "net.ib": "skip", "limits.memlock": "pass", "sys.shm": "pass",
+        "nccl.env": "pass"}
+    assert "ibstatus not installed" in v["net.ib"].summary
+    # The same node against the default profile: its nvcc 13.0 cannot build cu121 kernels.
+    assert verdicts(live, DEFAULT)["cuda.toolkit"].status == "fail"
