@@ -56,3 +56,20 @@ def lock(c, profile=None, check=False, upgrade_package=None, python=None, conda=
 def lock_diff(c, base=None):
     """Markdown table of package changes between the locks at BASE and the working tree."""
     _done(commands.lock_diff(base))
+
+
+@task(help={"profile": "profile name (default: the default profile)",
+            "prefix": "where the environment lives (default .megatron-env/<profile>)",
+            "python": "interpreter of the profile's Python for the venv (default: found)",
+            "adopt": "check an existing environment (--python, or this interpreter) instead",
+            "install_missing": "with --adopt: install what the lock has and it lacks",
+            "conda": "conda/mamba/micromamba executable for the conda path",
+            "use_conda": "force the conda path (--no-use-conda forces uv)",
+            "find_links": "a wheelhouse directory to install from (repeatable)",
+            "no_index": "install only from --find-links"},
+      iterable=["find_links"])
+def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=False,
+        conda=None, use_conda=None, find_links=None, no_index=False):
+    """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
+    _done(commands.env(profile, prefix, python, adopt, install_missing, conda, use_conda,
+                       find_links, no_index))

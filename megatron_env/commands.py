@@ -150,3 +150,30 @@ def lock_diff(base: str | None = None) -> int:
 
     print(lockdiff.markdown(lockdiff.diff_all(base)))
     return 0
+
+
+@guarded
+def env(profile_name: str | None = None, prefix: str | None = None, python: str | None = None,
+        adopt: bool = False, install_missing: bool = False, conda: str | None = None,
+        use_conda: bool | None = None, find_links: list[str] | None = None,
+        no_index: bool = False) -> int:
+    """Build (or verify) the profile's environment, or check an adopted one."""
+    from . import env as env_mod
+
+    out = report.console()
+    prof = profile.load(profile_name)
+    if adopt:
+        v = env_mod.adopt(prof, python, install_missing, find_links, no_index)
+        f = v.facts
+        out.print(f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, "
+                  f"CUDA {f.get('torch_cuda')}, cuDNN {f.get('cudnn')}, NCCL {f.get('nccl')}")
+        for d in v.differences:
+            out.print(f"  [yellow]differs[/] {d}")
+        verdict = "matches" if v.ok else f"{len(v.differences)} difference(s) from"
+        out.print(f"[bold]env[/bold]: the environment {verdict} profile {prof.name}")
+        return 0 if v.ok else 1
+    summary = env_mod.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
+                            use_conda=use_conda, find_links=find_links, no_index=no_index,
+                            echo=out.print)
+    out.print(f"[bold]env[/bold] {summary.line()}")
+    return 0

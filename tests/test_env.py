@@ -1,0 +1,168 @@
+"""`invoke env` for real: the default profile (Python 3.10, torch 2.1.0 for CUDA 12.1) built from
+its lock, verified, rebuilt only when the lock changes, and never left broken.
+
+Heavy: downloads the lock's wheels once (about 2.6 GB) into a wheelhouse, which then serves as the
+only package source (`--no-index --find-links`), as on an air-gapped cluster.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from megatron_env import lock
+
+from .test_lock import copy_repo, invoke
+
+pytestmark = pytest.mark.slow
+PROFILE = "core_v0.4.0-cu121"
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    wh = tmp_path_factory.mktemp("wheelhouse")
+    lockfile = Path(__file__).resolve().parent.parent / "envs" / PROFILE / lock.LOCK_FILE
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--require-hashes", "-r", lockfile, "-d", wh, "--python-version", "3.10",
+                        "--implementation", "cp", "--only-binary=:all:",
+                        "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
+                        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux1_x86_64"],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(list(wh.glob("*.whl"))) == len(lock.parse_lock(lockfile.read_text()))
+    return wh
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return copy_repo(tmp_path_factory.mktemp("envrepo"))
+
+
+def env(repo, wheelhouse, *args, extra_env=None):
+    return invoke(repo, "env", "--profile", PROFILE, "--no-index", "--find-links",
+                  str(wheelhouse), *args, env=extra_env)
+
+
+def prefix_of(repo):
+    return repo / ".megatron-env" / PROFILE
+
+
+def torch_facts(prefix):
+    r = subprocess.run([prefix / "bin" / "python", "-c",
+                        "import torch; print(torch.__version__, torch.version.cuda)"],
+                       capture_output=True, text=True, cwd="/")
+    return r.stdout.strip()
+
+
+def touch_lock(repo, note):
+    """A lock change with the same pins: the environment must be rebuilt from it."""
+    f = repo / "envs" / PROFILE / lock.LOCK_FILE
+    f.write_text(f.read_text() + f"# {note}\n")
+
+
+def test_build_verify_and_up_to_date(repo, wheelhouse):
+    r = env(repo, wheelhouse)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "built at" in r.stdout and "CUDA 12.1" in r.stdout and "torch 2.1.0+cu121" in r.stdout
+    assert "found on" in r.stdout  # says which interpreter made the venv
+    prefix = prefix_of(repo)
+    assert torch_facts(prefix) == "2.1.0+cu121 12.1"
+    target = prefix.resolve()
+    again = env(repo, wheelhouse)
+    assert again.returncode == 0 and "up to date" in again.stdout
+    assert prefix.resolve() == target  # nothing rebuilt, nothing moved
+
+
+def test_tampered_wheel_is_refused_and_the_old_env_still_works(repo, wheelhouse, tmp_path):
+    before = prefix_of(repo).resolve()
+    six = next(wheelhouse.glob("six-*.whl"))
+    original = tmp_path / six.name
+    six.rename(original)
+    with zipfile.ZipFile(original) as zi, zipfile.ZipFile(six, "w") as zo:
+        for item in zi.infolist():
+            data = zi.read(item.filename)
+            zo.writestr(item, data + b"\n# modified\n" if item.filename == "six.py" else data)
+    try:
+        touch_lock(repo, "tampered-wheel test")
+        # no cache: uv's cache would serve the genuine six it installed before
+        r = env(repo, wheelhouse, extra_env={"UV_NO_CACHE": "1"})
+        assert r.returncode == 2, r.stdout[-2000:]
+        assert "Traceback" not in r.stderr
+        assert "does not match the hash in the lock" in r.stderr and "six" in r.stderr
+        assert "nothing was changed" in r.stderr
+        assert prefix_of(repo).resolve() == before
+        assert torch_facts(prefix_of(repo)) == "2.1.0+cu121 12.1"
+        assert [d for d in before.parent.iterdir() if d.is_dir()] == [before]
+    finally:
+        six.unlink()
+        original.rename(six)
+
+
+def test_killed_mid_install_then_rerun_ends_verified(repo, wheelhouse):
+    before = prefix_of(repo).resolve()
+    touch_lock(repo, "interrupted-run test")
+    p = subprocess.Popen([sys.executable, "-m", "invoke", "env", "--profile", PROFILE,
+                          "--no-index", "--find-links", str(wheelhouse)], cwd=repo,
+                         env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    store = before.parent
+    deadline = time.time() + 300
+    # kill as soon as the new environment's site-packages start filling
+    while time.time() < deadline:
+        new = [d for d in store.iterdir() if d.is_dir() and d != before]
+        if new and list(new[0].glob("lib/python3.10/site-packages/*")):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the install never started")
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert prefix_of(repo).resolve() == before  # the old environment is untouched
+    assert torch_facts(prefix_of(repo)) == "2.1.0+cu121 12.1"
+    r = env(repo, wheelhouse)
+    assert r.returncode == 0 and "built at" in r.stdout, r.stdout[-2000:]
+    after = prefix_of(repo).resolve()
+    assert after != before and torch_facts(prefix_of(repo)) == "2.1.0+cu121 12.1"
+    assert [d for d in store.iterdir() if d.is_dir()] == [after]  # leftovers removed
+
+
+def test_two_runs_at_once_one_builds_the_other_waits(repo, wheelhouse):
+    touch_lock(repo, "concurrency test")
+    cmd = [sys.executable, "-m", "invoke", "env", "--profile", PROFILE, "--no-index",
+           "--find-links", str(wheelhouse)]
+    procs = [subprocess.Popen(cmd, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert sorted("built at" in o for o in outs) == [False, True]
+    assert any("up to date" in o for o in outs)
+
+
+def test_refusals(repo, wheelhouse):
+    other = invoke(repo, "env", "--profile", "core_v0.19.0-cu130", "--prefix",
+                   str(prefix_of(repo)))
+    assert other.returncode == 2 and f"holds the environment of profile {PROFILE}" in other.stderr
+    wrong = env(repo, wheelhouse, "--prefix", str(repo / "elsewhere"), "--python", sys.executable)
+    if not sys.version.startswith("3.10."):
+        assert wrong.returncode == 2 and "the profile needs 3.10" in wrong.stderr
+    touch_lock(repo, "disk test")
+    full = env(repo, wheelhouse, extra_env={"MEGATRON_ENV_MIN_FREE_GB": "1000000"})
+    assert full.returncode == 2 and "GiB free" in full.stderr and "needs about" in full.stderr
+    assert torch_facts(prefix_of(repo)) == "2.1.0+cu121 12.1"
+
+
+def test_adopt_reports_every_difference(repo, wheelhouse):
+    ok = invoke(repo, "env", "--profile", PROFILE, "--adopt", "--python",
+                str(prefix_of(repo) / "bin" / "python"))
+    touched = "matches profile" in ok.stdout
+    assert ok.returncode == 0 and touched, ok.stdout
+    # the interpreter running the tests is not the profile's stack
+    here = invoke(repo, "env", "--profile", PROFILE, "--adopt", "--python", sys.executable)
+    assert here.returncode == 1
+    assert "differs" in here.stdout and "torch" in here.stdout
