@@ -30,10 +30,20 @@ def check(c, profile=None, snapshot=None, json=False):
     _done(commands.check(profile, snapshot, json))
 
 
-@task(help={"profile": "profile name (default: the default profile)"})
-def setup(c, profile=None):
-    """Check the host, then build the profile's environment (steps not built yet are listed)."""
-    _done(commands.setup(profile))
+@task(help={"profile": "profile name (default: the default profile)",
+            "prefix": "where the environment lives (default .megatron-env/<profile>)",
+            "dry_run": "print the plan: what would run and why",
+            "only": "run this one step", "from": "start at this step"})
+def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None):
+    """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
+    _done(commands.setup(profile, prefix, dry_run, only, from_))
+
+
+@task(help={"profile": "profile name (default: the default profile)",
+            "prefix": "the environment to install into (default .megatron-env/<profile>)"})
+def megatron(c, profile=None, prefix=None):
+    """Check out Megatron-LM at the profile's tag (pinned commit), patch it, install it."""
+    _done(commands.setup(profile, prefix, only="megatron"))
 
 
 @task(help={"profile": "profile name (default: the default profile; with --check: all)",

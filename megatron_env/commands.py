@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+from rich.table import Table
 
 from . import REPO_ROOT, checks, profile, report, snapshot
 from .errors import UserError
@@ -81,31 +84,36 @@ def check(profile_name: str | None = None, snapshot_dir: str | None = None,
     return exit_code(findings)
 
 
-# The chain `invoke setup` runs, in order. Steps without an implementation yet say so instead of
-# pretending: the summary table shows what ran and what is still to come.
-SETUP_STEPS = ["check", "lock", "env", "sources", "patches", "builds", "megatron", "verify"]
-
-
 @guarded
-def setup(profile_name: str | None = None) -> int:
-    """Run the setup chain as far as it exists; for now the host check."""
-    out = report.console()
-    prof, _snap, findings = findings_for(profile_name, None)
-    report.print_findings(findings, f"[bold]check[/bold]: this host against profile {prof.name}")
-    from .findings import exit_code
+def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: bool = False,
+          only: str | None = None, start: str | None = None) -> int:
+    """The whole chain (see megatron_env.pipeline); one summary table at the end."""
+    from . import env as env_mod
+    from . import pipeline
 
-    no_gpu = any(f.id == "driver.version" and "no NVIDIA driver" in f.summary for f in findings)
-    rows = [("check", "fail" if exit_code(findings) else "done",
-             report.summary_line(findings) + (" (no GPU on this machine)" if no_gpu else ""))]
-    rows += [(step, "missing", "not implemented yet in this version of megatron-env")
-             for step in SETUP_STEPS[1:]]
-    out.print()
-    for step, status, what in rows:
-        style = {"done": "green", "fail": "bold red", "missing": "yellow"}[status]
-        out.print(f"  {step:<9} [{style}]{status:<8}[/] {what}")
-    out.print(f"[bold]setup[/bold]: 1 of {len(SETUP_STEPS)} steps exist; "
-              "the host check " + ("found problems" if exit_code(findings) else "passed"))
-    return exit_code(findings)
+    out = report.console()
+    prof = profile.load(profile_name)
+    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
+                           env_mod.default_prefix(prof), echo=out.print)
+    t0 = time.monotonic()
+    rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
+    if ctx.findings and not only:
+        report.print_findings(ctx.findings, f"[bold]check[/bold]: this host against {prof.name}")
+    style = {"done": "green", "up to date": "green", "skipped": "yellow", "failed": "bold red",
+             "not run": "dim", "would run": "cyan"}
+    table = Table(show_edge=False, box=None, pad_edge=False)
+    for col in ("step", "status", "seconds", "what it did / why"):
+        table.add_column(col, no_wrap=col != "what it did / why")
+    for r in rows:
+        detail = r.detail if r.status != "failed" else f"[red]{r.detail}[/]"
+        table.add_row(r.step, f"[{style[r.status]}]{r.status}[/]", f"{r.seconds:.1f}", detail)
+    out.print(table)
+    counts = {s: n for s in style if (n := sum(r.status == s for r in rows))}
+    verdict = "dry run" if dry_run else "ready" if ok else "stopped"
+    out.print(f"[bold]setup {verdict}[/bold]: {prof.name} at {ctx.prefix}; "
+              + ", ".join(f"{n} {s}" for s, n in counts.items())
+              + f"; {time.monotonic() - t0:.1f} s")
+    return 0 if ok else 1
 
 
 @guarded

@@ -40,6 +40,8 @@ MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"
 DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: ~5-6 GiB
 # Installed by the venv or conda machinery, not by the lock; never counted as "extra".
 TOOLING = {"pip", "setuptools", "wheel", "uv"}
+# What megatron-env itself installs on top of the lock (`invoke megatron`, editable).
+ON_TOP = {"megatron-core"}
 
 _PROBE = r"""
 import json, sys
@@ -50,6 +52,10 @@ for d in metadata.distributions():
     name = (d.metadata["Name"] or "").lower().replace("_", "-")
     if name:
         out["dists"][name] = d.version
+out["imported"] = {}
+if "--no-torch" in sys.argv:
+    print(json.dumps(out))
+    raise SystemExit(0)
 try:
     import torch
     out["torch"] = torch.__version__
@@ -64,6 +70,12 @@ try:
         out["errors"].append("torch.backends.cudnn.version(): %s" % e)
 except Exception as e:
     out["errors"].append("import torch: %s: %s" % (type(e).__name__, e))
+import importlib
+for name in sys.argv[1:]:
+    try:
+        out["imported"][name] = getattr(importlib.import_module(name), "__file__", None)
+    except Exception as e:
+        out["errors"].append("import %s: %s: %s" % (name, type(e).__name__, e))
 print(json.dumps(out))
 """
 
@@ -103,17 +115,24 @@ class Verification:
         return not self.differences
 
 
-def probe(python: Path | str) -> dict:
+def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
+    """What `python` has: distributions, and (unless torch=False) torch's facts and `imports`."""
+    args = [*imports] if torch else ["--no-torch"]
     # run outside the checkout: "" on sys.path would show its own metadata as installed
-    r = proc.run([str(python), "-c", _PROBE], timeout=600, cwd=tempfile.gettempdir())
+    r = proc.run([str(python), "-c", _PROBE, *args], timeout=600, cwd=tempfile.gettempdir())
     if not r.ok:
         raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def verify(python: Path | str, profile: Profile, lockfile: Path) -> Verification:
-    """Compare what `python` has with the lock and the profile; every difference named."""
-    facts = probe(python)
+def verify(python: Path | str, profile: Profile, lockfile: Path,
+           quick: bool = False) -> Verification:
+    """Compare what `python` has with the lock and the profile; every difference named.
+
+    quick: distributions only (no torch import), for an environment whose stamp already says it
+    was verified in full; it catches anything installed, removed or changed since.
+    """
+    facts = probe(python, torch=not quick)
     pins = lock.parse_lock(lockfile.read_text())
     have = facts["dists"]
     v = Verification(facts)
@@ -124,12 +143,14 @@ def verify(python: Path | str, profile: Profile, lockfile: Path) -> Verification
              if n in have and have[n] != pins[n]]
     if wrong:
         v.differences.append(f"other versions than the lock: {', '.join(wrong)}")
-    extra = sorted(n for n in have if n not in pins and n not in TOOLING)
+    extra = sorted(n for n in have if n not in pins and n not in TOOLING | ON_TOP)
     if extra:
         v.differences.append(f"not in the lock: {', '.join(extra)}")
     if not facts["python"].startswith(profile.python + "."):
         v.differences.append(f"Python {facts['python']}, profile wants {profile.python}")
     torch = facts.get("torch")
+    if quick:
+        return v
     if torch is None:
         v.differences.append("torch does not import: " + "; ".join(facts["errors"]))
     else:
@@ -229,7 +250,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
                             f"{current.get('profile')}, not {profile.name}",
                             fix="pass another --prefix for this profile")
         if current and current.get("lock_digest") == digest:
-            v = verify(python_of(prefix), profile, lockfile)
+            v = verify(python_of(prefix), profile, lockfile, quick=True)
             if v.ok:
                 return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date",
                                time.monotonic() - t0, v.facts)

@@ -21,7 +21,6 @@ from .errors import UserError
 SCRIPTS = {"verify_nccl": "verify_nccl.py", "verify_cuda": "gpu_health.py",
            "smoke_train": "smoke_train.py"}
 DISTRIBUTED = {"verify_nccl", "smoke_train"}  # launched with torchrun
-ENV_ROOT = REPO_ROOT / ".megatron-env"  # where `invoke setup` puts a profile's environment
 
 
 @dataclass
@@ -65,10 +64,10 @@ def interpreter(o: Options) -> str:
         return o.python
     if o.current:
         return sys.executable
-    from . import profile
+    from . import env, profile
 
     prof = profile.load(o.profile)
-    py = ENV_ROOT / prof.name / "bin" / "python"
+    py = env.python_of(env.default_prefix(prof))
     if not py.exists():
         raise UserError(
             f"no environment for profile {prof.name} at {py}",

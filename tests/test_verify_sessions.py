@@ -27,7 +27,10 @@ def test_command_shapes(tmp_path):
     assert health[1].endswith("scripts/gpu_health.py") and "torch.distributed.run" not in health
 
 
-def test_missing_environment_says_what_to_do():
+def test_missing_environment_says_what_to_do(monkeypatch, tmp_path):
+    from megatron_env import env
+
+    monkeypatch.setattr(env, "ENV_ROOT", tmp_path)
     with pytest.raises(UserError, match="run `invoke setup` first"):
         verify.interpreter(verify.parse(["--profile", "core_v0.4.0-cu121"]))
 

@@ -1,0 +1,71 @@
+"""Patch series: `patches/<package>/<pin>/NNNN-what-it-fixes.patch`, applied in order.
+
+Every patch starts with a header saying what it fixes and why (text before the first `diff`).
+A series is applied to a fresh copy of the pristine source and checked patch by patch before
+the copy is used: a patch that does not apply fails naming the patch, the file and the hunk, and
+the caller's source is never left half-patched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+from . import REPO_ROOT, proc
+from .errors import UserError
+
+PATCHES_DIR = REPO_ROOT / "patches"
+
+
+def series(package: str, pin: str, root: Path = PATCHES_DIR) -> list[Path]:
+    d = root / package / pin
+    return sorted(d.glob("[0-9][0-9][0-9][0-9]-*.patch")) if d.is_dir() else []
+
+
+def digest(patches: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in patches:
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return "sha256:" + h.hexdigest()
+
+
+def header(patch: Path) -> str:
+    text = patch.read_text()
+    return text.split("\ndiff --git", 1)[0].strip() if "diff --git" in text else ""
+
+
+def _where(output: str) -> str:
+    """'error: patch failed: a/b.py:42' -> 'b.py, hunk at line 42'."""
+    m = re.search(r"patch failed: (\S+):(\d+)", output)
+    if m:
+        return f"{m.group(1)}, hunk at line {m.group(2)}"
+    m = re.search(r"error: (\S+): (No such file or directory|does not exist in index)", output)
+    return f"{m.group(1)} (file missing)" if m else output.strip().splitlines()[-1][:200]
+
+
+def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
+    """Copy `source` to `dest` and apply `patches` there; on failure `dest` does not exist."""
+    for p in patches:
+        if not header(p):
+            raise UserError(f"{p.relative_to(REPO_ROOT)} has no header saying what it fixes",
+                            fix="start the patch with a few lines of why, before `diff --git`")
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    try:
+        for p in patches:
+            check = proc.run(["git", "apply", "--check", "-v", p], cwd=dest, timeout=120)
+            if check.missing:
+                raise UserError("git is not installed", fix="install git")
+            if not check.ok:
+                raise UserError(
+                    f"patch {p.relative_to(REPO_ROOT)} does not apply: {_where(check.output)}",
+                    fix="refresh the patch against the pinned source (nothing was modified)")
+            done = proc.run(["git", "apply", p], cwd=dest, timeout=120)
+            if not done.ok:
+                raise UserError(f"patch {p.name} failed: {_where(done.output)}")
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise

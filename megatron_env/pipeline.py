@@ -1,0 +1,237 @@
+"""`invoke setup`: the chain of steps from a bare node to a verified Megatron environment.
+
+    check -> lock -> env -> sources -> patches -> builds -> megatron -> verify
+
+Each step has an input digest (its own inputs plus the digest of the step before it), so a
+changed pin re-runs the steps downstream of it and nothing else. A step that succeeded writes a
+stamp with its digest; on the next run a stamped step is only verified (seconds). A failed step
+stops the chain with its message, log tail and fix; the next run resumes there. Steps that need
+what this machine lacks (a GPU, the profile's CUDA toolkit) or that this version does not have
+yet are reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock
+
+from . import checks, env, lock, megatron, patches, snapshot
+from .errors import UserError
+from .findings import Finding
+from .profile import Profile
+
+STEPS = ["check", "lock", "env", "sources", "patches", "builds", "megatron", "verify"]
+
+
+@dataclass
+class Context:
+    profile: Profile
+    prefix: Path
+    echo: Callable[..., None] = print
+    findings: list[Finding] = field(default_factory=list)
+    snapshot_dir: Path | None = None
+
+    @property
+    def stamps(self) -> Path:
+        return self.prefix.with_name(self.prefix.name + ".setup")
+
+
+@dataclass
+class Row:
+    step: str
+    status: str  # done, up to date, skipped, failed, would run, not run
+    seconds: float
+    detail: str
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "missing"
+
+
+# --- the steps: (inputs, run, skip-reason) ---------------------------------------------------
+
+
+def _check_run(ctx: Context) -> str:
+    with tempfile.TemporaryDirectory(prefix="megatron-env-snapshot-") as tmp:
+        snap = snapshot.Snapshot.load(ctx.snapshot_dir) if ctx.snapshot_dir else \
+            snapshot.collect(Path(tmp), echo=lambda *_: None)
+        ctx.findings = checks.run_all(snap, ctx.profile)
+    from .report import summary_line
+
+    failed = [f.id for f in ctx.findings if f.status == "fail"]
+    return summary_line(ctx.findings) + (f" ({', '.join(failed)})" if failed else "")
+
+
+def _lock_inputs(ctx: Context) -> str:
+    p = ctx.profile
+    return _digest(_file(p.path), _file(p.dir / lock.LOCK_FILE), _file(p.dir / lock.ENV_FILE))
+
+
+def _lock_run(ctx: Context) -> str:
+    problems = lock.stale(ctx.profile)
+    if problems:
+        raise UserError("; ".join(problems),
+                        fix=f"run `invoke lock --profile {ctx.profile.name}` and commit the locks")
+    return f"{lock.LOCK_FILE} and {lock.ENV_FILE} match {ctx.profile.path.name}"
+
+
+def _env_run(ctx: Context) -> str:
+    s = env.build(ctx.profile, ctx.prefix, echo=ctx.echo)
+    return f"{s.action}: Python {s.facts['python']}, torch {s.facts.get('torch')}, CUDA " \
+           f"{s.facts.get('torch_cuda')}, {len(s.facts['dists'])} packages"
+
+
+def _env_verify(ctx: Context) -> None:
+    v = env.verify(env.python_of(ctx.prefix), ctx.profile, ctx.profile.dir / lock.LOCK_FILE,
+                   quick=True)
+    if not v.ok:
+        raise UserError("the environment no longer matches its lock: " + "; ".join(v.differences),
+                        fix=f"run `invoke env --profile {ctx.profile.name}`")
+
+
+def _no_gpu_or_toolkit(ctx: Context) -> str | None:
+    """Why kernels cannot be built here, from the check step's findings (None: they can)."""
+    reasons = []
+    by_id = {f.id: f for f in ctx.findings}
+    drv = by_id.get("driver.version")
+    if drv and "no NVIDIA driver" in drv.summary:
+        reasons.append("no GPU")
+    tk = by_id.get("cuda.toolkit")
+    if tk and tk.status in ("fail", "skip"):
+        reasons.append(f"no CUDA {ctx.profile.cuda} toolkit ({tk.summary.split(':')[0]})")
+    return "; ".join(reasons) or None
+
+
+NOT_YET = "flash-attn and apex source builds are not part of this version yet"
+
+
+def _builds_skip(ctx: Context) -> str:
+    why = _no_gpu_or_toolkit(ctx)
+    return f"{why}; {NOT_YET}" if why else NOT_YET
+
+
+def _megatron_inputs(ctx: Context) -> str:
+    m = ctx.profile.megatron
+    series = megatron.patch_series(ctx.profile)
+    return _digest(m["repo"], m["tag"], m["commit"], patches.digest(series),
+                   _file(ctx.profile.dir / lock.LOCK_FILE))
+
+
+def _megatron_run(ctx: Context) -> str:
+    src = megatron.prepare(ctx.profile, echo=ctx.echo)
+    megatron.install(ctx.profile, ctx.prefix, src, echo=ctx.echo)
+    n = len(megatron.patch_series(ctx.profile))
+    return f"{ctx.profile.megatron['tag']} @ {ctx.profile.megatron['commit'][:12]}, " \
+           f"{n} patch(es), installed editable with its dataset helpers"
+
+
+def _verify_run(ctx: Context) -> str:
+    facts = megatron.check_import(ctx.prefix)
+    where = Path(facts["imported"]["megatron.core"]).parent.parent.parent.name
+    return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
+           f"megatron.core from {where} and its dataset helpers: ok"
+
+
+@dataclass
+class Step:
+    name: str
+    run: Callable[[Context], str]
+    inputs: Callable[[Context], str] | None = None  # None: always runs (cheap, host state)
+    skip: Callable[[Context], str | None] | None = None
+    verify: Callable[[Context], object] | None = None  # quick re-check of a stamped step
+
+
+def steps() -> list[Step]:
+    return [
+        Step("check", _check_run),
+        Step("lock", _lock_run, _lock_inputs),
+        Step("env", _env_run, lambda c: _file(c.profile.dir / lock.LOCK_FILE), verify=_env_verify),
+        Step("sources", lambda c: "", skip=lambda c: NOT_YET),
+        Step("patches", lambda c: "", skip=lambda c: NOT_YET),
+        Step("builds", lambda c: "", skip=_builds_skip),
+        Step("megatron", _megatron_run, _megatron_inputs,
+             verify=lambda c: megatron.check_installed(c.prefix, c.profile)),
+        Step("verify", _verify_run),
+    ]
+
+
+def _read(stamps: Path, step: str) -> dict | None:
+    try:
+        return json.loads((stamps / f"{step}.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def run(ctx: Context, *, only: str | None = None, start: str | None = None,
+        dry_run: bool = False) -> tuple[list[Row], bool]:
+    """Run the chain; returns the rows of the summary table and whether it ended well."""
+    for name in (only, start):
+        if name and name not in STEPS:
+            raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}")
+    chosen = [only] if only else STEPS[STEPS.index(start):] if start else STEPS
+    ctx.stamps.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    upstream = ""
+    ok = True
+    with FileLock(str(ctx.stamps / ".lock")):
+        for step in steps():
+            if step.name not in chosen:
+                stamp = _read(ctx.stamps, step.name)
+                upstream = _digest(upstream, stamp["digest"] if stamp else "")
+                continue
+            if not ok:
+                rows.append(Row(step.name, "not run", 0.0, "an earlier step failed"))
+                continue
+            t0 = time.monotonic()
+            try:
+                if step.name != "check" and not ctx.findings and "check" not in chosen:
+                    _check_run(ctx)  # the skip reasons below need the host's facts
+                reason = step.skip(ctx) if step.skip else None
+                if reason:
+                    rows.append(Row(step.name, "skipped", time.monotonic() - t0, reason))
+                    continue
+                digest = _digest(upstream, step.inputs(ctx)) if step.inputs else None
+                stamp = _read(ctx.stamps, step.name)
+                fresh = digest is not None and stamp is not None and stamp["digest"] == digest
+                if dry_run:
+                    status = "up to date" if fresh else "would run"
+                    why = ("stamp matches its inputs" if fresh else "no stamp" if stamp is None
+                           or digest is None else "its inputs changed")
+                    if digest is None:
+                        why = "runs every time (host state)"
+                    rows.append(Row(step.name, status, 0.0, why))
+                    upstream = _digest(upstream, digest or "")
+                    if step.name == "check":
+                        _check_run(ctx)
+                    continue
+                if fresh:
+                    if step.verify:
+                        step.verify(ctx)
+                    rows.append(Row(step.name, "up to date", time.monotonic() - t0,
+                                    stamp.get("detail", "")))
+                else:
+                    detail = step.run(ctx)
+                    rows.append(Row(step.name, "done", time.monotonic() - t0, detail))
+                    if digest is not None:
+                        (ctx.stamps / f"{step.name}.json").write_text(json.dumps(
+                            {"digest": digest, "detail": detail,
+                             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+                upstream = _digest(upstream, digest or "")
+            except UserError as e:
+                (ctx.stamps / f"{step.name}.json").unlink(missing_ok=True)
+                rows.append(Row(step.name, "failed", time.monotonic() - t0,
+                                e.message + (f"\nfix: {e.fix}" if e.fix else "")))
+                ok = False
+    return rows, ok
+
