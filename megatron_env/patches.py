@@ -9,6 +9,7 @@ the caller's source is never left half-patched.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 from pathlib import Path
@@ -54,17 +55,22 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    # Inside another git work tree (this checkout's .megatron-env/), `git apply` would patch
+    # paths relative to that repository and silently skip ours: stop git looking upwards.
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.parent)}
+    env.pop("GIT_DIR", None)
     try:
         for p in patches:
-            check = proc.run(["git", "apply", "--check", "-v", p], cwd=dest, timeout=120)
+            check = proc.run(["git", "apply", "--check", "-v", p], cwd=dest, timeout=120,
+                             env=env)
             if check.missing:
                 raise UserError("git is not installed", fix="install git")
             if not check.ok:
                 raise UserError(
                     f"patch {p.relative_to(REPO_ROOT)} does not apply: {_where(check.output)}",
                     fix="refresh the patch against the pinned source (nothing was modified)")
-            done = proc.run(["git", "apply", p], cwd=dest, timeout=120)
-            if not done.ok:
+            done = proc.run(["git", "apply", "-v", p], cwd=dest, timeout=120, env=env)
+            if not done.ok or "Skipped patch" in done.output:
                 raise UserError(f"patch {p.name} failed: {_where(done.output)}")
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)

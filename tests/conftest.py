@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,22 @@ def make_snapshot(tmp_path):
         return d
 
     return make
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory):
+    """Every wheel of the default profile's lock (about 2.6 GB), downloaded once per test run:
+    the only package source of the environment tests, as on an air-gapped cluster."""
+    from megatron_env import lock, profile
+
+    wh = tmp_path_factory.mktemp("wheelhouse")
+    lockfile = profile.load("core_v0.4.0-cu121").dir / lock.LOCK_FILE
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--require-hashes", "-r", lockfile, "-d", wh, "--python-version", "3.10",
+                        "--implementation", "cp", "--only-binary=:all:",
+                        "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
+                        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux1_x86_64"],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(list(wh.glob("*.whl"))) == len(lock.parse_lock(lockfile.read_text()))
+    return wh

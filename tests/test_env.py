@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import zipfile
-from pathlib import Path
 
 import pytest
 
@@ -21,21 +20,6 @@ from .test_lock import copy_repo, invoke
 
 pytestmark = pytest.mark.slow
 PROFILE = "core_v0.4.0-cu121"
-
-
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory):
-    wh = tmp_path_factory.mktemp("wheelhouse")
-    lockfile = Path(__file__).resolve().parent.parent / "envs" / PROFILE / lock.LOCK_FILE
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--require-hashes", "-r", lockfile, "-d", wh, "--python-version", "3.10",
-                        "--implementation", "cp", "--only-binary=:all:",
-                        "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
-                        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux1_x86_64"],
-                       capture_output=True, text=True, timeout=1800)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert len(list(wh.glob("*.whl"))) == len(lock.parse_lock(lockfile.read_text()))
-    return wh
 
 
 @pytest.fixture(scope="module")
