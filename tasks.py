@@ -33,10 +33,11 @@ def check(c, profile=None, snapshot=None, json=False):
 @task(help={"profile": "profile name (default: the default profile)",
             "prefix": "where the environment lives (default .megatron-env/<profile>)",
             "dry_run": "print the plan: what would run and why",
-            "only": "run this one step", "from": "start at this step"})
-def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None):
+            "only": "run this one step", "from": "start at this step",
+            "adopt": "use this existing interpreter (an NGC container's python) as the env"})
+def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None, adopt=None):
     """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
-    _done(commands.setup(profile, prefix, dry_run, only, from_))
+    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt))
 
 
 @task(help={"profile": "profile name (default: the default profile)",

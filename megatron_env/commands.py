@@ -86,7 +86,7 @@ def check(profile_name: str | None = None, snapshot_dir: str | None = None,
 
 @guarded
 def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: bool = False,
-          only: str | None = None, start: str | None = None) -> int:
+          only: str | None = None, start: str | None = None, adopt: str | None = None) -> int:
     """The whole chain (see megatron_env.pipeline); one summary table at the end."""
     from . import env as env_mod
     from . import pipeline
@@ -94,7 +94,8 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     out = report.console()
     prof = profile.load(profile_name)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
-                           env_mod.default_prefix(prof), echo=out.print)
+                           env_mod.default_prefix(prof), echo=out.print,
+                           adopt=Path(adopt).absolute() if adopt else None)
     t0 = time.monotonic()
     rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
     if ctx.findings and not only:

@@ -64,37 +64,37 @@ def prepare(profile: Profile, echo=print) -> Path:
     return dest
 
 
-def install(profile: Profile, prefix: Path, src: Path, echo=print) -> str:
-    """Editable install of `src` into the environment at `prefix`; returns the import check."""
-    python = env.python_of(prefix)
+def install(profile: Profile, python: Path, src: Path, echo=print) -> dict:
+    """Editable install of `src` for the interpreter `python`; returns the import check."""
     if not python.exists():
-        raise UserError(f"no environment at {prefix}", fix="run `invoke env` first")
-    run_env = {**uv_env(), "PATH": f"{prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    echo(f"megatron: installing {src.name} editable into {prefix} (no dependency resolution)")
+        raise UserError(f"no environment at {python}", fix="run `invoke env` first")
+    bindir = python.parent
+    run_env = {**uv_env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    echo(f"megatron: installing {src.name} editable for {python} (no dependency resolution)")
     r = proc.run([uv_exe(), "pip", "install", "--python", python, "--no-deps",
                   "--no-build-isolation", "-e", src], env=run_env, timeout=3600,
                  log=src.parent / f"{src.name}.install.log")
     if not r.ok:
-        raise UserError(f"installing Megatron into {prefix} failed: {r.tail(8)}",
+        raise UserError(f"installing Megatron for {python} failed: {r.tail(8)}",
                         fix="the dataset helpers need a C++ compiler, Python headers and "
                             f"pybind11 in the environment; log: {src.parent}/{src.name}"
                             ".install.log")
-    return check_import(prefix)
+    return check_import(python)
 
 
-def check_import(prefix: Path) -> dict:
+def check_import(python: Path) -> dict:
     """torch, megatron.core and its compiled dataset helpers import; returns the probe's facts."""
-    facts = env.probe(env.python_of(prefix), *MODULES)
+    facts = env.probe(python, *MODULES)
     missing = [m for m in MODULES if m not in facts["imported"]]
     if missing or "torch" not in facts:
-        raise UserError(f"{', '.join(missing) or 'torch'} does not import in {prefix}: "
+        raise UserError(f"{', '.join(missing) or 'torch'} does not import for {python}: "
                         + "; ".join(facts["errors"])[-600:], fix="re-run `invoke megatron`")
     return facts
 
 
-def check_installed(prefix: Path, profile: Profile) -> None:
+def check_installed(python: Path, profile: Profile) -> None:
     """Quick: the environment still has this profile's Megatron checkout installed."""
-    facts = env.probe(env.python_of(prefix), torch=False)
+    facts = env.probe(python, torch=False)
     if "megatron-core" not in facts["dists"] or not (source_dir(profile) / STAMP).exists():
-        raise UserError(f"Megatron is no longer installed in {prefix}",
+        raise UserError(f"Megatron is no longer installed for {python}",
                         fix="re-run `invoke megatron`")

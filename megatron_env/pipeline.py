@@ -37,10 +37,15 @@ class Context:
     echo: Callable[..., None] = print
     findings: list[Finding] = field(default_factory=list)
     snapshot_dir: Path | None = None
+    adopt: Path | None = None  # an existing interpreter to use instead of building one
 
     @property
     def stamps(self) -> Path:
         return self.prefix.with_name(self.prefix.name + ".setup")
+
+    @property
+    def python(self) -> Path:
+        return self.adopt or env.python_of(self.prefix)
 
 
 @dataclass
@@ -87,14 +92,38 @@ def _lock_run(ctx: Context) -> str:
 
 
 def _env_run(ctx: Context) -> str:
+    if ctx.adopt:
+        return _adopt(ctx)
     s = env.build(ctx.profile, ctx.prefix, echo=ctx.echo)
     return f"{s.action}: Python {s.facts['python']}, torch {s.facts.get('torch')}, CUDA " \
            f"{s.facts.get('torch_cuda')}, {len(s.facts['dists'])} packages"
 
 
+def _adopt(ctx: Context) -> str:
+    """An existing environment: Python, torch and its CUDA must match; other packages may differ
+    from the lock (an NGC container has its own), and each difference is listed."""
+    v = env.verify(ctx.adopt, ctx.profile, ctx.profile.dir / lock.LOCK_FILE)
+    f = v.facts
+    fatal = [d for d in v.differences if d.startswith(("Python ", "torch "))]
+    if fatal:
+        raise UserError(f"{ctx.adopt} cannot serve profile {ctx.profile.name}: "
+                        + "; ".join(fatal),
+                        fix="adopt an environment with the profile's Python, torch and CUDA, "
+                            "or build one (without --adopt)")
+    others = "; ".join(v.differences) or "none"
+    return (f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, CUDA "
+            f"{f.get('torch_cuda')}, NCCL {f.get('nccl')}, cuDNN {f.get('cudnn')}; "
+            f"other differences from the lock: {others}")
+
+
+def _env_inputs(ctx: Context) -> str:
+    return _digest(_file(ctx.profile.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
+
+
 def _env_verify(ctx: Context) -> None:
-    v = env.verify(env.python_of(ctx.prefix), ctx.profile, ctx.profile.dir / lock.LOCK_FILE,
-                   quick=True)
+    if ctx.adopt:
+        return
+    v = env.verify(ctx.python, ctx.profile, ctx.profile.dir / lock.LOCK_FILE, quick=True)
     if not v.ok:
         raise UserError("the environment no longer matches its lock: " + "; ".join(v.differences),
                         fix=f"run `invoke env --profile {ctx.profile.name}`")
@@ -130,14 +159,14 @@ def _megatron_inputs(ctx: Context) -> str:
 
 def _megatron_run(ctx: Context) -> str:
     src = megatron.prepare(ctx.profile, echo=ctx.echo)
-    megatron.install(ctx.profile, ctx.prefix, src, echo=ctx.echo)
+    megatron.install(ctx.profile, ctx.python, src, echo=ctx.echo)
     n = len(megatron.patch_series(ctx.profile))
     return f"{ctx.profile.megatron['tag']} @ {ctx.profile.megatron['commit'][:12]}, " \
            f"{n} patch(es), installed editable with its dataset helpers"
 
 
 def _verify_run(ctx: Context) -> str:
-    facts = megatron.check_import(ctx.prefix)
+    facts = megatron.check_import(ctx.python)
     where = Path(facts["imported"]["megatron.core"]).parent.parent.parent.name
     return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
            f"megatron.core from {where} and its dataset helpers: ok"
@@ -156,12 +185,12 @@ def steps() -> list[Step]:
     return [
         Step("check", _check_run),
         Step("lock", _lock_run, _lock_inputs),
-        Step("env", _env_run, lambda c: _file(c.profile.dir / lock.LOCK_FILE), verify=_env_verify),
+        Step("env", _env_run, _env_inputs, verify=_env_verify),
         Step("sources", lambda c: "", skip=lambda c: NOT_YET),
         Step("patches", lambda c: "", skip=lambda c: NOT_YET),
         Step("builds", lambda c: "", skip=_builds_skip),
         Step("megatron", _megatron_run, _megatron_inputs,
-             verify=lambda c: megatron.check_installed(c.prefix, c.profile)),
+             verify=lambda c: megatron.check_installed(c.python, c.profile)),
         Step("verify", _verify_run),
     ]
 
