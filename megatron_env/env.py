@@ -125,6 +125,11 @@ def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _names(items: list[str], most: int = 12) -> str:
+    shown = ", ".join(items[:most])
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
 def verify(python: Path | str, profile: Profile, lockfile: Path,
            quick: bool = False) -> Verification:
     """Compare what `python` has with the lock and the profile; every difference named.
@@ -138,14 +143,14 @@ def verify(python: Path | str, profile: Profile, lockfile: Path,
     v = Verification(facts)
     v.missing = sorted(n for n in pins if n not in have)
     if v.missing:
-        v.differences.append(f"missing from the environment: {', '.join(v.missing)}")
+        v.differences.append(f"missing from the environment: {_names(v.missing)}")
     wrong = [f"{n} {have[n]} (lock {pins[n]})" for n in sorted(pins)
              if n in have and have[n] != pins[n]]
     if wrong:
-        v.differences.append(f"other versions than the lock: {', '.join(wrong)}")
+        v.differences.append(f"{len(wrong)} other versions than the lock: {_names(wrong)}")
     extra = sorted(n for n in have if n not in pins and n not in TOOLING | ON_TOP)
     if extra:
-        v.differences.append(f"not in the lock: {', '.join(extra)}")
+        v.differences.append(f"{len(extra)} not in the lock: {_names(extra)}")
     if not facts["python"].startswith(profile.python + "."):
         v.differences.append(f"Python {facts['python']}, profile wants {profile.python}")
     torch = facts.get("torch")
