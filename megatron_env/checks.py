@@ -53,6 +53,17 @@ def _unparseable(check_id: str, name: str, err: ParseError) -> Finding:
                    fix=f"re-run the command behind {name} on the node, or `invoke collect` again")
 
 
+def _parsed(snap: Snapshot, cid: str, name: str, parser, missing: str):
+    """(value, None) from the snapshot file `name`, or (None, a finding) when absent/unparseable."""
+    text = snap.text(name)
+    if text is None:
+        return None, Finding(cid, "skip", missing)
+    try:
+        return parser(text), None
+    except ParseError as e:
+        return None, _unparseable(cid, name, e)
+
+
 def _driver(snap: Snapshot) -> str | None:
     if v := snap.nvml().get("driver_version"):
         return str(v)
@@ -220,13 +231,10 @@ _BENIGN_REASONS = ("Idle", "Applications Clocks Setting", "Display Clock Setting
 @check("gpu.throttle")
 def gpu_throttle(snap: Snapshot, profile: Profile) -> Finding:
     cid = "gpu.throttle"
-    text = snap.text("nvidia-smi-q.txt")
-    if not text:
-        return Finding(cid, "skip", "no `nvidia-smi -q` output in the snapshot")
-    try:
-        gpus = parsers.clock_event_reasons(text)
-    except ParseError as e:
-        return _unparseable(cid, "nvidia-smi-q.txt", e)
+    gpus, finding = _parsed(snap, cid, "nvidia-smi-q.txt", parsers.clock_event_reasons,
+                            "no `nvidia-smi -q` output in the snapshot")
+    if finding:
+        return finding
     bad = [(g.bus_id, r) for g in gpus for r in g.active if r in _BAD_REASONS]
     other = [(g.bus_id, r) for g in gpus for r in g.active
              if r not in _BAD_REASONS and r not in _BENIGN_REASONS]
@@ -282,13 +290,9 @@ def net_ib(snap: Snapshot, profile: Profile) -> Finding:
 @check("limits.memlock")
 def limits_memlock(snap: Snapshot, profile: Profile) -> Finding:
     cid = "limits.memlock"
-    text = snap.text("ulimit-l.txt")
-    if text is None:
-        return Finding(cid, "skip", "ulimit -l not recorded")
-    try:
-        kib = parsers.ulimit(text)
-    except ParseError as e:
-        return _unparseable(cid, "ulimit-l.txt", e)
+    kib, finding = _parsed(snap, cid, "ulimit-l.txt", parsers.ulimit, "ulimit -l not recorded")
+    if finding:
+        return finding
     if kib is None:
         return Finding(cid, "pass", "locked memory is unlimited", ["ulimit -l: unlimited"])
     ib = bool(_active_ib(snap))
@@ -303,13 +307,10 @@ def limits_memlock(snap: Snapshot, profile: Profile) -> Finding:
 @check("sys.shm")
 def sys_shm(snap: Snapshot, profile: Profile) -> Finding:
     cid = "sys.shm"
-    text = snap.text("shm.txt")
-    if text is None:
-        return Finding(cid, "skip", "/dev/shm size not recorded")
-    try:
-        size = parsers.df_size_bytes(text)
-    except ParseError as e:
-        return _unparseable(cid, "shm.txt", e)
+    size, finding = _parsed(snap, cid, "shm.txt", parsers.df_size_bytes,
+                            "/dev/shm size not recorded")
+    if finding:
+        return finding
     evidence = [f"/dev/shm: {size / GIB:.2f} GiB"]
     fix = "give the container --shm-size=64g (or --ipc=host); on bare metal remount /dev/shm larger"
     if size < 1 * GIB:
