@@ -62,3 +62,14 @@ def verify_cuda(session):
 def smoke_train(session):
     """A tiny Megatron GPT trains and its loss falls (scripts/smoke_train.py)."""
     _verify(session, "smoke_train")
+
+
+@nox.session(venv_backend="none")
+def build_check(session):
+    """flash-attn's and apex's compiled modules import in the profile's environment."""
+    from megatron_env import commands
+
+    args = dict(zip(session.posargs[::2], session.posargs[1::2], strict=False))
+    code = commands.build_check(args.get("--profile"), args.get("--python"))
+    if code:
+        session.error("compiled kernels are missing")

@@ -34,10 +34,12 @@ def check(c, profile=None, snapshot=None, json=False):
             "prefix": "where the environment lives (default .megatron-env/<profile>)",
             "dry_run": "print the plan: what would run and why",
             "only": "run this one step", "from": "start at this step",
-            "adopt": "use this existing interpreter (an NGC container's python) as the env"})
-def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None, adopt=None):
+            "adopt": "use this existing interpreter (an NGC container's python) as the env",
+            "no_builds": "leave the flash-attn and apex builds out"})
+def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None, adopt=None,
+          no_builds=False):
     """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
-    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt))
+    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt, no_builds))
 
 
 @task(help={"profile": "profile name (default: the default profile)",
@@ -84,3 +86,16 @@ def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
     _done(commands.env(profile, prefix, python, adopt, install_missing, conda, use_conda,
                        find_links, no_index))
+
+
+@task(help={"what": "flash-attn, apex or all (default)",
+            "profile": "profile name (default: the default profile)",
+            "prefix": "the environment to build for (default .megatron-env/<profile>)",
+            "python": "build for this interpreter instead (an adopted environment)",
+            "arch": "compute capabilities, e.g. 9.0 or 8.0,9.0, or native (default: profile)",
+            "dry_run": "print the build plan (sources, patches, flags, cache key) and stop",
+            "cache_dir": "wheel cache shared by the nodes (default .cache, or MEGATRON_ENV_CACHE)"})
+def build(c, what="all", profile=None, prefix=None, python=None, arch=None, dry_run=False,
+          cache_dir=None):
+    """Build flash-attn/apex from pinned, patched sources; cache by content; install; verify."""
+    _done(commands.build(what, profile, prefix, arch, dry_run, cache_dir, python))

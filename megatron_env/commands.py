@@ -86,7 +86,8 @@ def check(profile_name: str | None = None, snapshot_dir: str | None = None,
 
 @guarded
 def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: bool = False,
-          only: str | None = None, start: str | None = None, adopt: str | None = None) -> int:
+          only: str | None = None, start: str | None = None, adopt: str | None = None,
+          no_builds: bool = False) -> int:
     """The whole chain (see megatron_env.pipeline); one summary table at the end."""
     from . import env as env_mod
     from . import pipeline
@@ -95,7 +96,8 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     prof = profile.load(profile_name)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
                            env_mod.default_prefix(prof), echo=out.print,
-                           adopt=Path(adopt).absolute() if adopt else None)
+                           adopt=Path(adopt).absolute() if adopt else None,
+                           no_builds=no_builds)
     t0 = time.monotonic()
     rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
     if ctx.findings and not only:
@@ -186,3 +188,52 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
                             echo=out.print)
     out.print(f"[bold]env[/bold] {summary.line()}")
     return 0
+
+
+@guarded
+def build(which: str = "all", profile_name: str | None = None, prefix: str | None = None,
+          arch: str | None = None, dry_run: bool = False, cache_dir: str | None = None,
+          python: str | None = None) -> int:
+    """Build, cache, install and verify flash-attn and/or apex for the profile's environment."""
+    import os
+
+    from . import build as build_mod
+    from . import env as env_mod
+
+    out = report.console()
+    if cache_dir:
+        os.environ[build_mod.CACHE_DIR_ENV] = cache_dir
+    prof = profile.load(profile_name)
+    py = Path(python) if python else env_mod.python_of(
+        Path(prefix) if prefix else env_mod.default_prefix(prof))
+    if not py.exists():
+        raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)")
+    archs = (build_mod.native_archs(py) if arch == "native" else
+             arch.split(",") if arch else prof.archs)
+    for pkg in build_mod.selected(prof, which, archs):
+        res = build_mod.build_and_install(pkg, py, archs, dry_run=dry_run, echo=out.print)
+        if isinstance(res, build_mod.Result):
+            how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
+            out.print(f"[bold]{pkg.name}[/bold]: {how}, installed and verified "
+                      f"({', '.join(res.modules)}) in {res.seconds:.1f} s")
+    return 0
+
+
+@guarded
+def build_check(profile_name: str | None = None, python: str | None = None) -> int:
+    """Do flash-attn's and apex's compiled modules import in the environment? (no building)"""
+    from . import build as build_mod
+    from . import env as env_mod
+
+    prof = profile.load(profile_name)
+    py = Path(python) if python else env_mod.python_of(env_mod.default_prefix(prof))
+    out = report.console()
+    bad = 0
+    for pkg in build_mod.packages(prof).values():
+        facts = env_mod.probe(py, *pkg.modules)
+        missing = [m for m in pkg.modules if m not in facts["imported"]]
+        bad += bool(missing)
+        out.print(f"{pkg.name:<11} " + (f"[red]missing[/] {', '.join(missing)}" if missing else
+                                        f"[green]ok[/] {', '.join(pkg.modules)}"))
+    out.print(f"[bold]build_check[/bold]: {'fail' if bad else 'pass'} for {py}")
+    return 1 if bad else 0

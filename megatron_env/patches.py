@@ -37,6 +37,10 @@ def header(patch: Path) -> str:
     return text.split("\ndiff --git", 1)[0].strip() if "diff --git" in text else ""
 
 
+def _show(path: Path) -> str:
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def _where(output: str) -> str:
     """'error: patch failed: a/b.py:42' -> 'b.py, hunk at line 42'."""
     m = re.search(r"patch failed: (\S+):(\d+)", output)
@@ -50,7 +54,7 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
     """Copy `source` to `dest` and apply `patches` there; on failure `dest` does not exist."""
     for p in patches:
         if not header(p):
-            raise UserError(f"{p.relative_to(REPO_ROOT)} has no header saying what it fixes",
+            raise UserError(f"{_show(p)} has no header saying what it fixes",
                             fix="start the patch with a few lines of why, before `diff --git`")
     if dest.exists():
         shutil.rmtree(dest)
@@ -67,7 +71,7 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
                 raise UserError("git is not installed", fix="install git")
             if not check.ok:
                 raise UserError(
-                    f"patch {p.relative_to(REPO_ROOT)} does not apply: {_where(check.output)}",
+                    f"patch {_show(p)} does not apply: {_where(check.output)}",
                     fix="refresh the patch against the pinned source (nothing was modified)")
             done = proc.run(["git", "apply", "-v", p], cwd=dest, timeout=120, env=env)
             if not done.ok or "Skipped patch" in done.output:

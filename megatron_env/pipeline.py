@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,6 +39,7 @@ class Context:
     findings: list[Finding] = field(default_factory=list)
     snapshot_dir: Path | None = None
     adopt: Path | None = None  # an existing interpreter to use instead of building one
+    no_builds: bool = False  # leave flash-attn and apex out (reported as skipped)
 
     @property
     def stamps(self) -> Path:
@@ -142,12 +144,54 @@ def _no_gpu_or_toolkit(ctx: Context) -> str | None:
     return "; ".join(reasons) or None
 
 
-NOT_YET = "flash-attn and apex source builds are not part of this version yet"
+def _builds_skip(ctx: Context) -> str | None:
+    if ctx.no_builds:
+        return "--no-builds given"
+    return _no_gpu_or_toolkit(ctx)
 
 
-def _builds_skip(ctx: Context) -> str:
-    why = _no_gpu_or_toolkit(ctx)
-    return f"{why}; {NOT_YET}" if why else NOT_YET
+def _kernel_packages(ctx: Context):
+    from . import build
+
+    return build.packages(ctx.profile).values()
+
+
+def _builds_inputs(ctx: Context) -> str:
+    p = ctx.profile
+    return _digest(json.dumps([p.flash_attn, p.apex, p.archs], sort_keys=True),
+                   *(patches.digest(patches.series(k.name, k.pin)) for k in _kernel_packages(ctx)),
+                   _file(p.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
+
+
+def _sources_run(ctx: Context) -> str:
+    from . import build
+
+    return "; ".join(f"{k.name} {k.source.digest[:19]} at {build.fetch(k, ctx.python, ctx.echo)}"
+                     for k in _kernel_packages(ctx))
+
+
+def _patches_run(ctx: Context) -> str:
+    from . import build
+
+    done = []
+    for k in _kernel_packages(ctx):
+        series = patches.series(k.name, k.pin)
+        scratch = build.cache_dir() / "build" / f"check-{k.name}-{time.time_ns()}"
+        patches.apply_series(build.fetch(k, ctx.python, ctx.echo), scratch, series)
+        shutil.rmtree(scratch, ignore_errors=True)
+        done.append(f"{k.name}: {len(series)} patch(es) apply")
+    return "; ".join(done)
+
+
+def _builds_run(ctx: Context) -> str:
+    from . import build
+
+    out = []
+    for k in _kernel_packages(ctx):
+        r = build.build_and_install(k, ctx.python, ctx.profile.archs, echo=ctx.echo)
+        how = "from cache" if r.cache_hit else f"built in {r.build_seconds:.0f} s"
+        out.append(f"{k.name} {how}, {len(r.modules)} compiled module(s) import")
+    return "; ".join(out)
 
 
 def _megatron_inputs(ctx: Context) -> str:
@@ -186,9 +230,9 @@ def steps() -> list[Step]:
         Step("check", _check_run),
         Step("lock", _lock_run, _lock_inputs),
         Step("env", _env_run, _env_inputs, verify=_env_verify),
-        Step("sources", lambda c: "", skip=lambda c: NOT_YET),
-        Step("patches", lambda c: "", skip=lambda c: NOT_YET),
-        Step("builds", lambda c: "", skip=_builds_skip),
+        Step("sources", _sources_run, skip=_builds_skip),
+        Step("patches", _patches_run, skip=_builds_skip),
+        Step("builds", _builds_run, _builds_inputs, skip=_builds_skip),
         Step("megatron", _megatron_run, _megatron_inputs,
              verify=lambda c: megatron.check_installed(c.python, c.profile)),
         Step("verify", _verify_run),

@@ -56,12 +56,13 @@ def run(
     input: str | None = None,
     log: Path | None = None,
     stream: bool = False,
+    on_line=None,
 ) -> Result:
     """Run `argv`; never raises for a missing program, a failure or a timeout.
 
     `env` replaces the environment (callers derive it from `os.environ`); `log` receives the
-    combined output; `stream` lets the output through to the terminal (long builds), in which
-    case it is also teed into `log` when given.
+    combined output; `stream` lets the output through to the terminal as it comes (teed into
+    `log`), or, with `on_line`, hands each line to that callback instead (build progress).
     """
     args = tuple(str(a) for a in argv)
     exe = args[0]
@@ -69,7 +70,7 @@ def run(
         return Result(args, 127, "", f"{exe}: command not found", missing=True)
     try:
         if stream:
-            return _run_streaming(args, cwd, env, timeout, log)
+            return _run_streaming(args, cwd, env, timeout, log, on_line)
         cp = subprocess.run(
             args,
             cwd=cwd,
@@ -95,7 +96,7 @@ def run(
     return result
 
 
-def _run_streaming(args, cwd, env, timeout, log) -> Result:
+def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
     lines: list[str] = []
     fh = log.open("w") if log is not None else None
     try:
@@ -115,7 +116,10 @@ def _run_streaming(args, cwd, env, timeout, log) -> Result:
             if fh:
                 fh.write(line)
                 fh.flush()
-            print(line, end="", flush=True)
+            if on_line is None:
+                print(line, end="", flush=True)
+            else:
+                on_line(line)
         rc = p.wait(timeout=timeout)
     finally:
         if fh:

@@ -70,13 +70,15 @@ def resolve(git_dir: Path, ref: str) -> str | None:
     return r.stdout.strip() if r.ok else None
 
 
-def checkout(name: str, url: str, tag: str, commit: str, dest: Path, echo=print) -> Path:
-    """The tree of `commit` at `dest`, after checking that `tag` still points at it."""
+def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
+             echo=print) -> Path:
+    """The tree of `commit` at `dest`, after checking that `tag` (when given) still points at it."""
     git_dir = mirror(name, url, echo=echo)
-    at = resolve(git_dir, tag)
+    at = resolve(git_dir, tag or commit)
     if at is None:
-        raise UserError(f"{name}: tag {tag} does not exist in {repo_url(name, url)}",
-                        fix="check the tag in the profile, or the mirror")
+        what = f"tag {tag}" if tag else f"commit {commit}"
+        raise UserError(f"{name}: {what} does not exist in {repo_url(name, url)}",
+                        fix="check the pin in the profile, or the mirror")
     if at != commit:
         raise UserError(f"{name}: tag {tag} now points at {at}, the profile pins {commit}: "
                         "the tag moved", fix="check upstream; if the move is intended, update "

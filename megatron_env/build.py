@@ -1,0 +1,388 @@
+"""Kernel builds (flash-attn, apex): source -> patches -> wheel -> cache -> install -> verify.
+
+Derived, not guessed: the build environment comes from the profile and the environment's torch
+(CUDA_HOME whose nvcc matches torch.version.cuda, the arch list, MAX_JOBS from free memory and
+an estimate of memory per compile job, NVCC_THREADS, ninja). The plan is printed before anything
+compiles; `--dry-run` stops there. A wheel is built once per distinct input and kept in a
+content-addressed cache (shareable by every node of a cluster); a cache hit installs in seconds
+without a compiler. After install every compiled module the package must provide is imported:
+a build that silently came out Python-only is a failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tarfile
+import time
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock
+
+from . import env, parsers, patches, proc, sources
+from .errors import UserError
+from .lock import uv_env, uv_exe
+from .profile import Profile
+
+CACHE_DIR_ENV = "MEGATRON_ENV_CACHE"
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Source:
+    """An sdist (url or path + sha256) or a git repository at a commit (and optional tag)."""
+
+    sha256: str | None = None
+    url: str | None = None
+    repo: str | None = None
+    commit: str | None = None
+    tag: str | None = None
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.sha256}" if self.sha256 else f"git:{self.commit}"
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str  # also the patches/<name>/ directory
+    pin: str  # version or commit: patches/<name>/<pin>/
+    source: Source
+    switches: dict[str, str] = field(default_factory=dict)  # build-time environment
+    modules: tuple[str, ...] = ()  # compiled modules that must import after install
+    cuda: bool = True  # needs nvcc
+    gb_per_job: float = 2.0  # memory one compile job can take
+
+
+def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Package]:
+    """flash-attn and apex as the profile pins them."""
+    archs = archs or profile.archs
+    fa, ax = profile.flash_attn, profile.apex
+    sdist = f"flash_attn-{fa['version']}.tar.gz"
+    return {
+        "flash-attn": Package(
+            "flash-attn", fa["version"],
+            Source(sha256=fa["sha256"], url=os.environ.get(source_var("flash-attn"), sdist)),
+            switches={"FLASH_ATTENTION_FORCE_BUILD": "TRUE",  # never fetch a prebuilt wheel
+                      "FLASH_ATTN_CUDA_ARCHS": ";".join(a.replace(".", "") for a in archs),
+                      "NVCC_THREADS": "2"},
+            modules=("flash_attn_2_cuda",), gb_per_job=9.0),
+        "apex": Package(
+            "apex", ax["commit"], Source(repo=ax["repo"], commit=ax["commit"]),
+            switches={f"APEX_{e.upper()}": "1" for e in ax["extensions"]},
+            modules=tuple(ax["modules"]), gb_per_job=3.0),
+    }
+
+
+def source_var(name: str) -> str:
+    """MEGATRON_ENV_SOURCE_FLASH_ATTN=/srv/sdists/flash_attn-2.5.8.tar.gz (a path or URL)."""
+    return "MEGATRON_ENV_SOURCE_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def cache_dir() -> Path:
+    return sources.cache_dir()
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+def fetch(pkg: Package, python: Path, echo=print) -> Path:
+    """The pristine source tree, fetched once into the cache and verified by hash or commit."""
+    src = pkg.source
+    if src.repo:
+        dest = cache_dir() / "src" / f"{pkg.name}-{src.commit[:12]}"
+        if not (dest / ".megatron-env-pristine").exists():
+            sources.checkout(pkg.name, src.repo, src.tag, src.commit, dest, echo=echo)
+            (dest / ".megatron-env-pristine").write_text(src.commit + "\n")
+        return dest
+    archive = cache_dir() / "sdists" / f"{src.sha256}.tar.gz"
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        tmp = archive.with_suffix(f".tmp-{os.getpid()}")
+        _download(pkg, python, tmp, echo)
+        got = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        if got != src.sha256:
+            tmp.unlink()
+            raise UserError(f"{pkg.name} source {src.url}: sha256 {got}, the profile pins "
+                            f"{src.sha256}", fix="the file was changed or is another version: "
+                                                 "use the original sdist")
+        os.replace(tmp, archive)
+    dest = cache_dir() / "src" / f"{pkg.name}-{src.sha256[:12]}"
+    if not (dest / ".megatron-env-pristine").exists():
+        tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        tops = list(tmp.iterdir())
+        root = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
+        (root / ".megatron-env-pristine").write_text(src.sha256 + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(root, dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _download(pkg: Package, python: Path, target: Path, echo) -> None:
+    url = pkg.source.url or ""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme in ("http", "https", "file"):
+        echo(f"{pkg.name}: downloading {url}")
+        try:
+            urllib.request.urlretrieve(url, target)
+        except OSError as e:
+            raise UserError(f"cannot download {url}: {e}",
+                            fix=f"set {source_var(pkg.name)} to a reachable copy") from None
+        return
+    if Path(url).is_file():
+        shutil.copy(url, target)
+        return
+    # A bare file name: ask the configured package index (pip's configuration) for the sdist.
+    # pip runs its setup.py for metadata, which imports torch: hence the environment's own
+    # interpreter (pip added to it if missing) and FLASH_ATTENTION_SKIP_CUDA_BUILD.
+    echo(f"{pkg.name}: fetching the {pkg.pin} sdist from the package index")
+    if not proc.run([python, "-m", "pip", "--version"], timeout=60).ok:
+        proc.run([uv_exe(), "pip", "install", "--python", python, "pip"], env=uv_env(),
+                 timeout=600)
+    out = target.parent / f"dl-{os.getpid()}"
+    r = proc.run([python, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
+                  "--no-binary", ":all:", f"{pkg.name}=={pkg.pin}", "-d", out],
+                 env={**os.environ, "FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"}, timeout=1800)
+    files = list(out.glob("*.tar.gz")) if out.exists() else []
+    if not r.ok or not files:
+        shutil.rmtree(out, ignore_errors=True)
+        raise UserError(f"cannot fetch the {pkg.name} {pkg.pin} sdist: {r.tail(3)}",
+                        fix=f"set {source_var(pkg.name)} to the sdist's path or URL")
+    shutil.move(files[0], target)
+    shutil.rmtree(out, ignore_errors=True)
+
+
+# --- the build environment -------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    package: Package
+    python: Path
+    torch: dict
+    patches: list[Path]
+    env: dict[str, str]
+    key: str
+    max_jobs: int
+    why_jobs: str
+
+    def lines(self) -> list[str]:
+        p = self.package
+        out = [f"{p.name} {p.pin}",
+               f"  source   {p.source.url or p.source.repo} ({p.source.digest})",
+               "  patches  " + (", ".join(x.name for x in self.patches) or "none"),
+               f"  torch    {self.torch['torch']} (CUDA {self.torch['cuda']}, "
+               f"{self.torch['tag']}, cxx11abi={self.torch['abi']})",
+               f"  jobs     MAX_JOBS={self.max_jobs} ({self.why_jobs})"]
+        flags = {k: v for k, v in self.env.items() if k not in os.environ or os.environ[k] != v}
+        out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
+                                          if k not in ("PATH",)))
+        out.append(f"  cache    {self.key}")
+        return out
+
+
+_TORCH_PROBE = ("import json, sys, torch; print(json.dumps({'torch': torch.__version__, "
+                "'cuda': torch.version.cuda, 'abi': int(torch._C._GLIBCXX_USE_CXX11_ABI), "
+                "'tag': sys.implementation.cache_tag}))")
+
+
+def torch_facts(python: Path) -> dict:
+    r = proc.run([python, "-c", _TORCH_PROBE], timeout=300, cwd="/")
+    if not r.ok:
+        raise UserError(f"{python} cannot import torch: {r.tail(3)}",
+                        fix="build the environment first (`invoke env`)")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def cuda_home(torch_cuda: str | None) -> tuple[Path | None, str | None]:
+    """A toolkit whose nvcc has torch's CUDA major version (refuse a major mismatch)."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    if nvcc := proc.which("nvcc"):
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    candidates.append("/usr/local/cuda")
+    seen = []
+    for home in filter(None, candidates):
+        nvcc_path = Path(home) / "bin" / "nvcc"
+        if not nvcc_path.exists():
+            continue
+        r = proc.run([nvcc_path, "--version"], timeout=60)
+        try:
+            release = parsers.nvcc_release(r.output)
+        except parsers.ParseError:
+            continue
+        seen.append(f"{home} (nvcc {release})")
+        if torch_cuda and release.split(".")[0] == torch_cuda.split(".")[0]:
+            return Path(home), release
+    if not torch_cuda:
+        raise UserError("torch in the environment is a CPU build: nothing to build CUDA kernels "
+                        "for", fix="build the environment of a CUDA profile")
+    raise UserError(
+        f"no CUDA {torch_cuda.split('.')[0]}.x toolkit for torch's CUDA {torch_cuda}; found: "
+        + (", ".join(seen) or "no nvcc at all"),
+        fix=f"install the CUDA {torch_cuda} toolkit (the profile's conda environment has it) "
+            "and set CUDA_HOME")
+
+
+def max_jobs(gb_per_job: float) -> tuple[int, str]:
+    """From free memory, not from cores: nvcc jobs of flash-attn take several GB each."""
+    if "MAX_JOBS" in os.environ:
+        return int(os.environ["MAX_JOBS"]), "MAX_JOBS set"
+    avail = _mem_available()
+    cpus = os.cpu_count() or 1
+    by_mem = max(1, int(avail / GIB / gb_per_job))
+    jobs = max(1, min(cpus, by_mem))
+    return jobs, (f"{avail / GIB:.0f} GiB free / {gb_per_job:g} GiB a job = {by_mem}, "
+                  f"{cpus} cores")
+
+
+def _mem_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * GIB
+
+
+def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None) -> Plan:
+    facts = torch_facts(python)
+    series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
+    build_env = {**os.environ, **pkg.switches,
+                 "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if pkg.cuda:
+        home, _release = cuda_home(facts["cuda"])
+        build_env["CUDA_HOME"] = str(home)
+        build_env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+    jobs, why = max_jobs(pkg.gb_per_job)
+    build_env["MAX_JOBS"] = str(jobs)
+    if not proc.which("ninja", path=build_env["PATH"]):
+        why += "; ninja missing: builds will be serial"
+    key_doc = {"source": pkg.source.digest, "patches": patches.digest(series),
+               "torch": facts["torch"], "cuda": facts["cuda"], "python": facts["tag"],
+               "cxx11_abi": facts["abi"], "archs": sorted(archs) if pkg.cuda else [],
+               "switches": pkg.switches}
+    key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:32]
+    return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why)
+
+
+# --- build, cache, install, verify -----------------------------------------------------------
+
+
+@dataclass
+class Result:
+    package: str
+    wheel: Path
+    cache_hit: bool
+    seconds: float
+    build_seconds: float | None
+    log: Path | None
+    modules: dict[str, str]
+
+
+def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
+                      patch_root: Path | None = None, echo=print) -> Result | Plan:
+    t0 = time.monotonic()
+    p = plan(pkg, python, archs, patch_root)
+    for line in p.lines():
+        echo(line)
+    if dry_run:
+        return p
+    slot = cache_dir() / "wheels" / p.key
+    slot.parent.mkdir(parents=True, exist_ok=True)
+    built_in = None
+    log = None
+    with FileLock(str(slot) + ".lock"):  # concurrent builders of one key: one builds
+        wheels = list(slot.glob("*.whl"))
+        hit = bool(wheels)
+        if not hit:
+            pristine = fetch(pkg, python, echo=echo)
+            work = cache_dir() / "build" / f"{p.key}.tmp-{os.getpid()}"
+            work.parent.mkdir(parents=True, exist_ok=True)
+            patches.apply_series(pristine, work, p.patches)
+            for x in p.patches:
+                echo(f"{pkg.name}: applied {x.name}")
+            log = cache_dir() / "logs" / f"{p.key}-{time.strftime('%Y%m%d%H%M%S')}.log"
+            built_in, wheel = _compile(p, work, log, echo)
+            staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
+            staging.mkdir()
+            shutil.copy(wheel, staging / wheel.name)
+            (staging / "meta.json").write_text(json.dumps(
+                {"plan": p.lines(), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                 "build_seconds": built_in, "log": str(log)}, indent=2) + "\n")
+            os.replace(staging, slot)
+            shutil.rmtree(work, ignore_errors=True)
+            wheels = list(slot.glob("*.whl"))
+    wheel = wheels[0]
+    echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
+    r = proc.run([uv_exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
+                  wheel], env=uv_env(), timeout=1800)
+    if not r.ok:
+        raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
+    facts = env.probe(python, *pkg.modules)
+    missing = [m for m in pkg.modules if m not in facts["imported"]]
+    if missing:
+        raise UserError(f"{pkg.name} installed without its compiled modules "
+                        f"{', '.join(missing)}: " + "; ".join(facts["errors"])[-500:],
+                        fix="a Python-only build is not a build: check the build log "
+                            f"({log or slot / 'meta.json'}) for skipped extensions")
+    return Result(pkg.name, wheel, hit, time.monotonic() - t0, built_in, log,
+                  facts["imported"])
+
+
+_NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
+
+
+def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
+    out = work.parent / f"{work.name}-dist"
+    shutil.rmtree(out, ignore_errors=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    echo(f"{p.package.name}: building a wheel (log: {log})")
+    last = [0.0]
+
+    def progress(line: str) -> None:
+        if (m := _NINJA.match(line)) and time.monotonic() - last[0] > 5:
+            last[0] = time.monotonic()
+            echo(f"{p.package.name}: compiled {m.group(1)}/{m.group(2)} objects, "
+                 f"{time.monotonic() - t0:.0f} s")
+
+    r = proc.run([uv_exe(), "build", "--wheel", "--no-build-isolation", "--python", p.python,
+                  "--out-dir", out, work], env={**p.env, "UV_PYTHON_DOWNLOADS": "never"},
+                 timeout=None, log=log, stream=True, on_line=progress)
+    wheels = list(out.glob("*.whl"))
+    if not r.ok or not wheels:
+        raise UserError(f"building {p.package.name} failed after {time.monotonic() - t0:.0f} s:"
+                        f"\n{r.tail(15)}", fix=f"full log: {log}")
+    return time.monotonic() - t0, wheels[0]
+
+
+def native_archs(python: Path) -> list[str]:
+    """The compute capabilities of the GPUs this environment sees (--arch native)."""
+    r = proc.run([python, "-c", "import torch; print(' '.join(sorted({'%d.%d' % "
+                  "torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())"
+                  "})))"], timeout=300, cwd="/")
+    archs = r.stdout.split() if r.ok else []
+    if not archs:
+        raise UserError("--arch native: no GPU visible to torch here",
+                        fix="name the archs (--arch 9.0) or build on a GPU node")
+    return archs
+
+
+def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:
+    pkgs = packages(profile, archs)
+    if which == "all":
+        return list(pkgs.values())
+    if which not in pkgs:
+        raise UserError(f"unknown package {which!r}; choose {', '.join(pkgs)} or all")
+    return [pkgs[which]]

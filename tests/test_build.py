@@ -1,0 +1,164 @@
+"""The kernel build pipeline for real, on a small C++ torch extension package made here:
+fetch and hash check, patches, derived flags, wheel, content-addressed cache, install, import."""
+
+import hashlib
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from megatron_env import build
+from megatron_env.errors import UserError
+from megatron_env.lock import uv_exe
+
+pytestmark = pytest.mark.slow
+torch = pytest.importorskip("torch")
+
+CPP = textwrap.dedent("""\
+    #include <torch/extension.h>
+    int answer() { return 41; }
+    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); }
+    """)
+SETUP = textwrap.dedent("""\
+    import os
+    from setuptools import setup
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    ext = [CppExtension("tinyext._C", ["csrc/tiny.cpp"])] if os.environ.get("TINY_EXT") == "1" else []
+    setup(name="tinyext", version="1.0", packages=["tinyext"], ext_modules=ext,
+          cmdclass={"build_ext": BuildExtension})
+    """)
+PATCH = textwrap.dedent("""\
+    Subject: the answer is 42
+
+    Why: the test checks that the series reaches the compiled code.
+
+    diff --git a/csrc/tiny.cpp b/csrc/tiny.cpp
+    --- a/csrc/tiny.cpp
+    +++ b/csrc/tiny.cpp
+    @@ -1,3 +1,3 @@
+     #include <torch/extension.h>
+    -int answer() { return 41; }
+    +int answer() { return 42; }
+     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); }
+    """)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """An sdist, its sha256, a patch series, and a venv that sees this interpreter's torch."""
+    root = tmp_path_factory.mktemp("build")
+    src = root / "tinyext-1.0"
+    (src / "csrc").mkdir(parents=True)
+    (src / "tinyext").mkdir()
+    (src / "csrc" / "tiny.cpp").write_text(CPP)
+    (src / "tinyext" / "__init__.py").write_text("")
+    (src / "setup.py").write_text(SETUP)
+    sdist = root / "tinyext-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname="tinyext-1.0")
+    patches = root / "patches" / "tinyext" / "1.0"
+    patches.mkdir(parents=True)
+    (patches / "0001-answer-42.patch").write_text(PATCH)
+    venv = root / "venv"
+    subprocess.run([uv_exe(), "venv", "-q", "--python", sys.executable, venv], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([uv_exe(), "pip", "install", "-q", "--python", venv / "bin" / "python",
+                    "setuptools", "wheel"], check=True)
+    return {"root": root, "sdist": sdist, "sha": hashlib.sha256(sdist.read_bytes()).hexdigest(),
+            "patches": root / "patches", "python": venv / "bin" / "python"}
+
+
+def package(world, sha=None):
+    return build.Package("tinyext", "1.0", build.Source(sha256=sha or world["sha"],
+                                                        url=str(world["sdist"])),
+                         switches={"TINY_EXT": "1"}, modules=("tinyext._C",), cuda=False,
+                         gb_per_job=1.0)
+
+
+def answer(python):
+    r = subprocess.run([python, "-c", "import torch, tinyext._C as c; print(c.answer())"],
+                       capture_output=True, text=True, cwd="/")
+    return r.stdout.strip()
+
+
+def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_path, monkeypatch):
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    said = []
+    plan = build.build_and_install(package(world), world["python"], [], dry_run=True,
+                                   patch_root=world["patches"], echo=said.append)
+    assert isinstance(plan, build.Plan) and not list((tmp_path / "cache").glob("wheels/*"))
+    assert any("0001-answer-42.patch" in s for s in said)
+    assert any(s.strip().startswith("jobs     MAX_JOBS=") for s in said)
+    res = build.build_and_install(package(world), world["python"], [],
+                                  patch_root=world["patches"], echo=said.append)
+    assert not res.cache_hit and res.build_seconds > 0 and res.log.exists()
+    assert "tinyext._C" in res.modules
+    assert answer(world["python"]) == "42"  # the patch reached the compiled code
+    # a second node (or run) with the same inputs: no compiler may run
+    monkeypatch.setenv("CXX", "/bin/false")
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("PATH", "/usr/local/nocompiler:" + "/nonexistent")
+    again = build.build_and_install(package(world), world["python"], [],
+                                    patch_root=world["patches"], echo=said.append)
+    assert again.cache_hit and again.build_seconds is None and again.log is None
+    assert answer(world["python"]) == "42"
+    assert any("cache hit" in s for s in said)
+
+
+def test_python_only_build_is_a_failure(world, tmp_path, monkeypatch):
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    pkg = package(world)
+    python_only = build.Package(pkg.name, pkg.pin, pkg.source, switches={}, modules=pkg.modules,
+                                cuda=False, gb_per_job=1.0)  # the switch never arrives
+    with pytest.raises(UserError, match="installed without its compiled modules tinyext._C"):
+        build.build_and_install(python_only, world["python"], [], patch_root=world["patches"],
+                                echo=lambda *_: None)
+
+
+def test_hash_mismatch_is_refused(world, tmp_path, monkeypatch):
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    with pytest.raises(UserError, match=f"sha256 {world['sha']}, the profile pins 0000"):
+        build.build_and_install(package(world, sha="0" * 64), world["python"], [],
+                                patch_root=world["patches"], echo=lambda *_: None)
+    assert not list((tmp_path / "cache").glob("sdists/*.tar.gz"))
+
+
+def test_patch_that_does_not_apply_names_it_and_builds_nothing(world, tmp_path, monkeypatch):
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    root = tmp_path / "patches"
+    series = root / "tinyext" / "1.0"
+    series.mkdir(parents=True)
+    (series / "0001-answer-42.patch").write_text(PATCH)
+    (series / "0002-stale.patch").write_text(PATCH.replace("41", "40"))
+    with pytest.raises(UserError, match=r"0002-stale.patch does not apply: csrc/tiny.cpp, hunk "
+                                        r"at line 1"):
+        build.build_and_install(package(world), world["python"], [], patch_root=root,
+                                echo=lambda *_: None)
+    assert not list((tmp_path / "cache").glob("wheels/*/*.whl"))
+    assert not [p for p in (tmp_path / "cache" / "build").iterdir()]
+
+
+def test_git_source_with_a_moved_tag_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    work = tmp_path / "apex"
+    work.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    (work / "setup.py").write_text("")
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "one"]):
+        subprocess.run([*git, *args], cwd=work, check=True)
+    pinned = subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, capture_output=True,
+                            text=True).stdout.strip()
+    (work / "setup.py").write_text("# moved\n")
+    subprocess.run([*git, "commit", "-qam", "two"], cwd=work, check=True)
+    subprocess.run([*git, "tag", "25.09"], cwd=work, check=True)
+    pkg = build.Package("apex", pinned, build.Source(repo=str(work), commit=pinned, tag="25.09"))
+    with pytest.raises(UserError, match="tag 25.09 now points at .* the profile pins " + pinned):
+        build.fetch(pkg, Path(sys.executable), echo=lambda *_: None)
+    ok = build.Package("apex", pinned, build.Source(repo=str(work), commit=pinned))
+    tree = build.fetch(ok, Path(sys.executable), echo=lambda *_: None)
+    assert (tree / "setup.py").read_text() == ""
