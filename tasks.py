@@ -88,14 +88,14 @@ def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=
                        find_links, no_index))
 
 
-@task(help={"what": "flash-attn, apex or all (default)",
+@task(help={"what": "flash-attn, apex or all",
             "profile": "profile name (default: the default profile)",
             "prefix": "the environment to build for (default .megatron-env/<profile>)",
             "python": "build for this interpreter instead (an adopted environment)",
             "arch": "compute capabilities, e.g. 9.0 or 8.0,9.0, or native (default: profile)",
             "dry_run": "print the build plan (sources, patches, flags, cache key) and stop",
             "cache_dir": "wheel cache shared by the nodes (default .cache, or MEGATRON_ENV_CACHE)"})
-def build(c, what="all", profile=None, prefix=None, python=None, arch=None, dry_run=False,
+def build(c, what, profile=None, prefix=None, python=None, arch=None, dry_run=False,
           cache_dir=None):
     """Build flash-attn/apex from pinned, patched sources; cache by content; install; verify."""
     _done(commands.build(what, profile, prefix, arch, dry_run, cache_dir, python))
