@@ -99,3 +99,10 @@ def build(c, what, profile=None, prefix=None, python=None, arch=None, dry_run=Fa
           cache_dir=None):
     """Build flash-attn/apex from pinned, patched sources; cache by content; install; verify."""
     _done(commands.build(what, profile, prefix, arch, dry_run, cache_dir, python))
+
+
+@task(name="build-check", help={"profile": "profile name (default: the default profile)",
+                                "python": "check this interpreter instead of the profile's env"})
+def build_check(c, profile=None, python=None):
+    """Do flash-attn's and apex's compiled modules import in the environment?"""
+    _done(commands.build_check(profile, python))
