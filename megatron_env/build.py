@@ -30,7 +30,7 @@ from .errors import UserError
 from .lock import uv_env, uv_exe
 from .profile import Profile
 
-CACHE_DIR_ENV = "MEGATRON_ENV_CACHE"
+CACHE_DIR_ENV = sources.CACHE_ENV
 GIB = 2**30
 
 

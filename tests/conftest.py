@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,19 @@ def wheelhouse(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(list(wh.glob("*.whl"))) == len(lock.parse_lock(lockfile.read_text()))
     return wh
+
+
+def kill_when_installing(proc: subprocess.Popen, store: Path, old: Path | None = None,
+                         timeout: float = 600) -> None:
+    """SIGKILL `proc`'s process group as soon as a new environment under `store` (a directory
+    other than `old`) has started filling its site-packages: an interruption mid-install."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        new = [d for d in store.glob("*") if d.is_dir() and d != old] if store.exists() else []
+        if any(list(d.glob("lib/python3.10/site-packages/*")) for d in new):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the install never started")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -6,16 +6,15 @@ only package source (`--no-index --find-links`), as on an air-gapped cluster.
 """
 
 import os
-import signal
 import subprocess
 import sys
-import time
 import zipfile
 
 import pytest
 
 from megatron_env import lock
 
+from .conftest import kill_when_installing
 from .test_lock import copy_repo, invoke
 
 pytestmark = pytest.mark.slow
@@ -95,17 +94,7 @@ def test_killed_mid_install_then_rerun_ends_verified(repo, wheelhouse):
                          env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, start_new_session=True)
     store = before.parent
-    deadline = time.time() + 300
-    # kill as soon as the new environment's site-packages start filling
-    while time.time() < deadline:
-        new = [d for d in store.iterdir() if d.is_dir() and d != before]
-        if new and list(new[0].glob("lib/python3.10/site-packages/*")):
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the install never started")
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_when_installing(p, store, old=before)
     assert prefix_of(repo).resolve() == before  # the old environment is untouched
     assert torch_facts(prefix_of(repo)) == "2.1.0+cu121 12.1"
     r = env(repo, wheelhouse)

@@ -3,14 +3,13 @@ for Megatron-LM upstream: tag checks, patches, stamps, a kill mid-step, changed 
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
+from .conftest import kill_when_installing
 from .test_lock import copy_repo
 
 pytestmark = pytest.mark.slow
@@ -168,15 +167,7 @@ def test_patch_that_does_not_apply_names_patch_file_and_hunk(repo, wheelhouse):
 def test_killed_during_a_step_then_rerun_ends_verified(repo, wheelhouse):
     p = setup(repo, wheelhouse, wait=False)
     store = repo / ".megatron-env" / f"{PROFILE}.d"
-    deadline = time.time() + 600
-    while time.time() < deadline:  # kill while the environment is being installed
-        if any(store.glob("*/lib/python3.10/site-packages/*")) if store.exists() else False:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the env step never started installing")
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
+    kill_when_installing(p, store)  # while the env step installs
     assert not python(repo).exists()  # nothing half-built is in use
     r = setup(repo, wheelhouse)
     assert r.returncode == 0, r.stdout[-3000:]
