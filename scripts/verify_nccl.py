@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -256,6 +257,19 @@ def size_sweep(spec: str) -> list[int]:
     return out
 
 
+def slurm_first_host(env) -> str:
+    """The job's first node, where rank 0 runs: from scontrol, else single-node jobs locally."""
+    nodelist = env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", ""))
+    if shutil.which("scontrol") and nodelist:
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist],
+                               capture_output=True, text=True).stdout.split()
+        if hosts:
+            return hosts[0]
+    if env.get("SLURM_JOB_NUM_NODES", env.get("SLURM_NNODES", "1")) == "1":
+        return "127.0.0.1"
+    raise SystemExit("verify_nccl: cannot tell rank 0's host (no scontrol): set MASTER_ADDR")
+
+
 def dist_env() -> tuple[int, int, int, int]:
     """(rank, world, local_rank, local_world) from torchrun or Slurm; sets what torch needs."""
     env = os.environ
@@ -264,9 +278,7 @@ def dist_env() -> tuple[int, int, int, int]:
         env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
         env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
         if "MASTER_ADDR" not in env:
-            nodes = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]],
-                                   capture_output=True, text=True).stdout.split()
-            env["MASTER_ADDR"] = nodes[0] if nodes else "127.0.0.1"
+            env["MASTER_ADDR"] = slurm_first_host(env)
         env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
     env.setdefault("RANK", "0")
     env.setdefault("WORLD_SIZE", "1")

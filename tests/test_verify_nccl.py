@@ -131,3 +131,27 @@ def test_gloo_four_processes(tmp_path):
         assert row["time_us"] > 0
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * vn.bus_factor(row["op"], 4))
     assert doc["findings"][0] == {**doc["findings"][0], "id": "nccl.correctness", "status": "pass"}
+
+
+def test_slurm_variables_two_tasks_gloo(tmp_path):
+    """Two processes started as srun would start them: only SLURM_* variables, no torchrun."""
+    pytest.importorskip("torch")
+    import os
+
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_"))}
+    base.update({"SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS_PER_NODE": "2",
+                 "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "4242"})
+    out = tmp_path / "run"
+    procs = [subprocess.Popen([sys.executable, SCRIPT, "--backend", "gloo", "--sizes", "4K:8K",
+                               "--iters", "2", "--warmup", "1", "--out", str(out)],
+                              env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r),
+                                   "PATH": "/usr/bin:/bin"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["topology"]["world_size"] == 2 and doc["topology"]["local_world_size"] == 2
+    assert [c["rank"] for c in doc["correctness"]] == [0, 1]
+    assert all(c["all_reduce"] is True for c in doc["correctness"])
