@@ -166,8 +166,36 @@ def cuda_toolkit(snap: Snapshot, profile: Profile) -> Finding:
     return Finding(cid, "pass", f"nvcc {nvcc} matches the profile", evidence)
 
 
+def _nvml_disagreement(pairs: list[tuple[str, str, str]], nvml: dict) -> list[str]:
+    """Pairs where `nvidia-smi topo -m` and NVML's NVLink P2P status tell different stories."""
+    m = nvml.get("nvlink_p2p")
+    if not isinstance(m, list) or not pairs or len(m) != len({g for a, b, _ in pairs
+                                                              for g in (a, b)}):
+        return []
+    out = []
+    for a, b, cell in pairs:
+        i, j = int(a[3:]), int(b[3:])
+        if cell.startswith("NV") != bool(m[i][j]):
+            out.append(f"{a}-{b}: topo {cell}, NVML {'NVLink' if m[i][j] else 'no NVLink'}")
+    return out
+
+
 @check("gpu.topology")
 def gpu_topology(snap: Snapshot, profile: Profile) -> Finding:
+    finding, pairs = _topology_verdict(snap)
+    odd = _nvml_disagreement(pairs, snap.nvml()) if finding.status in ("pass", "fail") else []
+    if not odd:
+        return finding
+    return Finding(finding.id, "warn" if finding.status == "pass" else "fail",
+                   f"{finding.summary}; NVML and nvidia-smi disagree on {len(odd)} pair(s)",
+                   finding.evidence + odd[:8],
+                   finding.fix or "compare `nvidia-smi nvlink -s` with `nvidia-smi topo -m`; "
+                                  "a driver or fabric manager problem shows this way")
+
+
+def _topology_verdict(snap: Snapshot) -> tuple[Finding, list[tuple[str, str, str]]]:
+    """The verdict from `nvidia-smi topo -m` (or NVML when the text is missing), and the GPU
+    pairs it was judged on."""
     cid = "gpu.topology"
     text = snap.text("nvidia-smi-topo-m.txt")
     nvml = snap.nvml()
@@ -175,7 +203,7 @@ def gpu_topology(snap: Snapshot, profile: Profile) -> Finding:
         try:
             topo = parsers.topology(text)
         except ParseError as e:
-            return _unparseable(cid, "nvidia-smi-topo-m.txt", e)
+            return _unparseable(cid, "nvidia-smi-topo-m.txt", e), []
         gpus = topo.gpus
         pairs = [(gpus[i], gpus[j], cell) for i, j, cell in topo.pairs()]
         source = "nvidia-smi topo -m"
@@ -186,10 +214,10 @@ def gpu_topology(snap: Snapshot, profile: Profile) -> Finding:
                  for i in range(len(m)) for j in range(i + 1, len(m))]
         source = "NVML"
     else:
-        return Finding(cid, "skip", "no topology recorded (no GPU, or nvidia-smi missing)")
+        return Finding(cid, "skip", "no topology recorded (no GPU, or nvidia-smi missing)"), []
     if len(gpus) < 2:
         return Finding(cid, "pass", f"{len(gpus)} GPU: no GPU-to-GPU links to check",
-                       [f"{source}: {', '.join(gpus)}"])
+                       [f"{source}: {', '.join(gpus)}"]), pairs
     nv = [(a, b, c) for a, b, c in pairs if c.startswith("NV")]
     not_nv = [(a, b, c) for a, b, c in pairs if not c.startswith("NV")]
     if not nv:
@@ -198,7 +226,7 @@ def gpu_topology(snap: Snapshot, profile: Profile) -> Finding:
                        f"({', '.join(sorted({c for _, _, c in pairs}))})",
                        [f"{source}: {len(pairs)} pairs, none NV#"],
                        fix="keep tensor parallelism off this box (or within a PCIe switch); "
-                           "use NVLink nodes for TP > 1")
+                           "use NVLink nodes for TP > 1"), pairs
     if not_nv:
         shown = [f"{a}-{b}: {c}" for a, b, c in not_nv]
         lost = Counter(g for a, b, _ in not_nv for g in (a, b))
@@ -208,24 +236,23 @@ def gpu_topology(snap: Snapshot, profile: Profile) -> Finding:
                        + (f"; {', '.join(suspects)} lost all NVLinks" if suspects else ""),
                        shown[:16] + ([f"... {len(shown) - 16} more"] if len(shown) > 16 else []),
                        fix="drain the node and have the NVLink/NVSwitch fabric checked "
-                           "(nvidia-smi nvlink -s; fabric manager logs)")
+                           "(nvidia-smi nvlink -s; fabric manager logs)"), pairs
     counts = Counter(c for _, _, c in nv)
     if source != "NVML" and len(counts) > 1:
         usual = counts.most_common(1)[0][0]
         odd = [f"{a}-{b}: {c} (others {usual})" for a, b, c in nv if c != usual]
         return Finding(cid, "fail", f"{len(odd)} GPU pairs have fewer NVLinks than the others",
                        odd[:16], fix="drain the node and have the NVLinks checked "
-                                     "(nvidia-smi nvlink -s shows inactive links)")
-    return Finding(cid, "pass",
-                   f"all {len(pairs)} pairs of {len(gpus)} GPUs on NVLink "
-                   f"({', '.join(sorted(counts))})", [f"source: {source}"])
+                                     "(nvidia-smi nvlink -s shows inactive links)"), pairs
+    return Finding(cid, "pass", f"all {len(pairs)} pairs of {len(gpus)} GPUs on NVLink "
+                   f"({', '.join(sorted(counts))})", [f"source: {source}"]), pairs
 
 
 # Reasons that cost speed and are not a normal state of a busy GPU.
 _BAD_REASONS = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown",
                 "SW Thermal Slowdown")
 _BENIGN_REASONS = ("Idle", "Applications Clocks Setting", "Display Clock Setting", "Sync Boost",
-                   "GPU idle", "Applications Clocks Setting")
+                   "GPU idle")
 
 
 @check("gpu.throttle")

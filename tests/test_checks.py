@@ -195,3 +195,22 @@ def test_live_h200_snapshot_collected_by_invoke_collect():
     assert "ibstatus not installed" in v["net.ib"].summary
     # The same node against the default profile: its nvcc 13.0 cannot build cu121 kernels.
     assert verdicts(live, DEFAULT)["cuda.toolkit"].status == "fail"
+
+
+def test_nvml_and_topo_text_disagreeing_is_reported(make_snapshot):
+    """NVML (live) says GPU3 has no NVLink P2P while the text says NV18 everywhere."""
+    import json
+
+    nvml = [[True] * 8 for _ in range(8)]
+    for k in range(8):
+        if k != 3:
+            nvml[3][k] = nvml[k][3] = False
+    snap = make_snapshot(nvidia_smi_topo_m="topo-8gpu-h100-nv18-nics.txt")
+    (snap / "nvml.json").write_text(json.dumps({"driver_version": "550.54.15",
+                                                "nvlink_p2p": nvml}))
+    f = verdicts(snap)["gpu.topology"]
+    assert f.status == "warn" and "NVML and nvidia-smi disagree on 7 pair(s)" in f.summary
+    assert "GPU0-GPU3: topo NV18, NVML no NVLink" in f.evidence
+    agree = make_snapshot(nvidia_smi_topo_m="topo-8gpu-h100-nv18-nics.txt")
+    (agree / "nvml.json").write_text(json.dumps({"nvlink_p2p": [[True] * 8 for _ in range(8)]}))
+    assert verdicts(agree)["gpu.topology"].status == "pass"
