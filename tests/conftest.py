@@ -42,6 +42,20 @@ def make_snapshot(tmp_path):
     return make
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_uv_cache(tmp_path_factory):
+    """uv's cache for this test run only, removed with the run's temporary directory: the
+    environments unpack 2.6 GB of wheels from a wheelhouse whose path is new every run, which
+    would otherwise pile up in the user's uv cache run after run."""
+    old = os.environ.get("UV_CACHE_DIR")
+    os.environ["UV_CACHE_DIR"] = str(tmp_path_factory.mktemp("uv-cache"))
+    yield
+    if old is None:
+        os.environ.pop("UV_CACHE_DIR", None)
+    else:
+        os.environ["UV_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory):
     """Every wheel of the default profile's lock (about 2.6 GB), downloaded once per test run:
