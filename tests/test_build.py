@@ -162,3 +162,32 @@ def test_git_source_with_a_moved_tag_is_refused(tmp_path, monkeypatch):
     ok = build.Package("apex", pinned, build.Source(repo=str(work), commit=pinned))
     tree = build.fetch(ok, Path(sys.executable), echo=lambda *_: None)
     assert (tree / "setup.py").read_text() == ""
+
+
+def test_max_jobs_comes_from_memory_not_cores(monkeypatch):
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    monkeypatch.setattr(build, "_mem_available", lambda: 40 * build.GIB)
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 64)
+    assert build.max_jobs(9.0)[0] == 4  # flash-attn: 40 GiB / 9 GiB a job, not 64 cores
+    assert build.max_jobs(3.0)[0] == 13
+    monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
+    assert build.max_jobs(3.0)[0] == 2  # and never more than the cores
+    monkeypatch.setattr(build, "_mem_available", lambda: 4 * build.GIB)
+    assert build.max_jobs(9.0)[0] == 1  # at least one
+    monkeypatch.setenv("MAX_JOBS", "7")
+    assert build.max_jobs(9.0) == (7, "MAX_JOBS set")
+
+
+def test_profile_packages_derive_switches_and_modules():
+    from megatron_env import profile
+
+    pk = build.packages(profile.load("core_v0.4.0-cu121"))
+    assert pk["flash-attn"].switches["FLASH_ATTENTION_FORCE_BUILD"] == "TRUE"
+    assert pk["flash-attn"].switches["FLASH_ATTN_CUDA_ARCHS"] == "80;90"
+    assert pk["flash-attn"].source.sha256 == (
+        "2e5b2bcff6d5cff40d494af91ecd1eb3c5b4520a6ce7a0a8b1f9c1ed129fb402")
+    assert pk["apex"].switches == {"APEX_CPP_EXT": "1", "APEX_CUDA_EXT": "1",
+                                   "APEX_FAST_LAYER_NORM": "1"}
+    assert "fused_weight_gradient_mlp_cuda" in pk["apex"].modules
+    assert build.packages(profile.load("core_v0.4.0-cu121"), ["9.0"])["flash-attn"] \
+        .switches["FLASH_ATTN_CUDA_ARCHS"] == "90"
