@@ -67,11 +67,9 @@ def main() -> int:
         wh = args.wheelhouse or where / "wheelhouse"
         if not wh.exists():
             print(f"downloading the lock's wheels into {wh} ...", flush=True)
-            sh([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
-                "-r", lockfile, "-d", wh, "--python-version", prof.python, "--implementation",
-                "cp", "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--platform",
-                "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform",
-                "manylinux1_x86_64"])
+            r = lock.download_wheels(lockfile, wh, prof.python)
+            if not r.ok:
+                raise SystemExit(f"downloading the wheels failed:\n{r.tail(20)}")
         times: dict[str, list[float]] = {"uv": [], "pip": []}
         for tool in times:  # warm each tool's own cache
             print(f"warming {tool} ...", flush=True)

@@ -8,8 +8,10 @@ days ago, and every verdict can be tested on real captured outputs. A parse fail
 from __future__ import annotations
 
 import re
+import tempfile
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 from packaging.version import Version
 
@@ -17,7 +19,7 @@ from . import parsers
 from .findings import Finding
 from .parsers import ParseError
 from .profile import Profile
-from .snapshot import Snapshot
+from .snapshot import Snapshot, collect
 
 Check = Callable[[Snapshot, Profile], Finding]
 CHECKS: list[tuple[str, Check]] = []
@@ -34,6 +36,14 @@ def check(check_id: str) -> Callable[[Check], Check]:
         return fn
 
     return register
+
+
+def evaluate(profile: Profile, snapshot_dir: Path | None = None) -> list[Finding]:
+    """Findings for a collected snapshot directory, or for this host (collected to a temp dir)."""
+    if snapshot_dir is not None:
+        return run_all(Snapshot.load(snapshot_dir), profile)
+    with tempfile.TemporaryDirectory(prefix="megatron-env-snapshot-") as tmp:
+        return run_all(collect(Path(tmp), echo=lambda *_: None), profile)
 
 
 def run_all(snap: Snapshot, profile: Profile) -> list[Finding]:

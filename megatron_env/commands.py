@@ -7,7 +7,6 @@ raised anywhere below is printed as one line plus its fix by `guarded`, with exi
 from __future__ import annotations
 
 import functools
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,20 +59,11 @@ def collect(out_dir: str) -> int:
     return 0
 
 
-def findings_for(profile_name: str | None, snapshot_dir: str | None):
-    prof = profile.load(profile_name)
-    if snapshot_dir:
-        snap = snapshot.Snapshot.load(Path(snapshot_dir))
-        return prof, snap, checks.run_all(snap, prof)
-    with tempfile.TemporaryDirectory(prefix="megatron-env-snapshot-") as tmp:
-        snap = snapshot.collect(Path(tmp), echo=lambda *_: None)
-        return prof, snap, checks.run_all(snap, prof)
-
-
 @guarded
 def check(profile_name: str | None = None, snapshot_dir: str | None = None,
           as_json: bool = False) -> int:
-    prof, snap, findings = findings_for(profile_name, snapshot_dir)
+    prof = profile.load(profile_name)
+    findings = checks.evaluate(prof, Path(snapshot_dir) if snapshot_dir else None)
     source = snapshot_dir or "this host"
     if as_json:
         report.emit_json(findings, profile=prof.name, source=source)

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,19 @@ def compile_lock(profile: Profile, *, python: str | None = None,
     tmp_target.write_text(header(profile) + body)
     os.replace(tmp_target, target)  # a reader never sees half a lock
     return LockResult(target, exe, where, len(parse_lock(target.read_text())))
+
+
+def download_wheels(lockfile: Path, dest: Path, python: str) -> proc.Result:
+    """Every file of a lock into `dest` as linux x86_64 wheels, hashes checked: a wheelhouse for
+    `invoke env --find-links DIR --no-index` on a cluster without an index."""
+    platforms = ["manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64",
+                 "manylinux1_x86_64"]
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
+            "-r", lockfile, "-d", dest, "--python-version", python, "--implementation", "cp",
+            "--only-binary=:all:"]
+    for plat in platforms:
+        argv += ["--platform", plat]
+    return proc.run(argv, timeout=1800)
 
 
 def parse_lock(text: str) -> dict[str, str]:

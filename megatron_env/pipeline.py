@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import checks, env, lock, megatron, patches, snapshot
+from . import checks, env, lock, megatron, patches
 from .errors import UserError
 from .findings import Finding
 from .profile import Profile
@@ -70,10 +69,7 @@ def _file(path: Path) -> str:
 
 
 def _check_run(ctx: Context) -> str:
-    with tempfile.TemporaryDirectory(prefix="megatron-env-snapshot-") as tmp:
-        snap = snapshot.Snapshot.load(ctx.snapshot_dir) if ctx.snapshot_dir else \
-            snapshot.collect(Path(tmp), echo=lambda *_: None)
-        ctx.findings = checks.run_all(snap, ctx.profile)
+    ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
     from .report import summary_line
 
     failed = [f.id for f in ctx.findings if f.status == "fail"]
