@@ -205,20 +205,29 @@ def torch_facts(python: Path) -> dict:
 
 
 def cuda_home(torch_cuda: str | None) -> tuple[Path | None, str | None]:
-    """A toolkit whose nvcc has torch's CUDA major version (refuse a major mismatch)."""
+    """A toolkit whose nvcc has torch's CUDA major version (refuse a major mismatch).
+
+    A home needs bin/nvcc and include/cuda_runtime.h: an nvcc on PATH may be a wrapper script
+    in /usr/local/bin, whose parent is no toolkit, and building against it fails only at the
+    first #include, minutes in."""
     candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
     if nvcc := proc.which("nvcc"):
         candidates.append(str(Path(nvcc).resolve().parent.parent))
-    candidates.append("/usr/local/cuda")
+    candidates += ["/usr/local/cuda", *sorted(map(str, Path("/usr/local").glob("cuda-*")),
+                                              reverse=True)]
     seen = []
-    for home in filter(None, candidates):
+    for home in dict.fromkeys(filter(None, candidates)):
         nvcc_path = Path(home) / "bin" / "nvcc"
         if not nvcc_path.exists():
+            continue
+        if not (Path(home) / "include" / "cuda_runtime.h").exists():
+            seen.append(f"{home} (no include/cuda_runtime.h)")
             continue
         r = proc.run([nvcc_path, "--version"], timeout=60)
         try:
             release = parsers.nvcc_release(r.output)
         except parsers.ParseError:
+            seen.append(f"{home} (nvcc --version unreadable)")
             continue
         seen.append(f"{home} (nvcc {release})")
         if torch_cuda and release.split(".")[0] == torch_cuda.split(".")[0]:

@@ -85,16 +85,26 @@ def kernel_checks(torch, dev) -> dict:
     except ImportError:
         out["flash_attn"] = {"status": "skip", "why": "flash_attn not installed"}
     else:
-        q, k, v = (torch.randn(4, 2048, 16, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        # forward and backward against SDPA in fp32: the backward kernels are separate
+        # instantiations, and a build can carry a broken one that the forward never touches
+        q, k, v = (torch.randn(4, 2048, 16, 128, device=dev, dtype=torch.bfloat16,
+                               requires_grad=True) for _ in range(3))
         o = flash_attn_func(q, k, v, causal=True)
-        ref = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),
-            is_causal=True).transpose(1, 2)
-        err = rel_err(torch, o, ref)
-        t = timed(torch, lambda: flash_attn_func(q, k, v, causal=True))
+        dout = torch.randn_like(o)
+        grads = torch.autograd.grad(o, (q, k, v), dout)
+        q32, k32, v32 = (x.detach().float().transpose(1, 2).requires_grad_() for x in (q, k, v))
+        ref = torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
+        ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float().transpose(1, 2))
+        err = rel_err(torch, o, ref.transpose(1, 2))
+        pairs = zip(grads, ref_grads, strict=True)
+        grad_err = max(rel_err(torch, g, r.transpose(1, 2)) for g, r in pairs)
+        with torch.no_grad():
+            t = timed(torch, lambda: flash_attn_func(q, k, v, causal=True))
         flops = 4 * 4 * 16 * 2048 * 2048 * 128 / 2
-        out["flash_attn"] = {"status": "pass" if err < 1e-2 else "fail", "version":
-                             flash_attn.__version__, "rel_err": err, "tflops": flops / t / 1e12}
+        ok = err < 1e-2 and grad_err < 2e-2
+        out["flash_attn"] = {"status": "pass" if ok else "fail", "version":
+                             flash_attn.__version__, "rel_err": err, "grad_rel_err": grad_err,
+                             "tflops": flops / t / 1e12}
     try:
         from apex.normalization import FusedLayerNorm
     except ImportError:
@@ -130,12 +140,14 @@ def judge(rep: dict) -> list[dict]:
     for name, k in rep["kernels"].items():
         if k["status"] == "skip":
             fs.append(finding(f"kernel.{name}", "skip", f"{gpu}: {name}: {k['why']}"))
-        elif k["status"] == "pass":
-            fs.append(finding(f"kernel.{name}", "pass",
-                              f"{gpu}: {name} matches PyTorch (rel err {k['rel_err']:.1e})"))
+            continue
+        errs = f"rel err {k['rel_err']:.1e}" + (
+            f", gradients {k['grad_rel_err']:.1e}" if "grad_rel_err" in k else "")
+        if k["status"] == "pass":
+            fs.append(finding(f"kernel.{name}", "pass", f"{gpu}: {name} matches PyTorch ({errs})"))
         else:
             fs.append(finding(f"kernel.{name}", "fail",
-                              f"{gpu}: {name} differs from PyTorch (rel err {k['rel_err']:.1e})",
+                              f"{gpu}: {name} differs from PyTorch ({errs})",
                               fix=f"rebuild {name} for this GPU's arch (invoke build)"))
     return fs
 

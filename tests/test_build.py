@@ -191,3 +191,25 @@ def test_profile_packages_derive_switches_and_modules():
     assert "fused_weight_gradient_mlp_cuda" in pk["apex"].modules
     assert build.packages(profile.load("core_v0.4.0-cu121"), ["9.0"])["flash-attn"] \
         .switches["FLASH_ATTN_CUDA_ARCHS"] == "90"
+
+
+def test_cuda_home_skips_a_wrapper_script_and_refuses_a_major_mismatch(tmp_path, monkeypatch):
+    # An nvcc that is a two-line wrapper in a bin/ without a toolkit around it (as in
+    # /usr/local/bin/nvcc -> exec /usr/local/cuda-13.0/bin/nvcc) is no CUDA_HOME: its parent has
+    # no include/cuda_runtime.h, and a build against it fails at the first #include.
+    release = Path(__file__).parent / "fixtures" / "h200-live" / "nvcc-version.txt"
+    toolkit, wrapper = tmp_path / "cuda-13.0", tmp_path / "local"
+    for home in (toolkit, wrapper):
+        (home / "bin").mkdir(parents=True)
+    (toolkit / "include").mkdir()
+    (toolkit / "include" / "cuda_runtime.h").write_text("")
+    (toolkit / "bin" / "nvcc").write_text(f"#!/bin/sh\ncat '{release}'\n")
+    (wrapper / "bin" / "nvcc").write_text(f"#!/bin/sh\nexec '{toolkit}/bin/nvcc' \"$@\"\n")
+    for f in (toolkit / "bin" / "nvcc", wrapper / "bin" / "nvcc"):
+        f.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(wrapper))
+    monkeypatch.setenv("CUDA_PATH", str(toolkit))
+    assert build.cuda_home("13.0") == (toolkit, "13.0")
+    with pytest.raises(UserError, match=r"no CUDA 12.x toolkit .*local \(no include/cuda_runti"
+                                        r"me.h\).*cuda-13.0 \(nvcc 13.0\)"):
+        build.cuda_home("12.1")
