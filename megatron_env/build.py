@@ -65,14 +65,18 @@ def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Pack
     archs = archs or profile.archs
     fa, ax = profile.flash_attn, profile.apex
     sdist = f"flash_attn-{fa['version']}.tar.gz"
+    # One nvcc job compiles up to NVCC_THREADS archs at once, ~5 GiB each: 13 jobs for sm_90
+    # alone peaked at 53 GiB together on an H200 node (bench/results/2026-12-02-h200-1gpu/
+    # flash-attn/mem.log); flash-attn's own setup.py assumes 9 GiB a job at 4 threads.
+    nvcc_threads = 2
     return {
         "flash-attn": Package(
             "flash-attn", fa["version"],
             Source(sha256=fa["sha256"], url=os.environ.get(source_var("flash-attn"), sdist)),
             switches={"FLASH_ATTENTION_FORCE_BUILD": "TRUE",  # never fetch a prebuilt wheel
                       "FLASH_ATTN_CUDA_ARCHS": ";".join(a.replace(".", "") for a in archs),
-                      "NVCC_THREADS": "2"},
-            modules=("flash_attn_2_cuda",), gb_per_job=9.0),
+                      "NVCC_THREADS": str(nvcc_threads)},
+            modules=("flash_attn_2_cuda",), gb_per_job=5.0 * min(nvcc_threads, len(archs))),
         "apex": Package(
             "apex", ax["commit"], Source(repo=ax["repo"], commit=ax["commit"]),
             switches={f"APEX_{e.upper()}": "1" for e in ax["extensions"]},

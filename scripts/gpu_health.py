@@ -48,7 +48,7 @@ def timed(torch, fn, warmup=3, reps=10) -> float:
 
 
 def rel_err(torch, out, ref) -> float:
-    out, ref = out.double(), ref.double()
+    out, ref = out.detach().double(), ref.detach().double()
     return float((out - ref).norm() / ref.norm())
 
 

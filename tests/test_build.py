@@ -168,7 +168,7 @@ def test_max_jobs_comes_from_memory_not_cores(monkeypatch):
     monkeypatch.delenv("MAX_JOBS", raising=False)
     monkeypatch.setattr(build, "_mem_available", lambda: 40 * build.GIB)
     monkeypatch.setattr(build.os, "cpu_count", lambda: 64)
-    assert build.max_jobs(9.0)[0] == 4  # flash-attn: 40 GiB / 9 GiB a job, not 64 cores
+    assert build.max_jobs(9.0)[0] == 4  # 40 GiB / 9 GiB a job, not 64 cores
     assert build.max_jobs(3.0)[0] == 13
     monkeypatch.setattr(build.os, "cpu_count", lambda: 2)
     assert build.max_jobs(3.0)[0] == 2  # and never more than the cores
@@ -189,8 +189,10 @@ def test_profile_packages_derive_switches_and_modules():
     assert pk["apex"].switches == {"APEX_CPP_EXT": "1", "APEX_CUDA_EXT": "1",
                                    "APEX_FAST_LAYER_NORM": "1"}
     assert "fused_weight_gradient_mlp_cuda" in pk["apex"].modules
-    assert build.packages(profile.load("core_v0.4.0-cu121"), ["9.0"])["flash-attn"] \
-        .switches["FLASH_ATTN_CUDA_ARCHS"] == "90"
+    hopper = build.packages(profile.load("core_v0.4.0-cu121"), ["9.0"])["flash-attn"]
+    assert hopper.switches["FLASH_ATTN_CUDA_ARCHS"] == "90"
+    # memory a compile job needs grows with the archs nvcc compiles at once (NVCC_THREADS=2)
+    assert (hopper.gb_per_job, pk["flash-attn"].gb_per_job) == (5.0, 10.0)
 
 
 def test_cuda_home_skips_a_wrapper_script_and_refuses_a_major_mismatch(tmp_path, monkeypatch):
