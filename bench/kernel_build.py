@@ -26,6 +26,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from megatron_env.resources import cores, mem_available  # noqa: E402
 
 PROBE = ("import json, torch; print(json.dumps({'torch': torch.__version__, "
          "'cuda': torch.version.cuda, 'nccl': '.'.join(map(str, torch.cuda.nccl.version())) "
@@ -48,8 +51,8 @@ def run_build(argv: list[str], transcript: Path) -> tuple[int, float]:
 
 
 def machine(python: str) -> dict:
-    facts: dict = {"host_python": platform.python_version(), "cores": _cores(),
-                   "mem_available_gib": round(_mem_available() / 2**30, 1)}
+    facts: dict = {"host_python": platform.python_version(), "cores": cores(),
+                   "mem_available_gib": round(mem_available() / 2**30, 1)}
     r = subprocess.run([python, "-c", PROBE], capture_output=True, text=True)
     if r.returncode == 0:
         facts.update(json.loads(r.stdout.strip().splitlines()[-1]))
@@ -65,18 +68,6 @@ def machine(python: str) -> dict:
     if nvcc and (m := re.search(r"release (\S+),", nvcc.stdout)):
         facts["nvcc"] = m.group(1)
     return facts
-
-
-def _cores() -> int:
-    import os
-    return os.cpu_count() or 1
-
-
-def _mem_available() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import env, parsers, patches, proc, sources
+from . import env, parsers, patches, proc, resources, sources
 from .errors import UserError
 from .lock import uv_env, uv_exe
 from .profile import Profile
@@ -250,22 +250,12 @@ def max_jobs(gb_per_job: float) -> tuple[int, str]:
     """From free memory, not from cores: nvcc jobs of flash-attn take several GB each."""
     if "MAX_JOBS" in os.environ:
         return int(os.environ["MAX_JOBS"]), "MAX_JOBS set"
-    avail = _mem_available()
-    cpus = os.cpu_count() or 1
+    avail = resources.mem_available()
+    cpus = resources.cores()
     by_mem = max(1, int(avail / GIB / gb_per_job))
     jobs = max(1, min(cpus, by_mem))
     return jobs, (f"{avail / GIB:.0f} GiB free / {gb_per_job:g} GiB a job = {by_mem}, "
                   f"{cpus} cores")
-
-
-def _mem_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * GIB
 
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None) -> Plan:
