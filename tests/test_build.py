@@ -2,6 +2,8 @@
 fetch and hash check, patches, derived flags, wheel, content-addressed cache, install, import."""
 
 import hashlib
+import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -108,6 +110,44 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
     assert again.cache_hit and again.build_seconds is None and again.log is None
     assert answer(world["python"]) == "42"
     assert any("cache hit" in s for s in said)
+
+
+NODE = textwrap.dedent("""\
+    import json, sys
+    from pathlib import Path
+    from megatron_env import build
+    w = json.loads(sys.argv[1])
+    pkg = build.Package("tinyext", "1.0", build.Source(sha256=w["sha"], url=w["sdist"]),
+                        switches={"TINY_EXT": "1"}, modules=("tinyext._C",), cuda=False,
+                        gb_per_job=1.0)
+    r = build.build_and_install(pkg, Path(sys.argv[2]), [], patch_root=Path(w["patches"]))
+    print("RESULT", "hit" if r.cache_hit else "built")
+    """)
+
+
+def test_two_nodes_building_the_same_key_at_once_compile_it_once(world, tmp_path):
+    # Two processes (two nodes on a shared cache directory), each with its own environment,
+    # start together: one compiles, the other waits for the lock and installs the cached wheel.
+    pythons = []
+    for name in ("node-a", "node-b"):
+        venv = tmp_path / name
+        subprocess.run([uv_exe(), "venv", "-q", "--python", sys.executable, venv], check=True)
+        site = next(venv.glob("lib/python*/site-packages"))
+        (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        pythons.append(venv / "bin" / "python")
+    w = json.dumps({k: str(world[k]) for k in ("sha", "sdist", "patches")})
+    env = {**os.environ, build.CACHE_DIR_ENV: str(tmp_path / "cache"),
+           "PYTHONPATH": str(Path(build.__file__).parent.parent)}
+    nodes = [subprocess.Popen([sys.executable, "-c", NODE, w, py], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for py in pythons]
+    outs = [p.communicate(timeout=600)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    results = sorted(line.split()[1] for out in outs for line in out.splitlines()
+                     if line.startswith("RESULT"))
+    assert results == ["built", "hit"], outs
+    assert sum("another build of this key is running" in out for out in outs) == 1, outs
+    assert len(list((tmp_path / "cache" / "logs").glob("*.log"))) == 1  # one compiler run
+    assert [answer(py) for py in pythons] == ["42", "42"]
 
 
 def test_python_only_build_is_a_failure(world, tmp_path, monkeypatch):
