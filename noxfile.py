@@ -16,7 +16,8 @@ def tests(session):
     """Install the tool with its test extras and run the test suite."""
     # torch (+ numpy, which its object collectives need): verify_nccl runs for real with gloo
     session.install("-e", ".[test]", "torch", "numpy")
-    session.run("pytest", *session.posargs)
+    # temporary directories of its own: another pytest on the machine cannot rotate them away
+    session.run("pytest", f"--basetemp={session.create_tmp()}/pytest", *session.posargs)
 
 
 @nox.session
