@@ -251,11 +251,11 @@ def max_jobs(gb_per_job: float) -> tuple[int, str]:
     """From free memory, not from cores: nvcc jobs of flash-attn take several GB each."""
     if "MAX_JOBS" in os.environ:
         return int(os.environ["MAX_JOBS"]), "MAX_JOBS set"
-    avail = resources.mem_available()
+    avail, source = resources.memory()
     cpus = resources.cores()
     by_mem = max(1, int(avail / GIB / gb_per_job))
     jobs = max(1, min(cpus, by_mem))
-    return jobs, (f"{avail / GIB:.0f} GiB free / {gb_per_job:g} GiB a job = {by_mem}, "
+    return jobs, (f"{avail / GIB:.0f} GiB {source} / {gb_per_job:g} GiB a job = {by_mem}, "
                   f"{cpus} cores")
 
 

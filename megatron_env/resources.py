@@ -22,15 +22,23 @@ def cores() -> int:
 
 
 def mem_available(root: Path = Path("/")) -> int:
-    """Bytes a build may still take: MemAvailable, or less where a cgroup limits this process.
+    """Bytes a build may still take (see memory())."""
+    return memory(root)[0]
+
+
+def memory(root: Path = Path("/")) -> tuple[int, str]:
+    """Bytes a build may still take, and where that figure comes from: MemAvailable, or less
+    where a cgroup limits this process.
 
     Every memory cgroup from this process's own up to the hierarchy's root counts (Slurm puts
     the limit on the job, the process in a step below it). Page cache that the kernel can drop
     (inactive_file) is counted as free, as MemAvailable does. `root` is for tests."""
-    avail = _meminfo_available(root)
+    avail, source = _meminfo_available(root), "free"
     for limit, used in _cgroup_limits(root):
-        avail = min(avail, max(0, limit - used))
-    return avail
+        if limit - used < avail:
+            avail = max(0, limit - used)
+            source = f"free under a {limit / 2**30:.0f} GiB cgroup limit"
+    return avail, source
 
 
 def _meminfo_available(root: Path) -> int:

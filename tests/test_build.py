@@ -206,13 +206,13 @@ def test_git_source_with_a_moved_tag_is_refused(tmp_path, monkeypatch):
 
 def test_max_jobs_comes_from_memory_not_cores(monkeypatch):
     monkeypatch.delenv("MAX_JOBS", raising=False)
-    monkeypatch.setattr(build.resources, "mem_available", lambda: 40 * build.GIB)
+    monkeypatch.setattr(build.resources, "memory", lambda: (40 * build.GIB, "free"))
     monkeypatch.setattr(build.resources, "cores", lambda: 64)
     assert build.max_jobs(9.0)[0] == 4  # 40 GiB / 9 GiB a job, not 64 cores
     assert build.max_jobs(3.0)[0] == 13
     monkeypatch.setattr(build.resources, "cores", lambda: 2)
     assert build.max_jobs(3.0)[0] == 2  # and never more than the cores
-    monkeypatch.setattr(build.resources, "mem_available", lambda: 4 * build.GIB)
+    monkeypatch.setattr(build.resources, "memory", lambda: (4 * build.GIB, "free"))
     assert build.max_jobs(9.0)[0] == 1  # at least one
     monkeypatch.setenv("MAX_JOBS", "7")
     assert build.max_jobs(9.0) == (7, "MAX_JOBS set")

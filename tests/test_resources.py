@@ -48,6 +48,7 @@ def test_slurm_v2_limit_on_a_parent_of_the_task_cgroup(tmp_path):
         f"{step}/user/memory.current": "1073741824\n",  # the test's: 1 GiB in use
     })
     assert resources.mem_available(root) == 4194304000 - GIB  # not the host's 22.9 GiB
+    assert resources.memory(root)[1] == "free under a 4 GiB cgroup limit"
 
 
 def test_slurm_v1_job_limit_counts_droppable_page_cache_as_free(tmp_path):
@@ -86,7 +87,7 @@ def test_unreadable_cgroup_files_are_ignored_and_no_meminfo_means_a_small_machin
         "sys/fs/cgroup/memory.max": capture("meminfo-24g.txt"),  # garbage where a number goes
         "sys/fs/cgroup/memory.current": "1\n",
     })
-    assert resources.mem_available(root) == MEMINFO_AVAILABLE
+    assert resources.memory(root) == (MEMINFO_AVAILABLE, "free")
     assert resources.mem_available(tmp_path / "nothing") == 8 * GIB
 
 
