@@ -189,7 +189,10 @@ class Plan:
                f"  torch    {self.torch['torch']} (CUDA {self.torch['cuda']}, "
                f"{self.torch['tag']}, cxx11abi={self.torch['abi']})",
                f"  jobs     MAX_JOBS={self.max_jobs} ({self.why_jobs})"]
-        flags = {k: v for k, v in self.env.items() if k not in os.environ or os.environ[k] != v}
+        # what the build is given, also where the caller's environment already said the same
+        shown = {*p.switches, "CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS"}
+        flags = {k: v for k, v in self.env.items()
+                 if k in shown or k not in os.environ or os.environ[k] != v}
         out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
                                           if k not in ("PATH",)))
         out.append(f"  cache    {self.key}")
