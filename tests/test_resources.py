@@ -24,7 +24,7 @@ def capture(name: str) -> str:
 
 
 def test_no_limit_on_this_build_machine_leaves_meminfo(tmp_path):
-    here = "sys/fs/cgroup/memory/process_api/ddad21c71da6d39587b926110c67cb12"
+    here = "sys/fs/cgroup/memory/jobs/ddad21c71da6d39587b926110c67cb12"
     root = tree(tmp_path, {
         "proc/meminfo": capture("meminfo-24g.txt"),
         "proc/self/cgroup": capture("proc-self-cgroup-v1-hybrid.txt"),
@@ -54,7 +54,7 @@ def test_slurm_v2_limit_on_a_parent_of_the_task_cgroup(tmp_path):
 def test_slurm_v1_job_limit_counts_droppable_page_cache_as_free(tmp_path):
     job = "sys/fs/cgroup/memory/slurm/uid_2687/job_13759490"
     lines = capture("proc-self-cgroup-v1-hybrid.txt").replace(
-        "memory:/process_api/ddad21c71da6d39587b926110c67cb12",
+        "memory:/jobs/ddad21c71da6d39587b926110c67cb12",
         "memory:/slurm/uid_2687/job_13759490/step_batch/task_0")
     root = tree(tmp_path, {
         "proc/meminfo": capture("meminfo-24g.txt"),
