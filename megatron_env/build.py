@@ -313,22 +313,26 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         wheels = list(slot.glob("*.whl"))
         hit = bool(wheels)
         if not hit:
+            _sweep(p.key)
             pristine = fetch(pkg, python, echo=echo)
             work = cache_dir() / "build" / f"{p.key}.tmp-{os.getpid()}"
             work.parent.mkdir(parents=True, exist_ok=True)
-            patches.apply_series(pristine, work, p.patches)
-            for x in p.patches:
-                echo(f"{pkg.name}: applied {x.name}")
             log = cache_dir() / "logs" / f"{p.key}-{time.strftime('%Y%m%d%H%M%S')}.log"
-            built_in, wheel = _compile(p, work, log, echo)
-            staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
-            staging.mkdir()
-            shutil.copy(wheel, staging / wheel.name)
-            (staging / "meta.json").write_text(json.dumps(
-                {"plan": p.lines(), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                 "build_seconds": built_in, "log": str(log)}, indent=2) + "\n")
-            os.replace(staging, slot)
-            shutil.rmtree(work, ignore_errors=True)
+            try:  # the tree and its objects take GBs: gone on success and on failure alike
+                patches.apply_series(pristine, work, p.patches)
+                for x in p.patches:
+                    echo(f"{pkg.name}: applied {x.name}")
+                built_in, wheel = _compile(p, work, log, echo)
+                staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
+                staging.mkdir()
+                shutil.copy(wheel, staging / wheel.name)
+                (staging / "meta.json").write_text(json.dumps(
+                    {"plan": p.lines(), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                     "build_seconds": built_in, "log": str(log)}, indent=2) + "\n")
+                os.replace(staging, slot)
+            finally:
+                for d in (work, _dist_dir(work)):
+                    shutil.rmtree(d, ignore_errors=True)
             wheels = list(slot.glob("*.whl"))
     wheel = wheels[0]
     echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
@@ -361,11 +365,35 @@ def _turn(lock: FileLock, name: str, echo):
         lock.release()
 
 
+def _sweep(key: str) -> None:
+    """Remove what killed builds of this key left (the caller holds the key's lock, so no
+    living build owns any of it)."""
+    for pattern in (f"build/{key}.tmp-*", f"wheels/{key}.tmp-*"):
+        for d in cache_dir().glob(pattern):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _dist_dir(work: Path) -> Path:
+    return work.parent / f"{work.name}-dist"
+
+
 _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
 
 
+def _progress_line(name: str, done: int, total: int, elapsed: float) -> str:
+    """'compiled 29/73 objects, 470 s, about 12 min left'.
+
+    The guess is the rate so far; before a quarter of the objects it is mostly the ramp-up of
+    the parallel jobs (three times too long on the H200 flash-attn build), so none is given."""
+    line = f"{name}: compiled {done}/{total} objects, {elapsed:.0f} s"
+    if total / 4 <= done < total:
+        left = elapsed / done * (total - done)
+        line += f", about {left / 60:.0f} min left" if left >= 90 else f", about {left:.0f} s left"
+    return line
+
+
 def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
-    out = work.parent / f"{work.name}-dist"
+    out = _dist_dir(work)
     shutil.rmtree(out, ignore_errors=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -375,8 +403,8 @@ def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
     def progress(line: str) -> None:
         if (m := _NINJA.match(line)) and time.monotonic() - last[0] > 5:
             last[0] = time.monotonic()
-            echo(f"{p.package.name}: compiled {m.group(1)}/{m.group(2)} objects, "
-                 f"{time.monotonic() - t0:.0f} s")
+            echo(_progress_line(p.package.name, int(m.group(1)), int(m.group(2)),
+                                time.monotonic() - t0))
 
     r = proc.run([uv_exe(), "build", "--wheel", "--no-build-isolation", "--python", p.python,
                   "--out-dir", out, work], env={**p.env, "UV_PYTHON_DOWNLOADS": "never"},

@@ -4,6 +4,7 @@ fetch and hash check, patches, derived flags, wheel, content-addressed cache, in
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -99,6 +100,7 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
     res = build.build_and_install(package(world), world["python"], [],
                                   patch_root=world["patches"], echo=said.append)
     assert not res.cache_hit and res.build_seconds > 0 and res.log.exists()
+    assert not list((tmp_path / "cache" / "build").iterdir())  # the build tree is gone
     assert "tinyext._C" in res.modules
     assert answer(world["python"]) == "42"  # the patch reached the compiled code
     # a second node (or run) with the same inputs: no compiler may run
@@ -148,6 +150,24 @@ def test_two_nodes_building_the_same_key_at_once_compile_it_once(world, tmp_path
     assert sum("another build of this key is running" in out for out in outs) == 1, outs
     assert len(list((tmp_path / "cache" / "logs").glob("*.log"))) == 1  # one compiler run
     assert [answer(py) for py in pythons] == ["42", "42"]
+
+
+def test_compile_error_names_the_log_and_leaves_no_build_tree(world, tmp_path, monkeypatch):
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    root = tmp_path / "patches"
+    (root / "tinyext" / "1.0").mkdir(parents=True)
+    (root / "tinyext" / "1.0" / "0001-typo.patch").write_text(PATCH.replace("return 42;", "return 42"))
+    key = build.build_and_install(package(world), world["python"], [], dry_run=True,
+                                  patch_root=root, echo=lambda *_: None).key
+    stale = tmp_path / "cache" / "build" / f"{key}.tmp-999999"  # a killed build's leftovers
+    (stale / "csrc").mkdir(parents=True)
+    with pytest.raises(UserError, match="building tinyext failed after") as e:
+        build.build_and_install(package(world), world["python"], [], patch_root=root,
+                                echo=lambda *_: None)
+    log = Path(e.value.fix.removeprefix("full log: "))
+    assert "error" in log.read_text()  # the compiler's own message is kept
+    assert not list((tmp_path / "cache" / "build").iterdir())
+    assert not list((tmp_path / "cache" / "wheels").glob("*/*.whl"))
 
 
 def test_python_only_build_is_a_failure(world, tmp_path, monkeypatch):
@@ -255,3 +275,25 @@ def test_cuda_home_skips_a_wrapper_script_and_refuses_a_major_mismatch(tmp_path,
     with pytest.raises(UserError, match=r"no CUDA 12.x toolkit .*local \(no include/cuda_runti"
                                         r"me.h\).*cuda-13.0 \(nvcc 13.0\)"):
         build.cuda_home("12.1")
+
+
+def test_time_left_guess_on_the_real_h200_flash_attn_progress():
+    # `invoke build flash-attn` on an H200 (bench/results/2026-12-02-h200-1gpu/flash-attn):
+    # the guess from each progress line against the time the build really took from there.
+    text = (Path(__file__).parent / "fixtures" / "build-progress" /
+            "flash-attn-2.8.3-h200.txt").read_text()
+    points = [(int(d), int(t), int(n)) for d, n, t in
+              re.findall(r"compiled (\d+)/(\d+) objects, (\d+) s", text)]
+    end = points[-1][1]
+    early = build._progress_line("flash-attn", 4, 73, 179)
+    assert early == "flash-attn: compiled 4/73 objects, 179 s"  # no guess from the ramp-up
+    guessed = 0
+    for done, t, total in points[:-1]:
+        line = build._progress_line("flash-attn", done, total, t)
+        if m := re.search(r"about (\d+) (min|s) left", line):
+            left = int(m.group(1)) * (60 if m.group(2) == "min" else 1)
+            # within a factor of 2.5 either way (the last objects, flash-attn's backward
+            # kernels, are the slowest: the guess runs short near the end)
+            assert 0.4 <= left / (end - t) <= 2.5, line
+            guessed += 1
+    assert guessed >= 30
