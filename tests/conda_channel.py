@@ -20,8 +20,10 @@ STUB = Path(__file__).parent / "conda_stub" / "micromamba_stub.py"
 
 
 def make_package(channel: Path, subdir: str, name: str, version: str, depends=(),
-                 files: dict[str, str] | None = None) -> Path:
+                 files: dict[str, str] | None = None, links: dict[str, str] | None = None) -> Path:
+    """files: path -> content; links: path -> target of a symbolic link (path_type softlink)."""
     files = files or {f"share/{name}/VERSION": version + "\n"}
+    links = links or {}
     d = channel / subdir
     d.mkdir(parents=True, exist_ok=True)
     index = {"name": name, "version": version, "build": "0", "build_number": 0,
@@ -30,7 +32,9 @@ def make_package(channel: Path, subdir: str, name: str, version: str, depends=()
         index["noarch"] = "generic"
     paths = {"paths_version": 1, "paths": [
         {"_path": p, "path_type": "hardlink", "sha256": hashlib.sha256(c.encode()).hexdigest(),
-         "size_in_bytes": len(c.encode())} for p, c in files.items()]}
+         "size_in_bytes": len(c.encode())} for p, c in files.items()] + [
+        {"_path": p, "path_type": "softlink", "sha256": hashlib.sha256(t.encode()).hexdigest(),
+         "size_in_bytes": len(t.encode())} for p, t in links.items()]}
     out = d / f"{name}-{version}-0.tar.bz2"
     with tarfile.open(out, "w:bz2") as tar:
         for arc, content in [("info/index.json", json.dumps(index)),
@@ -39,15 +43,28 @@ def make_package(channel: Path, subdir: str, name: str, version: str, depends=()
             info = tarfile.TarInfo(arc)
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
+        for arc, target in links.items():
+            info = tarfile.TarInfo(arc)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
     return out
 
 
-def build_channel(channel: Path) -> str:
-    """python 3.10, two cuda-nvcc versions (the lock must pick 12.1), gxx, ninja. -> file:// URL"""
+def build_channel(channel: Path, python: Path | None = None) -> str:
+    """python 3.10, two cuda-nvcc versions (the lock must pick 12.1), gxx, ninja. -> file:// URL
+
+    With `python` (a real 3.10 interpreter) the python package makes the prefix a working Python
+    (a pyvenv.cfg beside bin/python linked to that interpreter), as conda's own python package
+    does, so that packages can be installed into the conda prefix."""
     import rattler
 
     nvcc = "#!/bin/sh\necho 'Cuda compilation tools, release {v}, V{v}.105'\n"
-    make_package(channel, "linux-64", "python", "3.10.13")
+    if python:
+        cfg = f"home = {python.parent}\ninclude-system-site-packages = false\nversion = 3.10.13\n"
+        make_package(channel, "linux-64", "python", "3.10.13", files={"pyvenv.cfg": cfg},
+                     links={"bin/python": str(python), "bin/python3": str(python)})
+    else:
+        make_package(channel, "linux-64", "python", "3.10.13")
     make_package(channel, "linux-64", "cuda-nvcc", "12.1.105", files={"bin/nvcc": nvcc.format(v="12.1")})
     make_package(channel, "linux-64", "cuda-nvcc", "12.4.131", files={"bin/nvcc": nvcc.format(v="12.4")})
     make_package(channel, "linux-64", "cuda-cudart-dev", "12.1.105")

@@ -139,3 +139,34 @@ def test_adopt_reports_every_difference(repo, wheelhouse):
     here = invoke(repo, "env", "--profile", PROFILE, "--adopt", "--python", sys.executable)
     assert here.returncode == 1
     assert "differs" in here.stdout and "torch" in here.stdout
+
+
+def test_conda_path_builds_the_env_in_a_conda_prefix(wheelhouse, tmp_path, monkeypatch):
+    # The profile's conda-lock.yml (solved here against a channel built by the test, through the
+    # mirror override) gives the prefix Python 3.10 and nvcc 12.1; the uv lock goes on top.
+    pytest.importorskip("rattler")
+    from pathlib import Path
+
+    from megatron_env import profile
+
+    from .conda_channel import build_channel, solver
+    from .test_conda_lock import NO_NETWORK
+
+    repo = copy_repo(tmp_path / "repo")
+    base = Path(lock.find_python("3.10")[0]).resolve()
+    monkeypatch.setenv(lock.CHANNELS_ENV, build_channel(tmp_path / "channel", python=base))
+    for k, v in NO_NETWORK.items():
+        monkeypatch.setenv(k, v)
+    stub = solver(tmp_path)
+    lookup = tmp_path / "lookup.yml"
+    lookup.write_text("{}\n")
+    prof = profile.load_file(repo / "envs" / PROFILE / "profile.toml")
+    assert lock.conda_lock(prof, solver=str(stub), lookup=lookup, echo=print) is not None
+    r = env(repo, wheelhouse, "--conda", str(stub))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "conda: installing conda-lock.yml" in r.stdout and "(conda)" in r.stdout
+    prefix = prefix_of(repo)
+    assert (prefix / "conda-meta" / "cuda-nvcc-12.1.105-0.json").exists()
+    nvcc = subprocess.run([prefix / "bin" / "nvcc"], capture_output=True, text=True)
+    assert "release 12.1" in nvcc.stdout
+    assert torch_facts(prefix) == "2.1.0+cu121 12.1"
