@@ -21,6 +21,7 @@ import tarfile
 import time
 import urllib.parse
 import urllib.request
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -323,6 +324,11 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                 for x in p.patches:
                     echo(f"{pkg.name}: applied {x.name}")
                 built_in, wheel = _compile(p, work, log, echo)
+                if absent := _not_in_wheel(wheel, pkg.modules):
+                    raise UserError(
+                        f"{pkg.name}: the wheel has no compiled {', '.join(absent)}; it was "
+                        "not cached", fix="a Python-only build is not a build: check the build "
+                                          f"log ({log}) for skipped extensions")
                 staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
                 staging.mkdir()
                 shutil.copy(wheel, staging / wheel.name)
@@ -371,6 +377,15 @@ def _sweep(key: str) -> None:
     for pattern in (f"build/{key}.tmp-*", f"wheels/{key}.tmp-*"):
         for d in cache_dir().glob(pattern):
             shutil.rmtree(d, ignore_errors=True)
+
+
+def _not_in_wheel(wheel: Path, modules: tuple[str, ...]) -> list[str]:
+    """The modules without a shared library in the wheel (a.b -> a/b.<abi tag>.so)."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    return [m for m in modules
+            if not any(n.startswith(m.replace(".", "/") + ".") and n.endswith(".so")
+                       for n in names)]
 
 
 def _dist_dir(work: Path) -> Path:

@@ -175,9 +175,12 @@ def test_python_only_build_is_a_failure(world, tmp_path, monkeypatch):
     pkg = package(world)
     python_only = build.Package(pkg.name, pkg.pin, pkg.source, switches={}, modules=pkg.modules,
                                 cuda=False, gb_per_job=1.0)  # the switch never arrives
-    with pytest.raises(UserError, match="installed without its compiled modules tinyext._C"):
+    with pytest.raises(UserError, match="the wheel has no compiled tinyext._C; it was not "
+                                        "cached"):
         build.build_and_install(python_only, world["python"], [], patch_root=world["patches"],
                                 echo=lambda *_: None)
+    # a later run (after the fix) must build again, not install the crippled wheel from cache
+    assert not list((tmp_path / "cache").glob("wheels/*/*.whl"))
 
 
 def test_hash_mismatch_is_refused(world, tmp_path, monkeypatch):
