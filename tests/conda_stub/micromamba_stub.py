@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -84,7 +85,11 @@ def install(opts):
         print(f"stub micromamba: {len(urls)} packages in the lock, {len(records)} found",
               file=sys.stderr)
         return 1
-    asyncio.run(rattler.install(records, Path(opts["prefix"]).resolve(), show_progress=False))
+    # A package cache of its own: the user's (~/.cache/rattler) is keyed by name-version-build,
+    # and the tests build packages of one name and version with different contents.
+    with tempfile.TemporaryDirectory(prefix="rattler-cache-") as cache:
+        asyncio.run(rattler.install(records, Path(opts["prefix"]).resolve(), cache_dir=cache,
+                                    show_progress=False))
     return 0
 
 
