@@ -81,3 +81,23 @@ def solver(tmp: Path) -> Path:
     exe.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STUB}" "$@"\n')
     exe.chmod(0o755)
     return exe
+
+
+# Any HTTP(S) request goes to a closed port: the conda part must need no network at all.
+NO_NETWORK = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+              "NO_PROXY": ""}
+
+
+def lock_offline(prof, tmp: Path, monkeypatch, python: Path | None = None, echo=print):
+    """conda-lock `prof`'s environment.yml with no network: a channel built under `tmp` given as
+    the mirror override (as an air-gapped cluster sets it), the solver stand-in and an empty
+    local lookup file. -> (conda-lock.yml or None, the solver)"""
+    from megatron_env import lock
+
+    for k, v in NO_NETWORK.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv(lock.CHANNELS_ENV, build_channel(tmp / "channel", python=python))
+    stub = solver(tmp)
+    lookup = tmp / "lookup.yml"
+    lookup.write_text("{}\n")
+    return lock.conda_lock(prof, solver=str(stub), lookup=lookup, echo=echo), stub

@@ -9,31 +9,19 @@ import pytest
 
 from megatron_env import lock, profile
 
-from .conda_channel import build_channel, solver
+from .conda_channel import lock_offline, solver
 from .test_lock import copy_repo, invoke
 
 pytest.importorskip("rattler")
-
-# Any HTTP(S) request goes to a closed port: the conda part must need no network at all.
-NO_NETWORK = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
-              "NO_PROXY": ""}
-
 
 def test_conda_lock_and_install_from_a_local_channel(tmp_path, monkeypatch):
     src = profile.ENVS_DIR / "core_v0.4.0-cu121"
     shutil.copytree(src, tmp_path / "envs" / src.name)
     prof = profile.load_file(tmp_path / "envs" / src.name / "profile.toml")
-    chan = build_channel(tmp_path / "channel")
-    stub = solver(tmp_path)
-    lookup = tmp_path / "lookup.yml"
-    lookup.write_text("{}\n")
-    for k, v in NO_NETWORK.items():
-        monkeypatch.setenv(k, v)
     # The profile names conda-forge and an NVIDIA label; neither is reachable here: the mirror
     # (as an air-gapped cluster would set it) replaces them.
-    monkeypatch.setenv(lock.CHANNELS_ENV, chan)
     said = []
-    conda_lock = lock.conda_lock(prof, solver=str(stub), lookup=lookup, echo=said.append)
+    conda_lock, stub = lock_offline(prof, tmp_path, monkeypatch, echo=said.append)
     assert conda_lock is not None, said
     text = conda_lock.read_text()
     assert "cuda-nvcc-12.1.105-0.tar.bz2" in text and "12.4.131" not in text

@@ -149,19 +149,13 @@ def test_conda_path_builds_the_env_in_a_conda_prefix(wheelhouse, tmp_path, monke
 
     from megatron_env import profile
 
-    from .conda_channel import build_channel, solver
-    from .test_conda_lock import NO_NETWORK
+    from .conda_channel import lock_offline
 
     repo = copy_repo(tmp_path / "repo")
     base = Path(lock.find_python("3.10")[0]).resolve()
-    monkeypatch.setenv(lock.CHANNELS_ENV, build_channel(tmp_path / "channel", python=base))
-    for k, v in NO_NETWORK.items():
-        monkeypatch.setenv(k, v)
-    stub = solver(tmp_path)
-    lookup = tmp_path / "lookup.yml"
-    lookup.write_text("{}\n")
     prof = profile.load_file(repo / "envs" / PROFILE / "profile.toml")
-    assert lock.conda_lock(prof, solver=str(stub), lookup=lookup, echo=print) is not None
+    conda_lock, stub = lock_offline(prof, tmp_path, monkeypatch, python=base)
+    assert conda_lock is not None
     r = env(repo, wheelhouse, "--conda", str(stub))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "conda: installing conda-lock.yml" in r.stdout and "(conda)" in r.stdout
