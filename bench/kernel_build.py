@@ -14,10 +14,10 @@ CUDA, NCCL, cores, free memory) into OUT/kernel_build.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from megatron_env import parsers  # noqa: E402
 from megatron_env.resources import cores, mem_available  # noqa: E402
 
 PROBE = ("import json, torch; print(json.dumps({'torch': torch.__version__, "
@@ -63,10 +64,10 @@ def machine(python: str) -> dict:
         if r.returncode == 0 and r.stdout.strip():
             facts["gpu"], facts["driver"] = (x.strip() for x in
                                              r.stdout.splitlines()[0].split(",", 1))
-    nvcc = subprocess.run(["nvcc", "--version"], capture_output=True, text=True) \
-        if shutil.which("nvcc") else None
-    if nvcc and (m := re.search(r"release (\S+),", nvcc.stdout)):
-        facts["nvcc"] = m.group(1)
+    if shutil.which("nvcc"):
+        with contextlib.suppress(parsers.ParseError):
+            facts["nvcc"] = parsers.nvcc_release(
+                subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout)
     return facts
 
 
@@ -101,9 +102,7 @@ def main() -> int:
         meta = json.loads(metas[0].read_text())
         result["plan"] = meta["plan"]
         result["cold"]["compile_seconds"] = round(meta["build_seconds"], 1)
-        jobs = next((line for line in meta["plan"] if "MAX_JOBS=" in line), "")
-        if m := re.search(r"MAX_JOBS=(\d+) \((.*)\)", jobs):
-            result["max_jobs"], result["max_jobs_why"] = int(m.group(1)), m.group(2)
+        result["max_jobs"], result["max_jobs_why"] = meta["max_jobs"], meta["why_jobs"]
         wheel = next(metas[0].parent.glob("*.whl"))
         result["wheel"] = {"name": wheel.name, "bytes": wheel.stat().st_size}
     logs = sorted(cache.glob("logs/*.log"))

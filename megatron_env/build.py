@@ -333,7 +333,8 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                 staging.mkdir()
                 shutil.copy(wheel, staging / wheel.name)
                 (staging / "meta.json").write_text(json.dumps(
-                    {"plan": p.lines(), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    {"plan": p.lines(), "max_jobs": p.max_jobs, "why_jobs": p.why_jobs,
+                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                      "build_seconds": built_in, "log": str(log)}, indent=2) + "\n")
                 os.replace(staging, slot)
             finally:

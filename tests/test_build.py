@@ -101,6 +101,8 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
                                   patch_root=world["patches"], echo=said.append)
     assert not res.cache_hit and res.build_seconds > 0 and res.log.exists()
     assert not list((tmp_path / "cache" / "build").iterdir())  # the build tree is gone
+    meta = json.loads(next((tmp_path / "cache").glob("wheels/*/meta.json")).read_text())
+    assert meta["max_jobs"] >= 1 and "GiB a job" in meta["why_jobs"]
     assert "tinyext._C" in res.modules
     assert answer(world["python"]) == "42"  # the patch reached the compiled code
     # a second node (or run) with the same inputs: no compiler may run
