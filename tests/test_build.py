@@ -66,14 +66,19 @@ def world(tmp_path_factory):
     patches = root / "patches" / "tinyext" / "1.0"
     patches.mkdir(parents=True)
     (patches / "0001-answer-42.patch").write_text(PATCH)
-    venv = root / "venv"
+    return {"root": root, "sdist": sdist, "sha": hashlib.sha256(sdist.read_bytes()).hexdigest(),
+            "patches": root / "patches", "python": venv_seeing_torch(root / "venv")}
+
+
+def venv_seeing_torch(venv: Path) -> Path:
+    """A venv with setuptools and wheel that also sees this interpreter's packages (torch),
+    as a profile's environment would have torch: -> its python."""
     subprocess.run([uv_exe(), "venv", "-q", "--python", sys.executable, venv], check=True)
     site = next(venv.glob("lib/python*/site-packages"))
     (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([uv_exe(), "pip", "install", "-q", "--python", venv / "bin" / "python",
                     "setuptools", "wheel"], check=True)
-    return {"root": root, "sdist": sdist, "sha": hashlib.sha256(sdist.read_bytes()).hexdigest(),
-            "patches": root / "patches", "python": venv / "bin" / "python"}
+    return venv / "bin" / "python"
 
 
 def package(world, sha=None):
@@ -132,13 +137,7 @@ NODE = textwrap.dedent("""\
 def test_two_nodes_building_the_same_key_at_once_compile_it_once(world, tmp_path):
     # Two processes (two nodes on a shared cache directory), each with its own environment,
     # start together: one compiles, the other waits for the lock and installs the cached wheel.
-    pythons = []
-    for name in ("node-a", "node-b"):
-        venv = tmp_path / name
-        subprocess.run([uv_exe(), "venv", "-q", "--python", sys.executable, venv], check=True)
-        site = next(venv.glob("lib/python*/site-packages"))
-        (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-        pythons.append(venv / "bin" / "python")
+    pythons = [venv_seeing_torch(tmp_path / name) for name in ("node-a", "node-b")]
     w = json.dumps({k: str(world[k]) for k in ("sha", "sdist", "patches")})
     env = {**os.environ, build.CACHE_DIR_ENV: str(tmp_path / "cache"),
            "PYTHONPATH": str(Path(build.__file__).parent.parent)}
