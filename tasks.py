@@ -106,3 +106,11 @@ def build(c, what, profile=None, prefix=None, python=None, arch=None, dry_run=Fa
 def build_check(c, profile=None, python=None):
     """Do flash-attn's and apex's compiled modules import in the environment?"""
     _done(commands.build_check(profile, python))
+
+
+@task(help={"logs": "log files or directories, comma-separated; quoted globs work "
+                   "(\"logs/*.out\")",
+            "json": "print {\"findings\": [...]} on stdout instead of a table"})
+def triage(c, logs, json=False):
+    """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
+    _done(commands.triage([x for x in logs.split(",") if x], json))

@@ -227,3 +227,21 @@ def build_check(profile_name: str | None = None, python: str | None = None) -> i
                                         f"[green]ok[/] {', '.join(pkg.modules)}"))
     out.print(f"[bold]build_check[/bold]: {'fail' if bad else 'pass'} for {py}")
     return 1 if bad else 0
+
+
+@guarded
+def triage(logs: list[str], as_json: bool = False) -> int:
+    """Read a failed or hung job's console logs; findings, most likely cause first."""
+    from . import joblog
+    from . import triage as triage_mod
+    from .findings import exit_code
+
+    lines = joblog.read(logs)
+    findings = triage_mod.triage(lines)
+    sources = sorted({x.source for x in lines})
+    if as_json:
+        report.emit_json(findings, logs=sources, lines=len(lines))
+    else:
+        report.print_findings(findings, f"Triage of {len(lines)} lines from {len(sources)} "
+                                        f"log(s), most likely cause first")
+    return exit_code(findings)

@@ -63,8 +63,11 @@ _PLUGIN = re.compile(r"NET/Plugin\s*:?\s*(.*)")
 # and "... via direct shared memory" (2.4-2.6)
 _CHANNEL = re.compile(r"(?:Channel|Ring) \d+(?:/\d+)? : (\d+)\[\w+\] -> (\d+)\[\w+\]"
                       r"(?: \[(?:send|receive)\])? via (.+?)\s*$")
-_WARN = re.compile(r"NCCL WARN (.*)")
-_PREFIX = re.compile(r"^(?:\[\d+\] )?([\w.<>-]+):\d+:\d+ \[\d+\] NCCL")  # host:pid:tid [dev] NCCL
+# "NCCL WARN ..."; NCCL 2.1 wrote "host [dev] file.cu:line WARN ..." without the word NCCL
+_WARN = re.compile(r"\bNCCL WARN (.*)|^[\w.<>-]+ \[\d+\] \S+:\d+ WARN (.*)")
+# host:pid:tid [dev] [file.cc:line] NCCL ...  (an mpirun "[0] " tag may come first)
+_PREFIX = re.compile(r"^(?:\[\d+\] )?([\w.<>-]+):\d+:\d+ \[(\d+)\](?: \S+:\d+)? NCCL")
+_OLD_PREFIX = re.compile(r"^([\w.<>-]+) \[(\d+)\] \S+:\d+ WARN")
 _NRANKS = re.compile(r"\bnranks (\d+)")
 
 
@@ -77,13 +80,15 @@ def analyze_log(text: str) -> dict:
     sockets: list[str] = []
     plugins: list[str] = []
     warnings: list[str] = []
+    where: dict[str, list[str]] = {}  # warning -> ["host [dev]", ...] that printed it
     ib_missing = False
     hosts: set[str] = set()
     nranks = 0
     gdrdma = False
     for line in text.splitlines():
-        if m := _PREFIX.match(line):
-            hosts.add(m.group(1))
+        origin = _PREFIX.match(line) or _OLD_PREFIX.match(line)
+        if origin:
+            hosts.add(origin.group(1))
         if m := _NRANKS.search(line):
             nranks = max(nranks, int(m.group(1)))
         if m := _CHANNEL.search(line):
@@ -103,15 +108,20 @@ def analyze_log(text: str) -> dict:
         elif (m := _PLUGIN.search(line)) and m.group(1) and m.group(1) not in plugins:
             plugins.append(m.group(1).strip())
         if m := _WARN.search(line):
-            w = m.group(1).strip()
+            w = (m.group(1) or m.group(2)).strip()
             if w not in warnings:
                 warnings.append(w)
+            if origin:
+                at = f"{origin.group(1)} [{origin.group(2)}]"
+                if at not in where.setdefault(w, []):
+                    where[w].append(at)
     if not networks:  # NCCL < 2.12 does not say "Using network"; infer from the channels
         nets = sorted({k.split("/")[1] for k in transports if k.startswith("NET/")})
         networks = nets
     return {"nccl_versions": versions, "networks": networks, "ib_devices": ib_devices,
             "socket_interfaces": sockets, "plugins": plugins, "ib_missing": ib_missing,
-            "transports": transports, "warnings": warnings, "hosts": sorted(hosts),
+            "transports": transports, "warnings": warnings, "warned_at": where,
+            "hosts": sorted(hosts),
             "nranks": nranks, "gdrdma": gdrdma}
 
 
@@ -172,8 +182,10 @@ def log_findings(a: dict) -> list[dict]:
     else:
         out.append(finding("nccl.transport", "skip",
                            "no channel connections in the log (one rank, or connections not logged)"))
+    out += _error_findings(a)
     rules = [
-        ("nccl.system_error", r"unhandled system error|ibv_reg_mr failed|Cannot allocate memory",
+        ("nccl.system_error", r"unhandled system error|ibv_reg_mr\S* failed|ibv_create_qp failed|"
+                              r"Cannot allocate memory|Unable to register memory",
          "NCCL hit a system error (often locked-memory limits with IB)",
          "set `ulimit -l unlimited` (limits.conf, --ulimit memlock=-1, Slurm PropagateResourceLimits)"),
         ("nccl.shm", r"/dev/shm|shared memory segment|ShmAlloc|shm_open|posix_fallocate",
@@ -185,7 +197,73 @@ def log_findings(a: dict) -> list[dict]:
     for rid, pattern, summary, fix in rules:
         hits = [w for w in a["warnings"] if re.search(pattern, w, re.I)]
         if hits:
-            out.append(finding(rid, "fail", summary, hits[:5], fix))
+            at = _places(a, hits)
+            out.append(finding(rid, "fail", summary + (f" on {at}" if at else ""),
+                               [_located(a, w) for w in hits[:5]], fix))
+    return out
+
+
+# ibv_wc_status (infiniband/verbs.h): what a failed work completion's status number means
+IBV_WC_STATUS = {1: "local length error", 2: "local QP operation error", 4: "local protection error",
+                 5: "work request flushed", 7: "bad response", 8: "local access error",
+                 9: "remote invalid request", 10: "remote access error", 11: "remote operation error",
+                 12: "transport retry counter exceeded", 13: "RNR retry counter exceeded"}
+_COMPLETION = re.compile(r"Got completion from peer (\S+) with (?:error |status=)(\d+),? "
+                         r"opcode[ =](\d+),? len[ =](\d+),? vendor err (\d+)(?: \((\w+)\))?")
+_CUDA_FAILURE = re.compile(r"Cuda failure (?:(\d+) )?'([^']+)'")
+_PEER_GONE = re.compile(r"Connection closed by remote peer (\S+)|Connection reset by peer|"
+                        r"Call to recv from (\S+) failed")
+
+
+def _places(a: dict, warnings: list[str]) -> str:
+    """'H100-2 [1], H100-5 [3]': the hosts and devices that printed these warnings."""
+    seen = dict.fromkeys(at for w in warnings for at in a.get("warned_at", {}).get(w, []))
+    return ", ".join(list(seen)[:6]) + (f" and {len(seen) - 6} more" if len(seen) > 6 else "")
+
+
+def _located(a: dict, warning: str) -> str:
+    at = a.get("warned_at", {}).get(warning)
+    return f"{', '.join(at[:3])}: {warning}" if at else warning
+
+
+def _error_findings(a: dict) -> list[dict]:
+    """NCCL's own runtime failures: IB completion errors, its CUDA calls failing, a peer gone."""
+    out = []
+    ib = [(w, m) for w in a["warnings"] if (m := _COMPLETION.search(w))]
+    if ib:
+        codes = sorted({(int(m.group(2)), int(m.group(5))) for _, m in ib})
+        what = "; ".join(f"status {s} ({IBV_WC_STATUS.get(s, 'see ibv_wc_status')}), vendor err {v}"
+                         for s, v in codes)
+        peers = sorted({m.group(1) for _, m in ib})
+        out.append(finding(
+            "nccl.ib_completion", "fail",
+            f"InfiniBand completion error on {_places(a, [w for w, _ in ib]) or 'a rank'}: {what}",
+            [_located(a, w) for w, _ in ib[:5]] + [f"peers: {', '.join(peers[:6])}"],
+            "a link, port or peer failed mid-transfer: check `ibstatus` and the port error "
+            "counters (`perfquery -x`) on the named hosts and their peers, run `invoke preflight` "
+            "there, and exclude a host whose port flaps; a peer that died first shows its own error"))
+    cuda = [(w, m) for w in a["warnings"] if (m := _CUDA_FAILURE.search(w))]
+    if cuda:
+        kinds = sorted({m.group(2) for _, m in cuda})
+        oom = "out of memory" in kinds
+        out.append(finding(
+            "nccl.cuda", "fail",
+            f"a CUDA call inside NCCL failed ('{', '.join(kinds)}') on "
+            f"{_places(a, [w for w, _ in cuda]) or 'a rank'}",
+            [_located(a, w) for w, _ in cuda[:5]]
+            + [w for w in a["warnings"] if "Failed to CUDA" in w][:2],
+            "NCCL allocates its buffers on the GPU after the model: leave it headroom (smaller "
+            "micro-batch, PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, fewer NCCL channels)"
+            if oom else "check the GPU on that host (`nvidia-smi -q`, Xid lines in `dmesg`) and "
+                        "run `invoke preflight` there"))
+    gone = [w for w in a["warnings"] if _PEER_GONE.search(w)]
+    if gone:
+        out.append(finding(
+            "nccl.peer_lost", "fail",
+            f"a peer closed its connection (seen on {_places(a, gone) or 'a rank'}): another rank "
+            "died or its network failed first", [_located(a, w) for w in gone[:5]],
+            "find the rank that exited first (its own error, or torchrun's root cause) and "
+            "fix that; the ranks that report the lost connection are victims"))
     return out
 
 

@@ -1,0 +1,458 @@
+"""What a failed or hung distributed job's console log says happened, most likely cause first.
+
+Pure functions of normalised log lines (`joblog`): `events` finds what PyTorch, torchrun, CUDA,
+the kernel and NCCL printed; `findings` turns that into the one finding shape of `invoke check`
+(id, status, summary naming rank/host/op as a person would, evidence, fix). The NCCL_DEBUG lines
+are read by the analysis scripts/verify_nccl.py already has (see `nccl_log` for why it is shared
+by loading that file), so a job log and `verify_nccl.py --analyze-log` agree.
+
+The order is a judgement: a rank's own fault (a GPU Xid, an ECC or illegal-address error, NCCL
+unable to allocate or complete an IB transfer) comes before what other ranks saw as a
+consequence (a peer gone, a collective timing out), because the ranks that time out are almost
+always waiting for the one that failed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from . import nccl_log
+from .findings import Finding
+from .joblog import Line
+
+NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
+            "TORCH_NCCL_DESYNC_DEBUG=1")
+
+_WATCHDOG = re.compile(
+    r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), "
+    r"OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?, Timeout\(ms\)=(\d+)\) ran for (\d+) "
+    r"milliseconds")
+_WORK = re.compile(r"detected by watchdog at work(?: sequence id)?: (\d+),? (?:PG status: )?last "
+                   r"enqueued (?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)")
+_DUMP_FROM = re.compile(r"dump signal due to a collective timeout from\s+rank (\d+)")
+_RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
+_DESYNC_HEAD = "lagging/dead/mismatched ranks that caused the desync are"
+_DESYNC_ENTRY = re.compile(r"^\s*-?\s*\[(?:Rank )?(\d+(?:, \d+)*)\] (.+)$")
+_DESYNC_AT = re.compile(r"Timeout at collective: (\w+), #(\d+)")
+_NCCL_ERROR = re.compile(
+    r"NCCL error(?: in: \S+?,| \S+)? '?(unhandled system error|remote process exited or there "
+    r"was a network error|unhandled cuda error|internal error|invalid usage|invalid argument)"
+    r"(?:[^,]*, NCCL version ([\w.+]+))?")
+_CUDA_ERROR = re.compile(r"CUDA error: ([^.\n]+?)(?:\.|$)|cuda runtime error \(\d+\) : ([^.\n]+?)"
+                         r"(?: at |$)")
+_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]iB)(?: \(GPU (\d+); "
+                  r"([\d.]+ [KMGT]iB) total capacity|\. GPU (\d+) has a total capac\w* of "
+                  r"([\d.]+ [KMGT]iB))?")
+_XID = re.compile(r"NVRM: Xid \((PCI:[\w:.]+)\): (\d+)(?:, pid=(\d+))?(?:, name=([^,\s]+))?"
+                  r"(?:.*caused by previous Xid (\d+))?")
+_SYSLOG_HOST = re.compile(r"^\w{3}\s+\d+ [\d:]+ (\S+) kernel:")
+_FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: (.*)$")
+_ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
+_ELASTIC = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+_NCCL_LINE = re.compile(r"[\w.<>-]+:\d+:\d+ \[\d+\]|\bNCCL (?:INFO|WARN)\b|^\S+ \[\d+\] \S+ WARN")
+
+SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+           9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+# NVIDIA's Xid catalogue, the codes a training job meets most
+XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
+        45: "preemptive cleanup after an earlier error", 48: "double-bit ECC error",
+        61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
+        63: "ECC page retirement or row remapping", 64: "ECC page retirement or row remap failure",
+        74: "NVLink error", 79: "GPU has fallen off the bus", 92: "high single-bit ECC rate",
+        94: "contained ECC error", 95: "uncontained ECC error", 119: "GSP RPC timeout",
+        120: "GSP error"}
+
+
+@dataclass
+class Events:
+    timeouts: list[dict] = field(default_factory=list)
+    work: dict[int, str] = field(default_factory=dict)  # rank -> watchdog's work status
+    first_timeout: set[int] = field(default_factory=set)  # "dump signal ... from rank N"
+    desync: list[str] = field(default_factory=list)
+    desync_lagging: list[tuple[list[int], str]] = field(default_factory=list)
+    nccl_errors: list[dict] = field(default_factory=list)
+    cuda_errors: list[dict] = field(default_factory=list)
+    ooms: list[dict] = field(default_factory=list)
+    xids: list[dict] = field(default_factory=list)
+    failures: list[dict] = field(default_factory=list)  # torchrun's failure table
+    ranks_seen: set[int] = field(default_factory=set)
+    nccl_text: list[str] = field(default_factory=list)
+    sources: set[str] = field(default_factory=set)
+    lines: int = 0
+
+
+def _rank(line: Line) -> int | None:
+    m = _RANK_IN_TEXT.search(line.text)
+    return int(m.group(1)) if m else line.rank
+
+
+def events(lines: list[Line]) -> Events:
+    """Everything recognised in the lines, in order of appearance."""
+    ev = Events(lines=len(lines))
+    in_desync = False
+    entry: dict | None = None
+    root = False
+    for i, line in enumerate(lines):
+        t = line.text
+        ev.sources.add(line.source)
+        if line.rank is not None:
+            ev.ranks_seen.add(line.rank)
+        if _NCCL_LINE.search(t):
+            ev.nccl_text.append(t)
+        if m := _WATCHDOG.search(t):
+            ev.timeouts.append({
+                "rank": int(m.group(1)), "seq": int(m.group(2)), "op": m.group(3),
+                "numel_in": int(m.group(4)) if m.group(4) else None,
+                "numel_out": int(m.group(5)) if m.group(5) else None,
+                "timeout_ms": int(m.group(6)), "ran_ms": int(m.group(7)), "host": line.host})
+        if (m := _WORK.search(t)) and (r := _rank(line)) is not None:
+            ev.work[r] = (f"failed at work {m.group(1)}, last enqueued {m.group(2)}, last "
+                          f"completed {m.group(3)}")
+        if m := _DUMP_FROM.search(t):
+            ev.first_timeout.add(int(m.group(1)))
+        if _DESYNC_HEAD in t:
+            in_desync = True
+            prev = lines[i - 1].text if i else ""
+            if m := _DESYNC_AT.search(prev):
+                ev.desync.append(f"timeout at collective {m.group(1)} #{m.group(2)}")
+            continue
+        if in_desync:
+            if m := _DESYNC_ENTRY.match(t):
+                ev.desync_lagging.append(([int(x) for x in m.group(1).split(", ")], m.group(2)))
+                continue
+            in_desync = False
+        if "Snapshot of ranks' latest states" in t:
+            ev.desync += [x.text.strip() for x in lines[i + 1:i + 9]
+                          if x.text.startswith(" ") and x.rank is None]
+        if m := _NCCL_ERROR.search(t):
+            detail = next((x.text.strip() for x in lines[i + 1:i + 6]
+                           if x.text.strip() and not x.text.startswith(("Last error", "ncclRe",
+                                                                         "ncclSy", "ncclUn",
+                                                                         "ncclIn"))), "")
+            last = any(x.text.startswith("Last error") for x in lines[i + 1:i + 4])
+            ev.nccl_errors.append({"kind": m.group(1), "version": m.group(2),
+                                   "rank": _rank(line), "host": line.host,
+                                   "last_error": detail if last else "", "line": t.strip()})
+        if m := _OOM.search(t):
+            ev.ooms.append({"rank": _rank(line), "host": line.host, "size": m.group(1),
+                            "gpu": m.group(2) or m.group(4), "total": m.group(3) or m.group(5),
+                            "line": t.strip()})
+        elif (m := _CUDA_ERROR.search(t)) and "Compile with" not in t:
+            ev.cuda_errors.append({"what": (m.group(1) or m.group(2)).strip(),
+                                   "rank": _rank(line), "host": line.host, "line": t.strip()})
+        if m := _XID.search(t):
+            host = (h.group(1) if (h := _SYSLOG_HOST.match(t)) else None) or line.host
+            ev.xids.append({"pci": m.group(1), "xid": int(m.group(2)), "pid": m.group(3),
+                            "name": m.group(4),
+                            "cause": int(m.group(5)) if m.group(5) else None, "host": host})
+        if "Root Cause (first observed failure)" in t:
+            root = True
+        elif t.strip() == "Failures:":
+            root = False
+        if m := _ENTRY.match(t):
+            entry = {"root": root}
+            continue
+        if entry is not None and (m := _FIELD.match(t)):
+            entry[m.group(1)] = m.group(2).strip()
+            if m.group(1) == "traceback":
+                ev.failures.append(_failure(entry))
+                entry = None
+        if m := _ELASTIC.search(t):
+            ev.failures.append({"root": False, "rank": None, "local_rank": int(m.group(2)),
+                                "host": line.host, "exitcode": int(m.group(1)),
+                                "pid": m.group(3), "source": "elastic"})
+    ev.failures = [f for f in ev.failures if f.get("rank") is not None
+                   or f.get("local_rank") is not None]
+    return ev
+
+
+def _failure(e: dict) -> dict:
+    rank = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", e.get("rank", ""))
+    code = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", e.get("exitcode", ""))
+    return {"root": e["root"], "rank": int(rank.group(1)) if rank else None,
+            "local_rank": int(rank.group(2)) if rank and rank.group(2) else None,
+            "host": e.get("host"), "exitcode": int(code.group(1)) if code else None,
+            "pid": code.group(2) if code else None, "time": e.get("time"),
+            "traceback": e.get("traceback", "")}
+
+
+# --------------------------------------------------------------------------- findings
+
+
+def ranks(rs) -> str:
+    """'rank 5', 'ranks 0, 1 and 2', 'ranks 0-7' as a person would say it."""
+    rs = sorted(set(rs))
+    if not rs:
+        return "no rank"
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    if len(rs) > 3 and rs == list(range(rs[0], rs[-1] + 1)):
+        return f"ranks {rs[0]}-{rs[-1]}"
+    return "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+def _where(rank: int | None, host: str | None) -> str:
+    parts = ([f"rank {rank}"] if rank is not None else []) + ([f"host {host}"] if host else [])
+    return " on ".join(parts) or "a rank"
+
+
+def _seconds(ms: int) -> str:
+    s = ms / 1000
+    return f"{s / 3600:.1f} h" if s >= 7200 else f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
+
+
+def _timeouts(ev: Events) -> list[Finding]:
+    if not ev.timeouts:
+        return []
+    seen: dict[tuple, dict] = {}
+    for t in ev.timeouts:  # the watchdog line and the exception text repeat the same timeout
+        seen.setdefault((t["rank"], t["seq"], t["op"]), t)
+    ts = list(seen.values())
+    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for t in ts:
+        groups[(t["op"], t["seq"])].append(t)
+    by_rank: dict[int, set[int]] = defaultdict(set)
+    for t in ts:
+        by_rank[t["rank"]].add(t["seq"])
+    t0 = ts[0]
+    size = (f", {t0['numel_in']} elements in / {t0['numel_out']} out"
+            if t0["numel_in"] is not None else "")
+    ran = max(t["ran_ms"] for t in ts)
+    ops = " and ".join(sorted({t["op"] for t in ts}))
+    seqs = sorted({t["seq"] for t in ts})
+    summary = (f"{ranks(by_rank)} timed out in {ops} (SeqNum {_span(seqs)}"
+               f"{size if len(groups) == 1 else ''}) after {_seconds(t0['timeout_ms'])} "
+               f"(Timeout(ms)={t0['timeout_ms']})")
+    if ran > 1.5 * t0["timeout_ms"]:
+        summary += f"; the watchdog only noticed after {_seconds(ran)}"
+    if ev.first_timeout:
+        summary += f"; {ranks(ev.first_timeout)} timed out first"
+    evidence = [f"rank {t['rank']}{' on ' + t['host'] if t['host'] else ''}: {t['op']} "
+                f"SeqNum {t['seq']}, ran for {t['ran_ms']} ms" for t in ts[:8]]
+    evidence += [f"rank {r}: {w}" for r, w in sorted(ev.work.items())[:8]]
+    out = []
+    odd = _odd_ones(by_rank)
+    silent = sorted(ev.ranks_seen - set(by_rank))
+    suspects = odd or silent
+    if odd:
+        behind = {r: sorted(by_rank[r]) for r in odd}
+        rest = sorted(set(by_rank) - set(odd))
+        others = sorted({s for r in rest for s in by_rank[r]})
+        hosts = sorted({t["host"] for t in ts if t["rank"] in odd and t["host"]})
+        out.append(Finding(
+            "job.odd_rank", "fail",
+            f"{ranks(odd)}{' on ' + ', '.join(hosts) if hosts else ''} is the odd one out: "
+            f"stuck at SeqNum {', '.join(str(s) for r in odd for s in behind[r])} while "
+            f"{ranks(rest)} reached SeqNum {_span(others)}",
+            [f"rank {r}: SeqNum {', '.join(map(str, sorted(seqs)))}"
+             for r, seqs in sorted(by_rank.items())],
+            f"look at {ranks(odd)} first: its log, `py-spy dump` of its process while hung, and "
+            f"`invoke preflight` on its host; next run: {NEXT_RUN}"))
+    fix = ("the ranks that time out are waiting for one that never joined"
+           + (f" ({ranks(suspects)} printed no timeout)" if silent and not odd else "")
+           + f": find it (its own error earlier in its log, or a hang). Next run: {NEXT_RUN} "
+             "(the flight-recorder dump names the missing rank), and `invoke preflight` on the "
+             "nodes")
+    out.insert(0, Finding("job.timeout", "fail", summary, evidence, fix))
+    return out
+
+
+def _odd_ones(by_rank: dict[int, set[int]]) -> list[int]:
+    """The ranks whose newest SeqNum differs from where the majority of ranks are."""
+    if len(by_rank) < 2:
+        return []
+    newest = {r: max(s) for r, s in by_rank.items()}
+    counts: dict[int, int] = defaultdict(int)
+    for s in newest.values():
+        counts[s] += 1
+    if len(counts) == 1:
+        return []
+    majority = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+    odd = [r for r, s in newest.items() if s != majority]
+    return sorted(odd) if len(odd) < len(newest) else []
+
+
+def _span(seqs: list[int]) -> str:
+    return str(seqs[0]) if len(seqs) == 1 else f"{seqs[0]}-{seqs[-1]}"
+
+
+def _desync(ev: Events) -> list[Finding]:
+    if not ev.desync_lagging:
+        return []
+    lag = sorted({r for rs, _ in ev.desync_lagging for r in rs})
+    first = ev.desync_lagging[0]
+    return [Finding(
+        "job.desync", "fail",
+        f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first[0]))}] "
+        f"{first[1]}",
+        [f"[{', '.join(map(str, rs))}] {what}" for rs, what in ev.desync_lagging[:6]] + ev.desync,
+        f"{ranks(lag)} fell behind or took another code path: read its log and stack "
+        f"(`py-spy dump --pid` while hung); a rank that skipped or reordered a collective is a "
+        f"bug in the training script, a dead one a host problem (`invoke preflight` on its node)")]
+
+
+_NCCL_FIX = {
+    "unhandled system error":
+        "a system call inside NCCL failed: with InfiniBand this is usually the locked-memory "
+        "limit (set `ulimit -l unlimited` for the job: limits.conf, --ulimit memlock=-1, Slurm "
+        "PropagateResourceLimits), else /dev/shm too small; rerun with NCCL_DEBUG=INFO to see "
+        "the failing call and run `invoke preflight` on the host",
+    "remote process exited or there was a network error":
+        "another rank exited or the network between nodes failed: find the rank that failed "
+        "first (torchrun's root cause, the earliest error) and fix that; if none did, check the "
+        "links (`invoke preflight` on every node, `ibstatus`) and rerun with NCCL_DEBUG=INFO",
+    "unhandled cuda error":
+        "a CUDA call inside NCCL failed: out of GPU memory or a GPU fault; rerun with "
+        "NCCL_DEBUG=INFO and look for Xid lines in `dmesg` on the host",
+}
+
+
+def _nccl_errors(ev: Events) -> list[Finding]:
+    out = []
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for e in ev.nccl_errors:
+        by_kind[e["kind"]].append(e)
+    for kind, es in by_kind.items():
+        where = sorted({_where(e["rank"], e["host"]) for e in es if e["rank"] is not None
+                        or e["host"]})
+        version = next((e["version"] for e in es if e["version"]), None)
+        last = next((e["last_error"] for e in es if e["last_error"]), "")
+        out.append(Finding(
+            "job.nccl_error", "fail",
+            f"NCCL error '{kind}'" + (f" on {', '.join(where[:4])}" if where else "")
+            + (f" (NCCL {version})" if version else "") + (f": {last}" if last else ""),
+            [e["line"] for e in es[:4]] + ([f"last error: {last}"] if last else []),
+            _NCCL_FIX.get(kind, f"rerun with NCCL_DEBUG=INFO to see where it fails; {NEXT_RUN}")))
+    return out
+
+
+def _cuda(ev: Events) -> list[Finding]:
+    out = []
+    by_what: dict[str, list[dict]] = defaultdict(list)
+    for e in ev.cuda_errors:
+        by_what[e["what"]].append(e)
+    for what, es in by_what.items():
+        rs = sorted({e["rank"] for e in es if e["rank"] is not None})
+        hosts = sorted({e["host"] for e in es if e["host"]})
+        who = (ranks(rs) if rs else "a rank") + (f" on {', '.join(hosts)}" if hosts else "")
+        if "ECC" in what:
+            fix = ("a GPU memory fault, not a software bug: drain the node, check "
+                   "`nvidia-smi -q -d ECC,ROW_REMAPPER` and Xid lines in `dmesg`, reset or replace "
+                   "the GPU; `invoke preflight` on the host before it rejoins")
+        elif "illegal memory access" in what or "illegal address" in what:
+            fix = ("a kernel wrote out of bounds: rerun with CUDA_LAUNCH_BLOCKING=1 to name the "
+                   "kernel; kernels built for another torch/CUDA (flash-attn, apex) are a common "
+                   "cause: `invoke build-check`; if it moves between nodes, check Xid lines")
+        else:
+            fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
+        out.append(Finding("job.cuda_error", "fail", f"{who} hit CUDA error: {what}",
+                           [e["line"] for e in es[:4]], fix))
+    if ev.ooms:
+        o = ev.ooms[0]
+        rs = sorted({e["rank"] for e in ev.ooms if e["rank"] is not None})
+        hosts = sorted({e["host"] for e in ev.ooms if e["host"]})
+        out.append(Finding(
+            "job.cuda_oom", "fail",
+            f"{ranks(rs) if rs else 'a rank'}{' on ' + ', '.join(hosts) if hosts else ''} ran "
+            f"out of GPU memory: tried to allocate {o['size']}"
+            + (f" on GPU {o['gpu']} ({o['total']} total)" if o["gpu"] else ""),
+            [e["line"][:300] for e in ev.ooms[:4]],
+            "smaller micro-batch, activation recomputation, more tensor/pipeline parallelism, or "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation"))
+    return out
+
+
+def _xids(ev: Events) -> list[Finding]:
+    if not ev.xids:
+        return []
+    codes = sorted({x["xid"] for x in ev.xids} | {x["cause"] for x in ev.xids if x["cause"]})
+    gpus = sorted({x["pci"] for x in ev.xids})
+    hosts = sorted({x["host"] for x in ev.xids if x["host"]})
+    causes = sorted({x["cause"] for x in ev.xids if x["cause"]})
+    named = ", ".join(f"Xid {c}" + (f" ({XIDS[c]})" if c in XIDS else "") for c in codes)
+    return [Finding(
+        "job.gpu_xid", "fail",
+        f"the GPU driver reported {named} on {len(gpus)} GPU(s) ({', '.join(gpus[:4])})"
+        + (f" of {', '.join(hosts)}" if hosts else "")
+        + (f"; the first error was Xid {', '.join(map(str, causes))}" if causes else ""),
+        [f"{x['pci']}: Xid {x['xid']}" + (f" pid {x['pid']} ({x['name']})" if x["pid"] else "")
+         + (f", caused by Xid {x['cause']}" if x["cause"] else "") for x in ev.xids[:6]],
+        "a GPU, NVLink or driver fault on that node: drain it, look up the Xid in NVIDIA's Xid "
+        "catalogue, collect `nvidia-bug-report.sh`, reset the GPUs or reboot, and run "
+        "`invoke preflight` there before it rejoins")]
+
+
+def _root_cause(ev: Events) -> list[Finding]:
+    if not ev.failures:
+        return []
+    root = next((f for f in ev.failures if f["root"]), ev.failures[0])
+    code = root["exitcode"]
+    how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
+           if code is not None and code < 0 else f"exit code {code}")
+    who = (f"rank {root['rank']}" if root["rank"] is not None else
+           f"local rank {root['local_rank']}")
+    if root["rank"] is not None and root["local_rank"] is not None:
+        who += f" (local rank {root['local_rank']})"
+    if root["host"]:
+        who += f" on host {root['host']}"
+    fixes = {-6: "SIGABRT is usually PyTorch's NCCL watchdog ending the process after a timeout "
+                 "or an NCCL error: see those findings",
+             -9: "SIGKILL: the kernel's OOM killer or the scheduler; check `dmesg` and the job's "
+                 "host memory (`sacct -j JOB -o MaxRSS`), and the scheduler's time limit",
+             -11: "SIGSEGV in native code: kernels built against another torch (`invoke "
+                  "build-check`), or a driver fault (Xid lines in `dmesg`)",
+             -7: "SIGBUS: /dev/shm too small (containers: --shm-size or --ipc=host)"}
+    fix = fixes.get(code if code is not None else 0,
+                    f"{who}'s own traceback, earlier in its log, names the error; rerun with "
+                    "`@record` on the entry point (torch.distributed.elastic.multiprocessing."
+                    "errors) so torchrun prints it here")
+    others = [f for f in ev.failures if f is not root]
+    return [Finding(
+        "job.root_cause", "fail",
+        f"torchrun's first observed failure: {who}, {how}",
+        [f"{'root cause' if f['root'] else 'also failed'}: "
+         + (f"rank {f['rank']}" if f["rank"] is not None else f"local rank {f['local_rank']}")
+         + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
+         for f in [root, *others][:8]], fix)]
+
+
+def _nccl_debug(ev: Events) -> list[Finding]:
+    """The NCCL_DEBUG lines, through verify_nccl.py's analysis (skips dropped: a job log that
+    has no channel lines says nothing about the transport)."""
+    if not ev.nccl_text:
+        return []
+    return [f for f in nccl_log.findings(nccl_log.analyze("\n".join(ev.nccl_text)))
+            if f.status != "skip"]
+
+
+ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
+         "nccl.system_error", "nccl.shm", "nccl.ibverbs", "job.desync", "job.odd_rank",
+         "job.root_cause", "job.nccl_error", "nccl.peer_lost", "job.timeout", "nccl.net",
+         "nccl.transport"]
+
+
+def findings(ev: Events) -> list[Finding]:
+    """Most likely cause first (see the module's docstring); one finding when nothing matched."""
+    fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
+          + _root_cause(ev) + _nccl_errors(ev))
+
+    def key(f: Finding) -> tuple[int, int]:
+        rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
+        if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
+            rank = ORDER.index("job.timeout") + 1
+        return (f.status != "fail", rank)
+
+    fs.sort(key=key)
+    if not any(f.status == "fail" for f in fs):
+        fs.append(Finding(
+            "job.unknown", "skip",
+            f"no known failure signature in {ev.lines} lines of {len(ev.sources)} log(s)",
+            [], f"pass the logs of every rank (srun --label, torchrun --tee 3) from a run with "
+                f"{NEXT_RUN}"))
+    return fs
+
+
+def triage(lines: list[Line]) -> list[Finding]:
+    return findings(events(lines))

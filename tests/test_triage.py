@@ -1,0 +1,210 @@
+"""`invoke triage` on real console logs of failed and hung jobs (tests/fixtures/job-logs/README.md)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from megatron_env import joblog, nccl_log, triage
+from megatron_env.errors import UserError
+
+from .conftest import FIXTURES
+
+ROOT = FIXTURES.parent.parent
+LOGS = FIXTURES / "job-logs"
+NCCL_LOGS = FIXTURES / "nccl-logs"
+
+
+def run(*names, where=LOGS):
+    fs = triage.triage(joblog.read([where / n for n in names]))
+    return fs, {f.id: f for f in fs}
+
+
+def test_watchdog_timeout_names_ranks_op_seqnum_sizes_and_timeout():
+    fs, f = run("watchdog-allreduce-basicsr737.log")
+    t = f["job.timeout"]
+    assert t.summary.startswith("ranks 0, 1 and 2 timed out in ALLREDUCE (SeqNum 808, 9801523 elements")
+    assert "Timeout(ms)=600000" in t.summary and "TORCH_NCCL_DUMP_ON_TIMEOUT=1" in t.fix
+    assert "rank 1: failed at work 808, last enqueued 811, last completed 807" in t.evidence
+    assert fs[0].id == "job.timeout" and "job.odd_rank" not in f
+
+
+def test_reduce_scatter_sizes_in_and_out():
+    _, f = run("watchdog-reduce-scatter-llamafactory6269.log")
+    s = f["job.timeout"].summary
+    assert "ranks 0, 3 and 4" in s and "_REDUCE_SCATTER_BASE" in s
+    assert "544997376 elements in / 68124672 out" in s
+
+
+def test_odd_rank_out_comes_first():
+    fs, f = run("watchdog-odd-rank-pytorch118369.log")
+    assert fs[0].id == "job.odd_rank"
+    assert f["job.odd_rank"].summary.startswith("rank 7 is the odd one out: stuck at SeqNum 64088")
+    assert "96117-96125" in f["job.odd_rank"].summary
+    # ran for 25624887 ms against a 30 min timeout: the watchdog itself was late
+    assert "noticed after 7.1 h" in f["job.timeout"].summary
+
+
+def test_wrapped_paste_is_joined_before_parsing():
+    lines = joblog.read([LOGS / "watchdog-wrapped-broadcast-openr1-620.log"])
+    assert len(lines) == 5 and all("OpType=BROADCAST" in x.text for x in lines)
+    _, f = run("watchdog-wrapped-broadcast-openr1-620.log")
+    assert f["job.timeout"].summary.startswith("ranks 1, 2, 3, 5 and 6 timed out in BROADCAST (SeqNum 4")
+
+
+def test_desync_report_names_the_lagging_rank():
+    fs, f = run("desync-report-pytorch152623.log")
+    assert fs[0].id == "job.desync"
+    d = f["job.desync"]
+    assert "rank 7" in d.summary and "didn't join collective #183" in d.summary
+    assert "timeout at collective ALLREDUCE #315" in d.evidence
+    assert "[3, 4, 5, 6] started _ALLGATHER_BASE" in d.evidence
+
+
+@pytest.mark.parametrize("name, hosts, what", [
+    ("ib-completion-error-nccl928.log", "H100-2 [1], H100-1 [1], H100-5 [3]",
+     "status 4 (local protection error), vendor err 81"),
+    ("ib-completion-error-nccl1405.log", "kp-ddp-worker-0 [4]",
+     "status 12 (transport retry counter exceeded), vendor err 129"),
+])
+def test_ib_completion_errors_name_host_device_and_vendor_error(name, hosts, what):
+    fs, f = run(name)
+    assert fs[0].id == "nccl.ib_completion"
+    assert f["nccl.ib_completion"].summary == f"InfiniBand completion error on {hosts}: {what}"
+    assert "invoke preflight" in f["nccl.ib_completion"].fix
+
+
+def test_remote_error_with_its_last_error():
+    _, f = run("remote-error-nccl2076.log")
+    e = f["job.nccl_error"]
+    assert "remote process exited or there was a network error" in e.summary
+    assert "(NCCL 2.21.5)" in e.summary and "Connection reset by peer" in e.summary
+    assert "root cause" in e.fix
+
+
+def test_nccl_cuda_oom_names_host_and_device_before_the_lost_peer():
+    fs, f = run("nccl-cuda-oom-nccl1235.log")
+    assert [x.id for x in fs] == ["nccl.cuda", "nccl.peer_lost"]
+    assert f["nccl.cuda"].summary == "a CUDA call inside NCCL failed ('out of memory') on ng30903 [3]"
+    assert "Failed to CUDA calloc 6291456 bytes" in f["nccl.cuda"].evidence
+
+
+def test_unhandled_system_error_points_at_memlock():
+    fs, f = run("unhandled-system-error-horovod98.log")
+    assert [x.id for x in fs] == ["nccl.system_error", "job.nccl_error"]
+    assert "ulimit -l unlimited" in f["nccl.system_error"].fix
+    assert "ibv_create_qp failed" in f["nccl.system_error"].evidence[0]
+    assert "memlock" in f["job.nccl_error"].fix
+
+
+def test_pdsh_host_tags_are_stripped_so_nccl_lines_parse():
+    lines = joblog.read([LOGS / "register-memory-pdsh-prefix-nccl563.log"])
+    assert lines[0].host == "10.0.87.143" and lines[0].text.startswith("ip-10-0-87-143:149:298 [5]")
+    _, f = run("register-memory-pdsh-prefix-nccl563.log")
+    assert "ip-10-0-87-143 [5]" in f["nccl.system_error"].summary
+
+
+@pytest.mark.parametrize("name, summary, fix", [
+    ("cuda-illegal-address-megatron-miles308.log",
+     "a rank hit CUDA error: an illegal memory access was encountered", "CUDA_LAUNCH_BLOCKING=1"),
+    ("cuda-ecc-watchdog-kohya1434.log", "rank 1 hit CUDA error: uncorrectable ECC error encountered",
+     "drain the node"),
+])
+def test_cuda_errors(name, summary, fix):
+    fs, f = run(name)
+    assert [x.id for x in fs] == ["job.cuda_error"]
+    assert f["job.cuda_error"].summary == summary and fix in f["job.cuda_error"].fix
+
+
+def test_cuda_oom_with_host_and_rank_tags():
+    _, f = run("cuda-oom-host-rank-prefix-accelerate1519.log")
+    assert f["job.cuda_oom"].summary == ("rank 1 on gpu187 ran out of GPU memory: tried to allocate "
+                                         "3.00 GiB on GPU 1 (79.35 GiB total)")
+
+
+def test_xid_lines_name_the_gpus_and_the_first_error():
+    _, f = run("xid-kernel-log-ogkm1150.log")
+    s = f["job.gpu_xid"].summary
+    assert "Xid 45 (preemptive cleanup after an earlier error)" in s
+    assert "on 4 GPU(s)" in s and "PCI:0000:dc:00" in s and "the first error was Xid 145, 149" in s
+
+
+def test_torchrun_root_cause_exit_code_and_host():
+    _, f = run("torchrun-root-cause-minigpt4-237.log")
+    r = f["job.root_cause"]
+    assert r.summary == ("torchrun's first observed failure: rank 0 (local rank 0) on host "
+                         "n136-117-136.byted.org, exit code 1")
+    assert "also failed: rank 1 on n136-117-136.byted.org, exit code 1" in r.evidence
+
+
+def test_sigabrt_root_cause_ranks_after_the_timeout_that_caused_it():
+    fs, f = run("watchdog-odd-rank-pytorch118369.log", "torchrun-root-cause-sigabrt-picotron6.log")
+    assert "killed by signal SIGABRT (exit code -6)" in f["job.root_cause"].summary
+    ids = [x.id for x in fs]
+    assert ids.index("job.timeout") < ids.index("job.root_cause")
+    assert "watchdog" in f["job.root_cause"].fix
+
+
+def test_nccl_debug_lines_use_the_verify_nccl_analysis():
+    # the socket fallback between nodes that verify_nccl.py --analyze-log reports
+    text = (NCCL_LOGS / "h200-1rank-nccl2.28.log").read_text() + (NCCL_LOGS / "socket-between-nodes-nccl952.log").read_text()
+    fs = triage.triage(joblog.normalise(text, "job.log"))
+    f = {x.id: x for x in fs}
+    assert f["nccl.net"].status == "fail" and "TCP sockets" in f["nccl.net"].summary
+    script = nccl_log.script()
+    assert f["nccl.net"].to_dict() == next(x for x in script.log_findings(script.analyze_log(text))
+                                           if x["id"] == "nccl.net")
+
+
+def test_nccl_debug_with_rank_tags_still_parses():
+    raw = (NCCL_LOGS / "roce-h100-nccl2.19.log").read_text().splitlines()
+    tagged = "\n".join(f"[rank{i % 8}]:{x}" for i, x in enumerate(raw))
+    f = {x.id: x for x in triage.triage(joblog.normalise(tagged))}
+    assert f["nccl.net"].status == "pass" and "IB" in f["nccl.net"].summary
+
+
+def test_nothing_recognised_is_a_skip_not_a_pass():
+    fs = triage.triage(joblog.normalise("step 10 loss 2.3\nstep 20 loss 2.1\n"))
+    assert [(x.id, x.status) for x in fs] == [("job.unknown", "skip")]
+
+
+def test_ranks_read_as_a_person_would():
+    assert triage.ranks([5]) == "rank 5"
+    assert triage.ranks([0, 1, 2, 3, 4, 5, 6, 7]) == "ranks 0-7"
+    assert triage.ranks([2, 0, 1]) == "ranks 0, 1 and 2"
+
+
+def test_rank_from_file_name_and_srun_labels(tmp_path):
+    (tmp_path / "train-rank3.log").write_text((LOGS / "cuda-illegal-address-megatron-miles308.log").read_text())
+    _, f = run("train-rank3.log", where=tmp_path)
+    assert f["job.cuda_error"].summary.startswith("rank 3 hit CUDA error")
+    labelled = "\n".join(f"5: {x}" for x in (LOGS / "cuda-illegal-address-megatron-miles308.log").read_text().splitlines())
+    f = {x.id: x for x in triage.triage(joblog.normalise(labelled))}
+    assert f["job.cuda_error"].summary.startswith("rank 5 hit")
+
+
+def test_bad_input_is_one_clear_error(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        joblog.read([tmp_path / "missing.log"])
+    (tmp_path / "core").write_bytes(b"\x7fELF\x00\x00\x01" * 100)
+    with pytest.raises(UserError, match="not a text log"):
+        joblog.read([tmp_path / "core"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="holds no log files"):
+        joblog.read([tmp_path / "empty"])
+
+
+def test_cli_json_directory_and_exit_codes(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(LOGS / "torchrun-root-cause-*.log"), "--json"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["findings"][0]["id"] == "job.root_cause" and len(doc["logs"]) == 2
+    (tmp_path / "ok.log").write_text("step 1 loss 2.0\n")
+    r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "job.unknown" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(tmp_path / "nope.log")], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "no such file or directory" in r.stderr and "Traceback" not in r.stderr
