@@ -114,3 +114,12 @@ def build_check(c, profile=None, python=None):
 def triage(c, logs, json=False):
     """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
     _done(commands.triage([x for x in logs.split(",") if x], json))
+
+
+@task(name="report", help={"profile": "profile name (default: the default profile)",
+                           "prefix": "the environment to report on "
+                                     "(default .megatron-env/<profile>)",
+                           "json": "print the facts as JSON instead of the block"})
+def bug_report(c, profile=None, prefix=None, json=False):
+    """One block to paste into a bug report: host, GPUs, environment, builds, check, variables."""
+    _done(commands.bug_report(profile, prefix, json))

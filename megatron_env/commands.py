@@ -245,3 +245,17 @@ def triage(logs: list[str], as_json: bool = False) -> int:
         report.print_findings(findings, f"Triage of {len(lines)} lines from {len(sources)} "
                                         f"log(s), most likely cause first")
     return exit_code(findings)
+
+
+@guarded
+def bug_report(profile_name: str | None = None, prefix: str | None = None,
+               as_json: bool = False) -> int:
+    """One block to paste into a bug report (secrets redacted); works before anything is built."""
+    from . import bug_report as bug_report_mod
+    from . import env as env_mod
+
+    prof = profile.load(profile_name)
+    report.console(stderr=True).print(f"Gathering a report for profile {prof.name} ...")
+    bug_report_mod.write(bug_report_mod.main(
+        prof, Path(prefix).absolute() if prefix else env_mod.default_prefix(prof), as_json))
+    return 0

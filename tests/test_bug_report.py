@@ -1,0 +1,101 @@
+"""`invoke report`: the paste-able block, with planted secrets that must never come out."""
+
+import json
+import os
+import subprocess
+import sys
+import venv
+
+from megatron_env import bug_report, build, profile
+
+from .conftest import FIXTURES
+
+ROOT = FIXTURES.parent.parent
+# planted secrets: none of these strings may appear in any output
+PASSWORD = "hunter2-planted-pw"
+GIT_TOKEN = "ghp_plantedGitToken0123456789"
+HUB_TOKEN = "hf_plantedHubToken987"
+AWS = "planted/aws+secret/KEY"
+PLANTED = {
+    "MEGATRON_ENV_MIRROR_PYPI": f"https://alice:{PASSWORD}@mirror.example.org/simple",
+    "MEGATRON_ENV_MIRROR_GITHUB": f"https://{GIT_TOKEN}@github.com/",
+    "TORCH_HUB_TOKEN": HUB_TOKEN,
+    "NCCL_IB_PRIVATE_KEY": "planted-private-key-value",
+    "CUDA_CACHE_PATH": f"/scratch/{AWS}/cache",  # a secret that leaked into another value
+    "AWS_SECRET_ACCESS_KEY": AWS,
+    "NCCL_DEBUG": "INFO",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "HOME_URL": "https://example.org/?token=plantedQueryToken",
+}
+
+
+def test_variables_redact_by_name_and_mask_urls():
+    v = bug_report.variables(PLANTED)
+    assert v["MEGATRON_ENV_MIRROR_PYPI"] == "https://***@mirror.example.org/simple"
+    assert v["MEGATRON_ENV_MIRROR_GITHUB"] == "https://***@github.com/"
+    assert v["TORCH_HUB_TOKEN"] == v["NCCL_IB_PRIVATE_KEY"] == "<redacted>"
+    assert v["NCCL_DEBUG"] == "INFO" and v["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert "AWS_SECRET_ACCESS_KEY" not in v and "HOME_URL" not in v  # not asked for
+    assert not bug_report.is_secret_name("CUDA_VISIBLE_DEVICES")
+    assert not bug_report.is_secret_name("NCCL_IB_HCA")
+    assert bug_report.is_secret_name("WANDB_API_KEY") and bug_report.is_secret_name("HF_TOKEN")
+
+
+def test_scrub_is_the_last_pass_over_any_text():
+    text = f"x {AWS} y https://u:p@h/ z ?token=plantedQueryToken&a=1 {HUB_TOKEN}"
+    out = bug_report.scrub(text, PLANTED)
+    assert AWS not in out and HUB_TOKEN not in out and "u:p@" not in out
+    assert "plantedQueryToken" not in out and "&a=1" in out
+
+
+def _report(tmp_path, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(bug_report.PREFIXES)}
+    env.update(PLANTED)
+    return subprocess.run([sys.executable, "-m", "invoke", "report", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _no_secret_in(r):
+    for secret in (PASSWORD, GIT_TOKEN, HUB_TOKEN, AWS, "planted-private-key-value",
+                   "plantedQueryToken"):
+        assert secret not in r.stdout and secret not in r.stderr, secret
+
+
+def test_report_where_nothing_is_built(tmp_path):
+    r = _report(tmp_path, "--prefix", str(tmp_path / "no-env"))
+    assert r.returncode == 0, r.stderr
+    _no_secret_in(r)
+    out = r.stdout
+    assert out.startswith("```\nmegatron-env") and out.rstrip().endswith("```")
+    for key in ("os ", "python ", "driver ", "gpus ", "topology ", "nvcc ", "torch ", "profile ",
+                "environment ", "megatron ", "patches ", "kernel builds", "invoke check (now)"):
+        assert f"\n{key}" in out or f"\n  {key}" in out or key in out, key
+    assert "not built (run `invoke setup`" in out and "n/a (no environment)" in out
+    prof = profile.load(None)
+    for pkg in build.packages(prof).values():  # every kernel package has its row
+        assert f"\n  {pkg.name} " in out
+    assert prof.megatron["commit"][:12] in out
+    assert "  MEGATRON_ENV_MIRROR_PYPI=https://***@mirror.example.org/simple" in out
+    assert "  TORCH_HUB_TOKEN=<redacted>" in out and "  NCCL_DEBUG=INFO" in out
+    assert "driver.version" in out  # the check findings, run now
+
+
+def test_report_json_of_an_environment_without_kernels(tmp_path):
+    prefix = tmp_path / "env"
+    venv.create(prefix, with_pip=False)  # an environment exists, but holds no torch or kernels
+    r = _report(tmp_path, "--prefix", str(prefix), "--json")
+    assert r.returncode == 0, r.stderr
+    _no_secret_in(r)
+    doc = json.loads(r.stdout)
+    assert doc["python"]["environment"] == ".".join(map(str, sys.version_info[:3]))
+    assert "error" not in doc["environment"]
+    for k in doc["kernels"]:
+        assert k["installed"] is None and k["imports"] and not any(k["imports"].values())
+        assert k["cache_key"] is None and "torch" in k["why"]
+    assert doc["variables"]["TORCH_HUB_TOKEN"] == "<redacted>"
+    assert {f["id"] for f in doc["check"]} >= {"driver.version", "cuda.toolkit", "nccl.env"}
+
+
+def test_report_bad_profile_is_one_line(tmp_path):
+    r = _report(tmp_path, "--profile", "no-such-profile")
+    assert r.returncode == 2 and "no-such-profile" in r.stderr and "Traceback" not in r.stderr
