@@ -51,7 +51,6 @@ _SYSLOG_HOST = re.compile(r"^\w{3}\s+\d+ [\d:]+ (\S+) kernel:")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: (.*)$")
 _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _ELASTIC = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-_NCCL_LINE = re.compile(r"[\w.<>-]+:\d+:\d+ \[\d+\]|\bNCCL (?:INFO|WARN)\b|^\S+ \[\d+\] \S+ WARN")
 
 SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
@@ -78,7 +77,7 @@ class Events:
     xids: list[dict] = field(default_factory=list)
     failures: list[dict] = field(default_factory=list)  # torchrun's failure table
     ranks_seen: set[int] = field(default_factory=set)
-    nccl_text: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # every line, for the NCCL_DEBUG analysis
     sources: set[str] = field(default_factory=set)
     lines: int = 0
 
@@ -99,8 +98,7 @@ def events(lines: list[Line]) -> Events:
         ev.sources.add(line.source)
         if line.rank is not None:
             ev.ranks_seen.add(line.rank)
-        if _NCCL_LINE.search(t):
-            ev.nccl_text.append(t)
+        ev.text.append(t)
         if m := _WATCHDOG.search(t):
             ev.timeouts.append({
                 "rank": int(m.group(1)), "seq": int(m.group(2)), "op": m.group(3),
@@ -421,9 +419,7 @@ def _root_cause(ev: Events) -> list[Finding]:
 def _nccl_debug(ev: Events) -> list[Finding]:
     """The NCCL_DEBUG lines, through verify_nccl.py's analysis (skips dropped: a job log that
     has no channel lines says nothing about the transport)."""
-    if not ev.nccl_text:
-        return []
-    return [f for f in nccl_log.findings(nccl_log.analyze("\n".join(ev.nccl_text)))
+    return [f for f in nccl_log.findings(nccl_log.analyze("\n".join(ev.text)))
             if f.status != "skip"]
 
 
