@@ -122,8 +122,10 @@ def events(lines: list[Line]) -> Events:
                 continue
             in_desync = False
         if "Snapshot of ranks' latest states" in t:
-            ev.desync += [x.text.strip() for x in lines[i + 1:i + 9]
-                          if x.text.startswith(" ") and x.rank is None]
+            for x in lines[i + 1:i + 9]:
+                if not x.text.startswith(" "):
+                    break
+                ev.desync.append(x.text.strip())
         if m := _NCCL_ERROR.search(t):
             detail = next((x.text.strip() for x in lines[i + 1:i + 6]
                            if x.text.strip() and not x.text.startswith(("Last error", "ncclRe",
@@ -248,8 +250,18 @@ def _timeouts(ev: Events) -> list[Finding]:
              for r, seqs in sorted(by_rank.items())],
             f"look at {ranks(odd)} first: its log, `py-spy dump` of its process while hung, and "
             f"`invoke preflight` on its host; next run: {NEXT_RUN}"))
+    if silent and not odd and len(by_rank) > 1:
+        out.append(Finding(
+            "job.odd_rank", "fail",
+            f"{ranks(silent)} printed no watchdog timeout while {ranks(by_rank)} did: "
+            f"{'it' if len(silent) == 1 else 'they'} may never have reached SeqNum "
+            f"{_span(seqs)}",
+            [f"ranks in the logs: {ranks(ev.ranks_seen)}",
+             f"timed out: {ranks(by_rank)}"],
+            f"look at {ranks(silent)} first: its own error earlier in its log, or where it hung "
+            f"(`py-spy dump`); `invoke preflight` on its host; next run: {NEXT_RUN}"))
     fix = ("the ranks that time out are waiting for one that never joined"
-           + (f" ({ranks(suspects)} printed no timeout)" if silent and not odd else "")
+           + (f" ({ranks(suspects)})" if suspects else "")
            + f": find it (its own error earlier in its log, or a hang). Next run: {NEXT_RUN} "
              "(the flight-recorder dump names the missing rank), and `invoke preflight` on the "
              "nodes")

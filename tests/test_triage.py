@@ -208,3 +208,18 @@ def test_cli_json_directory_and_exit_codes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(tmp_path / "nope.log")], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 2 and "no such file or directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_one_file_per_rank_the_silent_rank_is_the_suspect(tmp_path):
+    """Per-rank files (rank from the file name), arranged from two real logs: ranks 0-2 time out
+    (BasicSR 737) while rank 3's file holds the illegal memory access of miles 308."""
+    for line in (LOGS / "watchdog-allreduce-basicsr737.log").read_text().splitlines():
+        rank = line[len("[rank"):line.index("]")]
+        with open(tmp_path / f"train-rank{rank}.log", "a") as f:
+            f.write(line + "\n")
+    (tmp_path / "train-rank3.log").write_text((LOGS / "cuda-illegal-address-megatron-miles308.log").read_text())
+    fs = triage.triage(joblog.read([tmp_path]))
+    assert [f.id for f in fs] == ["job.cuda_error", "job.odd_rank", "job.timeout"]
+    assert fs[0].summary.startswith("rank 3 hit CUDA error: an illegal memory access")
+    assert fs[1].summary.startswith("rank 3 printed no watchdog timeout while ranks 0, 1 and 2 did")
+    assert "(rank 3)" in fs[2].fix

@@ -81,6 +81,18 @@ def test_shm_too_small_old_and_new_phrasing(name):
     assert f["nccl.shm"]["status"] == "fail" and "shm-size" in f["nccl.shm"]["fix"]
 
 
+@pytest.mark.parametrize("name, rid, where", [
+    ("ib-completion-error-nccl928.log", "nccl.ib_completion", "H100-5 [3]"),
+    ("nccl-cuda-oom-nccl1235.log", "nccl.cuda", "ng30903 [3]"),
+    # behind pdsh's tags the warning is still found; the host only once triage strips the tags
+    ("register-memory-pdsh-prefix-nccl563.log", "nccl.system_error", "locked-memory"),
+])
+def test_runtime_errors_with_host_and_device(name, rid, where):
+    a = vn.analyze_log((FIXTURES / "job-logs" / name).read_text())
+    f = {x["id"]: x for x in vn.log_findings(a)}
+    assert f[rid]["status"] == "fail" and where in f[rid]["summary"]
+
+
 def test_analyze_log_cli_json_and_exit_codes():
     ok = subprocess.run([sys.executable, SCRIPT, "--analyze-log", LOGS / "roce-h100-nccl2.19.log", "--json"],
                         capture_output=True, text=True)
