@@ -77,7 +77,7 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
                              "python": {"tool": platform.python_version()}}
     with tempfile.TemporaryDirectory(prefix="megatron-env-report-") as tmp:
         snap = snapshot.collect(Path(tmp), echo=lambda *_: None)
-        facts.update(_host(snap))
+        facts.update(_host(snap), nvcc_path=proc.which("nvcc"))
         findings = checks.run_all(snap, profile)
     facts["check"] = [f.to_dict() for f in findings]
     facts["topology"] = next((f.summary for f in findings if f.id == "gpu.topology"), None)
@@ -126,6 +126,7 @@ def _os() -> str:
 
 
 def _host(snap: snapshot.Snapshot) -> dict:
+    """Driver, GPUs and nvcc as the snapshot recorded them."""
     nvml = snap.nvml()
     out: dict[str, Any] = {"driver": nvml.get("driver_version"), "gpus": nvml.get("gpus", []),
                            "nvml_error": nvml.get("error")}
@@ -140,7 +141,6 @@ def _host(snap: snapshot.Snapshot) -> dict:
         out["nvcc"] = parsers.nvcc_release(nvcc) if nvcc else None
     except parsers.ParseError:
         out["nvcc"] = None
-    out["nvcc_path"] = proc.which("nvcc")
     return out
 
 

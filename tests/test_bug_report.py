@@ -99,3 +99,11 @@ def test_report_json_of_an_environment_without_kernels(tmp_path):
 def test_report_bad_profile_is_one_line(tmp_path):
     r = _report(tmp_path, "--profile", "no-such-profile")
     assert r.returncode == 2 and "no-such-profile" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_host_facts_from_the_h200_snapshot():
+    from megatron_env import snapshot
+
+    h = bug_report._host(snapshot.Snapshot.load(FIXTURES / "h200-live"))
+    assert (h["driver"], h["driver_cuda"], h["nvcc"]) == ("580.159.04", "13.0", "13.0")
+    assert bug_report._gpus(h["gpus"]) == "1 x NVIDIA H200 (140 GiB, sm 9.0)"
