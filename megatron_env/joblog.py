@@ -31,7 +31,7 @@ _TAGS: list[tuple[re.Pattern[str], str]] = [
 ]
 # a line that begins a new message (never the continuation of a wrapped one)
 _RECORD = re.compile(
-    r"\s*$|\[rank\d+\]|\[[\w.-]+:\d+\]:|\[\d+,\d+\]<|\d{1,5}: |\[?[EWIF]\d{4} |\[[EWIF] |"
+    r"\s*$|\[rank\d+\]|\[[\w.-]+:\d+\]:|\[\d+,\d+\]<|\d{1,5}: |\[?[EWIF]\d{3,4} |\[[EWIF] |"
     r"[\w.<>-]+:\d+:\d+ \[\d+\]|Traceback |frame #|\s*File \"|\w+(?:Error|Exception|Warning)\b|"
     r"\[\d{4}-\d\d-\d\d|\d{4}-\d\d-\d\d|kernel: |NVRM|Root Cause|Failures:|\[\d+\]:|[=-]{8}")
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
@@ -50,18 +50,20 @@ def normalise(text: str, source: str = "-") -> list[Line]:
     """Split, strip colour and launcher tags, join wrapped lines. Pure."""
     raw = [_ANSI.sub("", x) for x in text.splitlines()]
     default_rank = int(m.group(1)) if (m := _RANK_IN_NAME.search(Path(source).name)) else None
-    tagged = [_untag(x) for x in raw]
-    width = _wrap_width([t for t, _, _ in tagged])
+    width = _wrap_width(raw)  # a terminal wraps the line as printed, tags included
     out: list[Line] = []
     prev_full = False
-    for number, (body, rank, host) in enumerate(tagged, 1):
-        if out and not _RECORD.match(body) and (prev_full or _open_message(out[-1].text)):
+    for number, line in enumerate(raw, 1):
+        body, rank, host = _untag(line)
+        tagged = rank is not None or host is not None  # a launcher tags only a line's start
+        if (out and not tagged and not _RECORD.match(body)
+                and (prev_full or _open_message(out[-1].text))):
             last = out[-1]  # wrapped mid-word as often as not: join without a space
             out[-1] = Line(last.text + body, last.source, last.number, last.rank, last.host)
         else:
             out.append(Line(body, source, number,
                             rank if rank is not None else default_rank, host))
-        prev_full = width is not None and len(body) == width
+        prev_full = width is not None and len(line) == width
     return [Line(x.text.rstrip(), x.source, x.number, x.rank, x.host) for x in out]
 
 

@@ -31,6 +31,7 @@ _WATCHDOG = re.compile(
     r"milliseconds")
 _WORK = re.compile(r"detected by watchdog at work(?: sequence id)?: (\d+),? (?:PG status: )?last "
                    r"enqueued (?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)")
+_STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
 _DUMP_FROM = re.compile(r"dump signal due to a collective timeout from\s+rank (\d+)")
 _RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 _DESYNC_HEAD = "lagging/dead/mismatched ranks that caused the desync are"
@@ -69,6 +70,7 @@ class Events:
     timeouts: list[dict] = field(default_factory=list)
     work: dict[int, str] = field(default_factory=dict)  # rank -> watchdog's work status
     first_timeout: set[int] = field(default_factory=set)  # "dump signal ... from rank N"
+    stuck: list[dict] = field(default_factory=list)  # the heartbeat monitor's verdict
     desync: list[str] = field(default_factory=list)
     desync_lagging: list[tuple[list[int], str]] = field(default_factory=list)
     nccl_errors: list[dict] = field(default_factory=list)
@@ -108,6 +110,9 @@ def events(lines: list[Line]) -> Events:
         if (m := _WORK.search(t)) and (r := _rank(line)) is not None:
             ev.work[r] = (f"failed at work {m.group(1)}, last enqueued {m.group(2)}, last "
                           f"completed {m.group(3)}")
+        if m := _STUCK.search(t):
+            ev.stuck.append({"rank": _rank(line), "host": line.host,
+                             "seconds": int(m.group(1))})
         if m := _DUMP_FROM.search(t):
             ev.first_timeout.add(int(m.group(1)))
         if _DESYNC_HEAD in t:
@@ -394,6 +399,23 @@ def _xids(ev: Events) -> list[Finding]:
         "`invoke preflight` there before it rejoins")]
 
 
+def _stuck(ev: Events) -> list[Finding]:
+    if not ev.stuck:
+        return []
+    rs = sorted({s["rank"] for s in ev.stuck if s["rank"] is not None})
+    hosts = sorted({s["host"] for s in ev.stuck if s["host"]})
+    return [Finding(
+        "job.watchdog_stuck", "fail",
+        f"the NCCL watchdog of {ranks(rs) if rs else 'a rank'}"
+        f"{' on ' + ', '.join(hosts) if hosts else ''} got stuck for "
+        f"{max(s['seconds'] for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
+        [f"{_where(s['rank'], s['host'])}: stuck for {s['seconds']} s" for s in ev.stuck[:6]],
+        "a call that never returns is a GPU fault (Xid lines in `dmesg` on that host) or a "
+        "deadlock around the GIL: take `py-spy dump --native --pid` of the process while it "
+        "hangs, run `invoke preflight` on the host; TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC only helps "
+        "when the call is merely slow")]
+
+
 def _root_cause(ev: Events) -> list[Finding]:
     if not ev.failures:
         return []
@@ -436,15 +458,15 @@ def _nccl_debug(ev: Events) -> list[Finding]:
 
 
 ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
-         "nccl.system_error", "nccl.shm", "nccl.ibverbs", "job.desync", "job.odd_rank",
-         "job.root_cause", "job.nccl_error", "nccl.peer_lost", "job.timeout", "nccl.net",
-         "nccl.transport"]
+         "nccl.system_error", "nccl.shm", "nccl.ibverbs", "job.watchdog_stuck", "job.desync",
+         "job.odd_rank", "job.root_cause", "job.nccl_error", "nccl.peer_lost", "job.timeout",
+         "nccl.net", "nccl.transport"]
 
 
 def findings(ev: Events) -> list[Finding]:
     """Most likely cause first (see the module's docstring); one finding when nothing matched."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
-          + _root_cause(ev) + _nccl_errors(ev))
+          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev))
 
     def key(f: Finding) -> tuple[int, int]:
         rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)

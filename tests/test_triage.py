@@ -223,3 +223,13 @@ def test_one_file_per_rank_the_silent_rank_is_the_suspect(tmp_path):
     assert fs[0].summary.startswith("rank 3 hit CUDA error: an illegal memory access")
     assert fs[1].summary.startswith("rank 3 printed no watchdog timeout while ranks 0, 1 and 2 did")
     assert "(rank 3)" in fs[2].fix
+
+
+def test_heartbeat_monitor_padded_terminal_paste():
+    # every line padded to the terminal's 116 columns; the message is cut mid-word
+    lines = joblog.read([LOGS / "watchdog-stuck-wrapped-vlmr1-257.log"])
+    assert len(lines) == 2 and "ProcessGroupNCCL's watchdog got stuck for 480 seconds" in lines[0].text
+    assert "This typically indicates a NCCL/CUDA API" in lines[0].text
+    fs, f = run("watchdog-stuck-wrapped-vlmr1-257.log")
+    assert [x.id for x in fs] == ["job.watchdog_stuck"]
+    assert f["job.watchdog_stuck"].summary.startswith("the NCCL watchdog of rank 6 got stuck for 480 s")
