@@ -203,6 +203,13 @@ def _where(rank: int | None, host: str | None) -> str:
     return " on ".join(parts) or "a rank"
 
 
+def _who(items: list[dict]) -> str:
+    """'rank 1 on gpu187', 'ranks 0 and 3', 'a rank': who printed these events."""
+    rs = sorted({e["rank"] for e in items if e.get("rank") is not None})
+    hosts = sorted({e["host"] for e in items if e.get("host")})
+    return (ranks(rs) if rs else "a rank") + (f" on {', '.join(hosts)}" if hosts else "")
+
+
 def _seconds(ms: int) -> str:
     s = ms / 1000
     return f"{s / 3600:.1f} h" if s >= 7200 else f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
@@ -349,9 +356,6 @@ def _cuda(ev: Events) -> list[Finding]:
     for e in ev.cuda_errors:
         by_what[e["what"]].append(e)
     for what, es in by_what.items():
-        rs = sorted({e["rank"] for e in es if e["rank"] is not None})
-        hosts = sorted({e["host"] for e in es if e["host"]})
-        who = (ranks(rs) if rs else "a rank") + (f" on {', '.join(hosts)}" if hosts else "")
         if "ECC" in what:
             fix = ("a GPU memory fault, not a software bug: drain the node, check "
                    "`nvidia-smi -q -d ECC,ROW_REMAPPER` and Xid lines in `dmesg`, reset or replace "
@@ -362,16 +366,13 @@ def _cuda(ev: Events) -> list[Finding]:
                    "cause: `invoke build-check`; if it moves between nodes, check Xid lines")
         else:
             fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
-        out.append(Finding("job.cuda_error", "fail", f"{who} hit CUDA error: {what}",
+        out.append(Finding("job.cuda_error", "fail", f"{_who(es)} hit CUDA error: {what}",
                            [e["line"] for e in es[:4]], fix))
     if ev.ooms:
         o = ev.ooms[0]
-        rs = sorted({e["rank"] for e in ev.ooms if e["rank"] is not None})
-        hosts = sorted({e["host"] for e in ev.ooms if e["host"]})
         out.append(Finding(
             "job.cuda_oom", "fail",
-            f"{ranks(rs) if rs else 'a rank'}{' on ' + ', '.join(hosts) if hosts else ''} ran "
-            f"out of GPU memory: tried to allocate {o['size']}"
+            f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o['size']}"
             + (f" on GPU {o['gpu']} ({o['total']} total)" if o["gpu"] else ""),
             [e["line"][:300] for e in ev.ooms[:4]],
             "smaller micro-batch, activation recomputation, more tensor/pipeline parallelism, or "
@@ -402,12 +403,9 @@ def _xids(ev: Events) -> list[Finding]:
 def _stuck(ev: Events) -> list[Finding]:
     if not ev.stuck:
         return []
-    rs = sorted({s["rank"] for s in ev.stuck if s["rank"] is not None})
-    hosts = sorted({s["host"] for s in ev.stuck if s["host"]})
     return [Finding(
         "job.watchdog_stuck", "fail",
-        f"the NCCL watchdog of {ranks(rs) if rs else 'a rank'}"
-        f"{' on ' + ', '.join(hosts) if hosts else ''} got stuck for "
+        f"the NCCL watchdog of {_who(ev.stuck)} got stuck for "
         f"{max(s['seconds'] for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
         [f"{_where(s['rank'], s['host'])}: stuck for {s['seconds']} s" for s in ev.stuck[:6]],
         "a call that never returns is a GPU fault (Xid lines in `dmesg` on that host) or a "
