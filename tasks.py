@@ -123,3 +123,20 @@ def triage(c, logs, json=False):
 def bug_report(c, profile=None, prefix=None, json=False):
     """One block to paste into a bug report: host, GPUs, environment, builds, check, variables."""
     _done(commands.bug_report(profile, prefix, json))
+
+
+@task(help={"fleet": "analyse this directory (one sub-directory per host) instead of running",
+            "local": "run the per-node work on this host only (no Slurm), then analyse it",
+            "json": "print {\"nodes\": [...], \"exclude\": [...]} on stdout",
+            "profile": "profile name (default: the fingerprints' profile, else the default)",
+            "python": "the training interpreter to fingerprint and run gpu_health with",
+            "run_dir": "where the nodes write (default runs/<time>-preflight; shared by nodes)",
+            "slow": "fail a GPU this fraction below its model's fleet median (default 0.1)",
+            "no_gpu_health": "leave the per-GPU GEMM/copy run out",
+            "size": "gpu_health's GEMM edge (default 8192)"})
+def preflight(c, fleet=None, local=False, json=False, profile=None, python=None, run_dir=None,
+              slow=None, no_gpu_health=False, size=8192):
+    """Find the bad node before the job does: every node through srun, then the fleet verdict."""
+    _done(commands.preflight(fleet, local, json, profile, python, run_dir,
+                             float(slow) if slow is not None else None, not no_gpu_health,
+                             int(size)))

@@ -263,8 +263,10 @@ def max_jobs(gb_per_job: float) -> tuple[int, str]:
                   f"{cpus} cores")
 
 
-def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None) -> Plan:
-    facts = torch_facts(python)
+def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
+         facts: dict | None = None) -> Plan:
+    """`facts`: torch_facts(python) when the caller has them already (one torch import)."""
+    facts = facts or torch_facts(python)
     series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
     build_env = {**os.environ, **pkg.switches,
                  "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}

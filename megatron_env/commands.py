@@ -259,3 +259,77 @@ def bug_report(profile_name: str | None = None, prefix: str | None = None,
     bug_report_mod.write(bug_report_mod.main(
         prof, Path(prefix).absolute() if prefix else env_mod.default_prefix(prof), as_json))
     return 0
+
+
+def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool = False,
+              profile_name: str | None = None, python: str | None = None,
+              run_dir: str | None = None, slow: float | None = None, gpu_health: bool = True,
+              size: int = 8192) -> int:
+    """Every node of the allocation through srun (or --local: this node; or --fleet DIR: a
+    directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a node fails."""
+    import sys
+
+    from . import fleet
+    from . import preflight as pf
+
+    err = report.console(stderr=True)
+    slow = fleet.DEFAULT_SLOW if slow is None else slow
+    if not 0 < slow < 1:
+        raise UserError(f"--slow {slow}: expected a fraction between 0 and 1",
+                        fix="e.g. --slow 0.1 fails GPUs more than 10% below the fleet median")
+    expected: list[str] = []
+    if fleet_dir:
+        root = Path(fleet_dir)
+    else:
+        root = Path(run_dir) if run_dir else (
+            REPO_ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-preflight")
+        if local:
+            pf.run_node(root, profile_name, python, health=gpu_health, size=size,
+                        echo=err.print)
+        else:
+            code, expected = pf.launch(root, profile_name, python, health=gpu_health,
+                                       size=size, echo=lambda s: err.out(s.rstrip("\n")))
+            if code:
+                err.print(f"[yellow]srun exited {code}[/]; analysing what the nodes wrote")
+    nodes = fleet.load(root)
+    prof = profile.load(profile_name or _fleet_profile(nodes))
+    rep = fleet.analyse(nodes, prof, slow=slow, expected=expected)
+    png = root / "fleet.png"
+    try:
+        drawn = fleet.plot(nodes, png, slow)
+    except OSError:
+        drawn = False
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+    else:
+        out = report.console()
+        t = Table(show_edge=False, box=None, pad_edge=False)
+        for col in ("host", "status", "worst findings"):
+            t.add_column(col, no_wrap=col != "worst findings")
+        for n in rep.nodes:
+            bad = [f for f in n.findings if f.status == n.status][:3]
+            text = "\n".join(f"{f.id}: {f.summary.split(': ', 1)[-1]}" for f in bad)
+            if n.status == "pass":
+                text = f"{len(n.findings)} checks pass"
+            t.add_row(n.host, f"[{report.STYLE[n.status]}]{n.status}[/]", text)
+        out.print(t)
+        if rep.exclude:
+            out.print(f"--exclude={','.join(rep.exclude)}")
+    counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}
+    err.print(f"[bold]preflight[/bold]: {len(rep.nodes)} node(s) against {prof.name}: "
+              + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
+              + (f"; plot {png}" if drawn else "; no plot (matplotlib missing or no GPU "
+                 "results)") + f"; results in {root}")
+    if rep.exclude:
+        err.print(f"  [dim]hint:[/] srun/sbatch --exclude={','.join(rep.exclude)}")
+    return rep.exit_code
+
+
+def _fleet_profile(nodes) -> str | None:
+    """The profile most nodes' fingerprints name (None: the default profile)."""
+    from collections import Counter
+
+    names = Counter(n.fingerprint.get("profile") for n in nodes if n.fingerprint.get("profile"))
+    return names.most_common(1)[0][0] if names else None
