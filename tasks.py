@@ -133,10 +133,10 @@ def bug_report(c, profile=None, prefix=None, json=False):
             "run_dir": "where the nodes write (default runs/<time>-preflight; shared by nodes)",
             "slow": "fail a GPU this fraction below its model's fleet median (default 0.1)",
             "no_gpu_health": "leave the per-GPU GEMM/copy run out",
-            "size": "gpu_health's GEMM edge (default 8192)"})
+            "size": "gpu_health's GEMM edge (default 8192)",
+            "against": "a reference fleet directory to judge these nodes among (--local)"})
 def preflight(c, fleet=None, local=False, json=False, profile=None, python=None, run_dir=None,
-              slow=None, no_gpu_health=False, size=8192):
+              slow=None, no_gpu_health=False, size=8192, against=None):
     """Find the bad node before the job does: every node through srun, then the fleet verdict."""
-    _done(commands.preflight(fleet, local, json, profile, python, run_dir,
-                             float(slow) if slow is not None else None, not no_gpu_health,
-                             int(size)))
+    _done(commands.preflight(fleet, local, json, profile, python, run_dir, slow,
+                             not no_gpu_health, size, against))

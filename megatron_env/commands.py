@@ -263,17 +263,24 @@ def bug_report(profile_name: str | None = None, prefix: str | None = None,
 
 def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool = False,
               profile_name: str | None = None, python: str | None = None,
-              run_dir: str | None = None, slow: float | None = None, gpu_health: bool = True,
-              size: int = 8192) -> int:
+              run_dir: str | None = None, slow: str | float | None = None,
+              gpu_health: bool = True, size: str | int = 8192, against: str | None = None) -> int:
     """Every node of the allocation through srun (or --local: this node; or --fleet DIR: a
-    directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a node fails."""
+    directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a node fails.
+    `against`: a reference fleet directory whose nodes the medians and majorities include (a
+    Slurm prolog or HealthCheckProgram judging one node against the last fleet run)."""
     import sys
 
     from . import fleet
     from . import preflight as pf
 
     err = report.console(stderr=True)
-    slow = fleet.DEFAULT_SLOW if slow is None else slow
+    try:
+        slow = fleet.DEFAULT_SLOW if slow is None else float(slow)
+        size = int(size)
+    except ValueError as e:
+        raise UserError(f"--slow {slow} / --size {size}: {e}",
+                        fix="--slow takes a fraction (0.1), --size an integer (8192)") from None
     if not 0 < slow < 1:
         raise UserError(f"--slow {slow}: expected a fraction between 0 and 1",
                         fix="e.g. --slow 0.1 fails GPUs more than 10% below the fleet median")
@@ -292,8 +299,12 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
             if code:
                 err.print(f"[yellow]srun exited {code}[/]; analysing what the nodes wrote")
     nodes = fleet.load(root)
+    hosts = {n.host for n in nodes}
+    if against:  # judge these nodes among a reference fleet's, report only these
+        nodes += [n for n in fleet.load(Path(against)) if n.host not in hosts]
     prof = profile.load(profile_name or _fleet_profile(nodes))
     rep = fleet.analyse(nodes, prof, slow=slow, expected=expected)
+    rep.nodes = [n for n in rep.nodes if n.host in hosts or n.host in expected]
     png = root / "fleet.png"
     try:
         drawn = fleet.plot(nodes, png, slow)

@@ -60,6 +60,8 @@ try:
     import torch
     out["torch"] = torch.__version__
     out["torch_cuda"] = torch.version.cuda
+    out["cxx11_abi"] = int(torch._C._GLIBCXX_USE_CXX11_ABI)  # with cache_tag: a kernel cache key
+    out["cache_tag"] = sys.implementation.cache_tag
     try:
         out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception as e:

@@ -45,12 +45,9 @@ def collect(profile: Profile, python: Path) -> dict[str, Any]:
     doc["errors"] += facts.get("errors", [])
     if "torch" not in facts:
         return doc
+    # what build.torch_facts would report, from the one probe (importing torch takes seconds)
     torch = {"torch": facts["torch"], "cuda": facts.get("torch_cuda"),
-             "abi": None, "tag": None}
-    try:
-        torch = build.torch_facts(python)
-    except UserError as e:
-        doc["errors"].append(e.message)
+             "abi": facts.get("cxx11_abi"), "tag": facts.get("cache_tag")}
     for pkg in build.packages(profile).values():
         try:
             doc["kernel_cache_keys"][pkg.name] = build.plan(pkg, python, profile.archs,

@@ -187,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"{host_name()}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"{host_name()}: error: cannot write the results: {e}", file=sys.stderr)
+        print("  fix: give --run-dir a directory every node can write (a shared file system)",
+              file=sys.stderr)
+        return 2
     return 0
 
 

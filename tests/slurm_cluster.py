@@ -8,6 +8,7 @@ are stopped by the pids they were started with, never by name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -127,10 +128,8 @@ class Cluster:
     def stop(self) -> None:
         """SIGTERM every daemon we started (by pid, newest first), then SIGKILL stragglers."""
         for pid in reversed(self.pids):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + 15
         for pid in reversed(self.pids):
             while time.monotonic() < deadline:

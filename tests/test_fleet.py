@@ -1,0 +1,203 @@
+"""The fleet analysis on fleets built from real captures, with planted faults (fleet_builder)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from megatron_env import fleet, profile
+from tests import fleet_builder as fb
+
+
+@pytest.fixture
+def planted(tmp_path):
+    return fb.planted_fleet(tmp_path / "fleet")
+
+
+def analyse(root, **kw):
+    return fleet.analyse(fleet.load(root), profile.load(fb.PROFILE), **kw)
+
+
+def statuses(rep):
+    return {n.host: n.status for n in rep.nodes}
+
+
+def test_planted_bad_nodes_and_only_those(planted):
+    rep = analyse(planted)
+    st = statuses(rep)
+    assert rep.exclude == fb.FAILING
+    assert sorted(h for h, s in st.items() if s == "warn") == fb.WARNING
+    assert sorted(h for h, s in st.items() if s == "pass") == ["node01", "node07"]
+    assert rep.exit_code == 2
+
+
+def _finding(rep, host, fid):
+    node = next(n for n in rep.nodes if n.host == host)
+    return next(f for f in node.findings if f.id == fid)
+
+
+def test_findings_name_host_gpu_and_odd_value(planted):
+    rep = analyse(planted)
+    slow = _finding(rep, "node02", "fleet.gpu_speed")
+    assert slow.status == "fail" and slow.summary.startswith("node02: GPU5 (NVIDIA H200)")
+    assert "12% below the fleet median" in slow.summary
+    nv = _finding(rep, "node03", "fleet.nvlink")
+    assert nv.status == "fail" and "GPU3 has 0 NVLinks" in nv.summary and "126" in nv.summary
+    ib = _finding(rep, "node04", "fleet.ib")
+    assert ib.status == "fail" and "mlx4_0:1 at 28 Gb/s, its peers at 56" in ib.summary
+    drv = _finding(rep, "node05", "fleet.drift")
+    assert "driver 580.95.05" in drv.summary and "580.159.04, 6 of 7 nodes" in drv.summary
+    env = _finding(rep, "node06", "fleet.drift")
+    assert "torch 2.10.0+cu130" in env.summary and "nccl 2.27.3" in env.summary
+    for n in rep.nodes:  # every finding of a node names it
+        assert all(f.summary.startswith(f"{n.host}: ") for f in n.findings)
+
+
+def test_slow_gpu_passes_its_own_absolute_line_but_not_the_fleet(planted):
+    """88% of the median is 87% of gpu_health's H200 expectation: a pass on the node alone."""
+    health = json.loads((planted / "node02" / "gpu_health.json").read_text())
+    assert all(f["status"] == "pass" for f in health["findings"])
+    assert analyse(planted).exclude[0] == "node02"
+
+
+def test_the_slow_threshold_is_settable(tmp_path):
+    root = tmp_path / "f"
+    for i in range(1, 4):
+        fb.node(root, f"n{i}", i, slow={2: 0.93} if i == 2 else None)
+    assert analyse(root).exclude == []
+    rep = analyse(root, slow=0.05)
+    assert rep.exclude == ["n2"]
+    assert "GPU2" in _finding(rep, "n2", "fleet.gpu_speed").summary
+
+
+def test_healthy_fleet_passes_with_exit_0(tmp_path):
+    root = tmp_path / "f"
+    for i in range(1, 5):
+        fb.node(root, f"n{i}", i)
+    rep = analyse(root)
+    assert statuses(rep) == {f"n{i}": "pass" for i in range(1, 5)}
+    assert rep.exit_code == 0 and rep.exclude == []
+
+
+def test_no_majority_warns_every_side(tmp_path):
+    root = tmp_path / "f"
+    fb.node(root, "a", 1)
+    fb.node(root, "b", 2, driver="580.95.05")
+    rep = analyse(root)
+    assert statuses(rep) == {"a": "warn", "b": "warn"}
+    assert "no majority" in _finding(rep, "a", "fleet.drift").summary
+
+
+def test_hand_made_fleet_of_collect_output_only(tmp_path):
+    """Only what `invoke collect` writes (no gpu_health.json, no fingerprint.json)."""
+    root = tmp_path / "f"
+    for host, topo in (("x", None), ("y", None), ("z", "topo-8gpu-h100-gpu3-lost-nvlink.txt")):
+        d = fb.node(root, host, 1, **({"topo": topo} if topo else {}))
+        (d / "gpu_health.json").unlink()
+        (d / "fingerprint.json").unlink()
+    rep = analyse(root)
+    assert rep.exclude == ["z"] and statuses(rep)["x"] == "pass"
+
+
+def test_missing_node_of_the_allocation_fails(planted):
+    rep = fleet.analyse(fleet.load(planted), profile.load(fb.PROFILE),
+                        expected=[*fb.PLANTED, "node08"])
+    assert "node08" in rep.exclude
+    assert _finding(rep, "node08", "fleet.missing").summary.startswith("node08: sent no results")
+
+
+def test_node_without_ibstatus_among_ib_peers_warns(tmp_path):
+    root = tmp_path / "f"
+    for i in range(1, 4):
+        d = fb.node(root, f"n{i}", i)
+    (d / "ibstatus.txt").unlink()
+    rep = analyse(root)
+    assert _finding(rep, "n3", "fleet.ib").status == "warn"
+
+
+def invoke(*args):
+    return subprocess.run([sys.executable, "-m", "invoke", "preflight", *args],
+                          capture_output=True, text=True, cwd=fb.REPO)
+
+
+def test_cli_json_exclude_line_plot_and_exit_codes(planted):
+    r = invoke("--fleet", str(planted), "--json")
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["exclude"] == fb.FAILING
+    assert [n["host"] for n in doc["nodes"]] == list(fb.PLANTED)
+    assert {"host", "status", "findings"} <= set(doc["nodes"][0])
+    assert (planted / "fleet.png").read_bytes()[:4] == b"\x89PNG", r.stderr
+    r = invoke("--fleet", str(planted))
+    assert r.returncode == 2
+    assert "--exclude=node02,node03,node04" in r.stdout.splitlines()
+    assert "7 node(s)" in r.stderr and "3 fail" in r.stderr
+    for host in ("node05", "node06"):  # warnings only: exit 1
+        shutil.rmtree(planted / host.replace("5", "2").replace("6", "3"))
+    shutil.rmtree(planted / "node04")
+    r = invoke("--fleet", str(planted), "--json")
+    assert r.returncode == 1, r.stdout
+    assert json.loads(r.stdout)["exclude"] == []
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p / "absent", "is not a directory"),
+    (lambda p: (p / "file").write_text("x") and p / "file", "is not a directory"),
+    (lambda p: (p / "e" / "h").mkdir(parents=True) or p / "e", "holds no node snapshot"),
+])
+def test_cli_bad_fleet_dir_is_one_line(tmp_path, make, words):
+    r = invoke("--fleet", str(make(tmp_path)))
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_outside_an_allocation_says_how_to_get_one(tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    r = subprocess.run([sys.executable, "-m", "invoke", "preflight", "--run-dir",
+                        str(tmp_path / "r")], capture_output=True, text=True, cwd=fb.REPO, env=env)
+    assert r.returncode == 2 and "not inside a Slurm allocation" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_against_a_reference_fleet_judges_one_node(planted, tmp_path):
+    """A prolog's view: one fresh node directory, medians and majorities from the last run.
+    All its GPUs are 15% slow (a node-wide clock cap): alone it is its own median."""
+    one = tmp_path / "one"
+    fb.node(one, "node09", 9, slow={i: 0.85 for i in range(8)})
+    r = invoke("--fleet", str(one), "--against", str(planted), "--json")
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    assert [n["host"] for n in doc["nodes"]] == ["node09"] and doc["exclude"] == ["node09"]
+    alone = invoke("--fleet", str(one), "--json")  # alone, it is its own median
+    assert json.loads(alone.stdout)["exclude"] == []
+
+
+@pytest.mark.parametrize("args, words", [(["--slow", "ten"], "--slow ten"),
+                                         (["--slow", "1.5"], "between 0 and 1")])
+def test_cli_bad_threshold_is_one_line(planted, args, words):
+    r = invoke("--fleet", str(planted), *args)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fingerprint_kernel_keys_are_the_build_plan_keys():
+    """The fingerprint takes torch's facts from its one probe; the keys must still be exactly
+    the cache keys `invoke build` computes for this interpreter."""
+    from pathlib import Path
+
+    from megatron_env import build, fingerprint
+    from megatron_env.errors import UserError
+
+    prof = profile.load(fb.PROFILE)
+    fp = fingerprint.collect(prof, Path(sys.executable))
+    assert fp["torch"] and fp["megatron_commit"] == prof.megatron["commit"]
+    for pkg in build.packages(prof).values():
+        try:
+            want = build.plan(pkg, Path(sys.executable), prof.archs).key
+        except UserError:
+            want = None
+        assert fp["kernel_cache_keys"][pkg.name] == want
