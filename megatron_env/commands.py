@@ -299,6 +299,8 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
             if code:
                 err.print(f"[yellow]srun exited {code}[/]; analysing what the nodes wrote")
     nodes = fleet.load(root)
+    if local:  # a run directory other nodes also write into: judge this node alone
+        nodes = [n for n in nodes if n.host == pf.host_name()]
     hosts = {n.host for n in nodes}
     if against:  # judge these nodes among a reference fleet's, report only these
         nodes += [n for n in fleet.load(Path(against)) if n.host not in hosts]

@@ -201,3 +201,24 @@ def test_fingerprint_kernel_keys_are_the_build_plan_keys():
         except UserError:
             want = None
         assert fp["kernel_cache_keys"][pkg.name] == want
+
+
+def test_local_run_collects_this_host_and_skips_gpu_health_with_a_reason(tmp_path):
+    """`--local`: the per-node work without Slurm (what the single GPU node runs); this machine
+    has no GPU, so the health run is a skip that says why, never a pass."""
+    run = tmp_path / "run"
+    (run / "other").mkdir(parents=True)  # another node's results in the same run directory
+    shutil.copytree(fb.FIXTURES / "h200-live", run / "other", dirs_exist_ok=True)
+    r = invoke("--local", "--json", "--profile", fb.PROFILE, "--python", sys.executable,
+               "--run-dir", str(run))
+    assert r.returncode in (1, 2), r.stderr
+    doc = json.loads(r.stdout)
+    (node,) = doc["nodes"]  # only this host is judged
+    d = run / node["host"]
+    for name in ("nvml.json", "meta.json", "env.txt", "check.json", "fingerprint.json"):
+        assert (d / name).is_file(), name
+    health = json.loads((d / "gpu_health.json").read_text())
+    if health.get("skipped"):
+        assert health["skipped"].startswith("no GPU")
+        assert any(f["id"] == "gpu.health" and f["status"] == "skip" for f in node["findings"])
+    assert json.loads((d / "node.json").read_text())["overridden"] == []
