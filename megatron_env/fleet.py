@@ -349,13 +349,19 @@ def plot(nodes: list[Node], path: Path, slow: float = DEFAULT_SLOW) -> bool:
     labels = [f"{h} GPU{g.get('index')}" for h, g in rows]
     for ax, (key, what, unit) in zip(axes, METRICS, strict=True):
         vals = [float(g.get(key) or 0) for _, g in rows]
-        known = [v for v in vals if v]
-        med = statistics.median(known) if known else 0
-        colors = ["tab:red" if v < (1 - slow) * med else "tab:blue" for v in vals]
+        by_model: dict[str, list[float]] = defaultdict(list)
+        for (_, g), v in zip(rows, vals, strict=True):
+            if v:
+                by_model[str(g.get("name"))].append(v)
+        med = {m: statistics.median(v) for m, v in by_model.items()}
+        line = [med.get(str(g.get("name")), 0) for _, g in rows]
+        colors = ["tab:red" if v < (1 - slow) * m else "tab:blue" for v, m in zip(vals, line,
+                                                                                   strict=True)]
         ax.bar(range(len(vals)), vals, color=colors)
-        ax.axhline(med, color="black", linewidth=1, label=f"fleet median {med:g}")
-        ax.axhline((1 - slow) * med, color="tab:red", linestyle="--", linewidth=1,
-                   label=f"{slow:.0%} below")
+        ax.step(range(len(vals)), line, where="mid", color="black", linewidth=1,
+                label="fleet median of the GPU's model")
+        ax.step(range(len(vals)), [(1 - slow) * m for m in line], where="mid", color="tab:red",
+                linestyle="--", linewidth=1, label=f"{slow:.0%} below: fails")
         ax.set_ylabel(f"{what} ({unit})")
         ax.legend(loc="lower right", fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
