@@ -261,6 +261,7 @@ def bug_report(profile_name: str | None = None, prefix: str | None = None,
     return 0
 
 
+@guarded
 def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool = False,
               profile_name: str | None = None, python: str | None = None,
               run_dir: str | None = None, slow: str | float | None = None,
