@@ -304,6 +304,11 @@ def ib(nodes: list[Node]) -> dict[str, Finding]:
 def _node_findings(node: Node, profile: Profile) -> list[Finding]:
     """Every single-node check, and gpu_health's own findings, with the host in front."""
     own = checks.run_all(node.snapshot, profile)
+    for name, doc in (("gpu_health.json", node.health), ("fingerprint.json", node.fingerprint)):
+        if "_error" in doc:
+            own.append(Finding("fleet.input", "warn", f"{doc['_error']}: left out of the "
+                               "comparison", [f"file: {node.host}/{name}"],
+                               fix="re-run `invoke preflight` on the node, or remove the file"))
     for f in node.health.get("findings", []) if isinstance(node.health.get("findings"),
                                                             list) else []:
         if isinstance(f, dict) and f.get("status") in ORDER:

@@ -222,3 +222,18 @@ def test_local_run_collects_this_host_and_skips_gpu_health_with_a_reason(tmp_pat
         assert health["skipped"].startswith("no GPU")
         assert any(f["id"] == "gpu.health" and f["status"] == "skip" for f in node["findings"])
     assert json.loads((d / "node.json").read_text())["overridden"] == []
+
+
+def test_garbage_node_files_are_findings_not_crashes(planted):
+    garbage = (fb.CAPTURES / "garbage.bin.txt").read_bytes()
+    (planted / "node07" / "gpu_health.json").write_bytes(garbage)
+    (planted / "node07" / "fingerprint.json").write_bytes(garbage)
+    (planted / "node01" / "nvidia-smi-topo-m.txt").write_bytes(garbage)
+    rep = analyse(planted)
+    node07 = next(n for n in rep.nodes if n.host == "node07")
+    assert node07.status == "warn"
+    assert {f.evidence[0] for f in node07.findings if f.id == "fleet.input"} == {
+        "file: node07/gpu_health.json", "file: node07/fingerprint.json"}
+    assert rep.exclude == fb.FAILING  # the others are judged as before
+    topo = _finding(rep, "node01", "gpu.topology")
+    assert topo.status == "warn" and "could not be parsed" in topo.summary
