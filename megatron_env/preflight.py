@@ -41,18 +41,21 @@ def host_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-def _gpu_count(snap: snapshot.Snapshot) -> tuple[int, str]:
+def _no_gpu(snap: snapshot.Snapshot) -> str:
+    """Why this node has no GPU to test, or "" when it has (or may have) one. NVML missing from
+    the tool's interpreter is no proof: then nvidia-smi decides."""
     nvml = snap.nvml()
-    if "error" in nvml:
-        return 0, f"no GPU: {nvml['error']}"
-    n = len(nvml.get("gpus", []))
-    return n, "" if n else "no GPU: NVML lists none"
+    if "error" not in nvml:
+        return "" if nvml.get("gpus") else "no GPU: NVML lists none"
+    smi = snap.meta().get("files", {}).get("nvidia-smi.txt", {}).get("status")
+    if smi == "ok":
+        return ""
+    return f"no GPU: {nvml['error']}; nvidia-smi {'not installed' if smi == 'missing' else smi}"
 
 
 def gpu_health(python: Path, snap: snapshot.Snapshot, out: Path, size: int) -> dict[str, Any]:
     """scripts/gpu_health.py on every GPU of this node (seconds), or a skip saying why."""
-    n, why = _gpu_count(snap)
-    if not n:
+    if why := _no_gpu(snap):
         doc = {"skipped": why, "gpus": [], "findings": [
             {"id": "gpu.health", "status": "skip", "summary": why, "evidence": [], "fix": ""}]}
     else:
