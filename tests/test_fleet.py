@@ -195,9 +195,10 @@ def test_fingerprint_kernel_keys_are_the_build_plan_keys():
     prof = profile.load(fb.PROFILE)
     fp = fingerprint.collect(prof, Path(sys.executable))
     assert fp["torch"] and fp["megatron_commit"] == prof.megatron["commit"]
+    facts = build.torch_facts(Path(sys.executable))  # what plan() would import torch for
     for pkg in build.packages(prof).values():
         try:
-            want = build.plan(pkg, Path(sys.executable), prof.archs).key
+            want = build.plan(pkg, Path(sys.executable), prof.archs, facts=facts).key
         except UserError:
             want = None
         assert fp["kernel_cache_keys"][pkg.name] == want
