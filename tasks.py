@@ -134,9 +134,12 @@ def bug_report(c, profile=None, prefix=None, json=False):
             "slow": "fail a GPU this fraction below its model's fleet median (default 0.1)",
             "no_gpu_health": "leave the per-GPU GEMM/copy run out",
             "size": "gpu_health's GEMM edge (default 8192)",
-            "against": "a reference fleet directory to judge these nodes among (--local)"})
+            "against": "a reference fleet directory to judge these nodes among (--local)",
+            "nccl": "then run verify_nccl through srun across the nodes that did not fail",
+            "nccl_args": "options for verify_nccl.py, e.g. \"--sizes 1M:1G\""})
 def preflight(c, fleet=None, local=False, json=False, profile=None, python=None, run_dir=None,
-              slow=None, no_gpu_health=False, size=8192, against=None):
+              slow=None, no_gpu_health=False, size=8192, against=None, nccl=False,
+              nccl_args=""):
     """Find the bad node before the job does: every node through srun, then the fleet verdict."""
     _done(commands.preflight(fleet, local, json, profile, python, run_dir, slow,
-                             not no_gpu_health, size, against))
+                             not no_gpu_health, size, against, nccl, nccl_args))

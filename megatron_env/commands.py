@@ -265,11 +265,13 @@ def bug_report(profile_name: str | None = None, prefix: str | None = None,
 def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool = False,
               profile_name: str | None = None, python: str | None = None,
               run_dir: str | None = None, slow: str | float | None = None,
-              gpu_health: bool = True, size: str | int = 8192, against: str | None = None) -> int:
+              gpu_health: bool = True, size: str | int = 8192, against: str | None = None,
+              nccl: bool = False, nccl_args: str = "") -> int:
     """Every node of the allocation through srun (or --local: this node; or --fleet DIR: a
     directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a node fails.
     `against`: a reference fleet directory whose nodes the medians and majorities include (a
-    Slurm prolog or HealthCheckProgram judging one node against the last fleet run)."""
+    Slurm prolog or HealthCheckProgram judging one node against the last fleet run).
+    `nccl`: then scripts/verify_nccl.py through srun across the nodes that did not fail."""
     import sys
 
     from . import fleet
@@ -338,6 +340,23 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
                  "results)") + f"; results in {root}")
     if rep.exclude:
         err.print(f"  [dim]hint:[/] srun/sbatch --exclude={','.join(rep.exclude)}")
+    if nccl and expected:  # only where this run launched the nodes itself
+        import shlex
+
+        from . import fingerprint
+
+        healthy = [n.host for n in rep.nodes if n.status != "fail"]
+        per_node = max((len(fleet.gpus(n)) for n in nodes if n.host in healthy), default=0)
+        code = pf.verify_nccl(root, healthy, max(per_node, 1),
+                              fingerprint.interpreter(prof, python), shlex.split(nccl_args),
+                              echo=lambda s: err.out(s.rstrip("\n")))
+        if code is not None:
+            err.print(f"[bold]verify_nccl[/bold]: {'pass' if code == 0 else 'fail'} across "
+                      f"{len(healthy)} node(s); results in {root / 'nccl'}")
+            if code:
+                return 2
+    elif nccl:
+        err.print("verify_nccl: skipped: --nccl runs inside an allocation, after its preflight")
     return rep.exit_code
 
 

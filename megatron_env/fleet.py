@@ -99,7 +99,7 @@ def load(root: Path) -> list[Node]:
 # --- per-node facts the fleet compares ---------------------------------------------------------
 
 
-def _gpus(node: Node) -> list[dict[str, Any]]:
+def gpus(node: Node) -> list[dict[str, Any]]:
     gpus = node.health.get("gpus")
     return [g for g in gpus if isinstance(g, dict)] if isinstance(gpus, list) else []
 
@@ -162,18 +162,18 @@ def gpu_speed(nodes: list[Node], slow: float) -> dict[str, Finding]:
     """Each GPU's GEMM and copy against the fleet median of its model."""
     values: dict[tuple[str, str], list[float]] = defaultdict(list)
     for n in nodes:
-        for g in _gpus(n):
+        for g in gpus(n):
             for key, _, _ in METRICS:
                 if isinstance(g.get(key), (int, float)):
                     values[(str(g.get("name")), key)].append(float(g[key]))
     median = {k: statistics.median(v) for k, v in values.items()}
     out = {}
     for n in nodes:
-        gpus = _gpus(n)
-        if not gpus:
+        mine = gpus(n)
+        if not mine:
             continue
         bad, evidence = [], []
-        for g in gpus:
+        for g in mine:
             model = str(g.get("name"))
             for key, what, unit in METRICS:
                 got, med = g.get(key), median.get((model, key))
@@ -192,7 +192,7 @@ def gpu_speed(nodes: list[Node], slow: float) -> dict[str, Finding]:
                                   "-d PERFORMANCE), run dcgmi diag -r 3")
         else:
             out[n.host] = Finding("fleet.gpu_speed", "pass",
-                                  f"{n.host}: {len(gpus)} GPU(s) within {slow:.0%} of the fleet "
+                                  f"{n.host}: {len(mine)} GPU(s) within {slow:.0%} of the fleet "
                                   "median", evidence)
     return out
 
@@ -347,7 +347,7 @@ def plot(nodes: list[Node], path: Path, slow: float = DEFAULT_SLOW) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [(n.host, g) for n in nodes for g in _gpus(n)]
+    rows = [(n.host, g) for n in nodes for g in gpus(n)]
     if not rows:
         return False
     fig, axes = plt.subplots(2, 1, figsize=(max(7, 0.25 * len(rows) + 2), 6), sharex=True)

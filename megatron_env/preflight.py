@@ -174,6 +174,25 @@ def launch(run_dir: Path, profile_name: str | None, python: str | None, *, healt
     return r.returncode, expected_hosts()
 
 
+def verify_nccl(run_dir: Path, healthy: list[str], gpus_per_node: int, python: Path,
+                extra: list[str], echo=print) -> int | None:
+    """scripts/verify_nccl.py through srun across the healthy nodes (one rank per GPU); its
+    exit status, or None when fewer than two nodes are left to test."""
+    if len(healthy) < 2:
+        echo(f"verify_nccl: skipped, {len(healthy)} healthy node(s): nothing to connect")
+        return None
+    out = run_dir / "nccl"
+    argv = ["srun", f"--nodes={len(healthy)}", f"--ntasks={len(healthy) * gpus_per_node}",
+            f"--ntasks-per-node={gpus_per_node}", f"--nodelist={','.join(healthy)}",
+            f"--chdir={REPO_ROOT}", str(python), str(REPO_ROOT / "scripts" / "verify_nccl.py"),
+            "--out", str(out), *extra]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "command.txt").write_text(subprocess.list2cmdline(argv) + "\n")
+    echo(f"verify_nccl: {len(healthy)} node(s) x {gpus_per_node} rank(s): {', '.join(healthy)}")
+    r = proc.run(argv, timeout=None, log=out / "srun.log", stream=True, on_line=echo)
+    return r.returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     """The per-node entry point srun starts (not meant to be typed; see `invoke preflight`)."""
     p = argparse.ArgumentParser(prog="python -m megatron_env.preflight")

@@ -336,8 +336,11 @@ def size_sweep(spec: str) -> list[int]:
 
 
 def slurm_first_host(env) -> str:
-    """The job's first node, where rank 0 runs: from scontrol, else single-node jobs locally."""
-    nodelist = env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", ""))
+    """The step's first node, where rank 0 runs: from scontrol, else single-node jobs locally.
+    The step's list, not the job's: a step started with --exclude/--nodelist may leave the job's
+    first node out."""
+    nodelist = (env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                or env.get("SLURM_NODELIST", ""))
     if shutil.which("scontrol") and nodelist:
         hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist],
                                capture_output=True, text=True).stdout.split()

@@ -3,7 +3,8 @@
 The three slurmd run on this one host, so the hardware cannot differ between them: the test hook
 MEGATRON_ENV_PREFLIGHT_OVERRIDE gives each node the real H200 captures in place of what this
 machine has (no GPU), and plants a slow GPU on n2 and another driver on n3. Everything else
-(the collection, the host checks, the fingerprint of this interpreter, srun itself) is real.
+(the collection, the host checks, the fingerprint of this interpreter, srun itself, and
+verify_nccl with gloo across the nodes that pass) is real.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ def test_preflight_through_srun_names_the_bad_node(slurm, tmp_path):
     env = dict(os.environ, **slurm.env,
                MEGATRON_ENV_PREFLIGHT_OVERRIDE=str(_overrides(tmp_path / "override")))
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    env["MASTER_ADDR"] = "127.0.0.1"  # the simulated node names do not resolve
     r = subprocess.run(["salloc", "-N3", sys.executable, "-m", "invoke", "preflight", "--json",
                         "--profile", fb.PROFILE, "--python", sys.executable,
-                        "--run-dir", str(run)],
+                        "--run-dir", str(run), "--nccl",
+                        "--nccl-args=--backend gloo --sizes 1K:16K --warmup 1 --iters 2"],
                        capture_output=True, text=True, timeout=600, env=env, cwd=fb.REPO)
     assert r.returncode == 2 and r.stdout.startswith("{"), r.stdout + r.stderr
     doc = json.loads(r.stdout)
@@ -96,3 +99,9 @@ def test_preflight_through_srun_names_the_bad_node(slurm, tmp_path):
         fp = json.loads((d / "fingerprint.json").read_text())
         assert fp["python"] == sys.executable and fp["torch"]
     assert (run / "fleet.png").is_file()
+    # --nccl: verify_nccl through srun on the nodes that did not fail, n2 left out
+    nccl = json.loads((run / "nccl" / "results.json").read_text())
+    assert [c["rank"] for c in nccl["correctness"]] == [0, 1]
+    assert nccl["topology"]["world_size"] == 2
+    assert "--nodelist=n1,n3" in (run / "nccl" / "command.txt").read_text()
+    assert "verify_nccl: pass across 2 node(s)" in r.stderr
