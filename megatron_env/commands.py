@@ -320,19 +320,7 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
 
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
-        out = report.console()
-        t = Table(show_edge=False, box=None, pad_edge=False)
-        for col in ("host", "status", "worst findings"):
-            t.add_column(col, no_wrap=col != "worst findings")
-        for n in rep.nodes:
-            bad = [f for f in n.findings if f.status == n.status][:3]
-            text = "\n".join(f"{f.id}: {f.summary.split(': ', 1)[-1]}" for f in bad)
-            if n.status == "pass":
-                text = f"{len(n.findings)} checks pass"
-            t.add_row(n.host, f"[{report.STYLE[n.status]}]{n.status}[/]", text)
-        out.print(t)
-        if rep.exclude:
-            out.print(f"--exclude={','.join(rep.exclude)}")
+        report.print_fleet(rep.nodes, rep.exclude)
     counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}
     err.print(f"[bold]preflight[/bold]: {len(rep.nodes)} node(s) against {prof.name}: "
               + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
@@ -340,7 +328,7 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
                  "results)") + f"; results in {root}")
     if rep.exclude:
         err.print(f"  [dim]hint:[/] srun/sbatch --exclude={','.join(rep.exclude)}")
-    if nccl and expected:  # only where this run launched the nodes itself
+    if nccl and not (fleet_dir or local):  # only where this run launched the nodes itself
         import shlex
 
         from . import fingerprint

@@ -52,3 +52,19 @@ def to_json(findings: list[Finding], **extra: Any) -> str:
 
 def emit_json(findings: list[Finding], **extra: Any) -> None:
     sys.stdout.write(to_json(findings, **extra) + "\n")
+
+
+def print_fleet(nodes, exclude: list[str], out: Console | None = None) -> None:
+    """One row per node (fleet.NodeResult) with its worst findings, then the --exclude line."""
+    out = out or console()
+    t = Table(show_edge=False, box=None, pad_edge=False)
+    for col in ("host", "status", "worst findings"):
+        t.add_column(col, no_wrap=col != "worst findings")
+    for n in nodes:
+        worst = [f for f in n.findings if f.status == n.status][:3]
+        text = "\n".join(f"{f.id}: {f.summary.split(': ', 1)[-1]}" for f in worst)
+        t.add_row(n.host, f"[{STYLE[n.status]}]{n.status}[/]",
+                  f"{len(n.findings)} checks pass" if n.status == "pass" else text)
+    out.print(t)
+    if exclude:
+        out.print(f"--exclude={','.join(exclude)}")
