@@ -35,11 +35,13 @@ def check(c, profile=None, snapshot=None, json=False):
             "dry_run": "print the plan: what would run and why",
             "only": "run this one step", "from": "start at this step",
             "adopt": "use this existing interpreter (an NGC container's python) as the env",
-            "no_builds": "leave the flash-attn and apex builds out"})
+            "no_builds": "leave the flash-attn and apex builds out",
+            "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)"},
+      iterable=["bundle"])
 def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None, adopt=None,
-          no_builds=False):
+          no_builds=False, bundle=None):
     """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
-    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt, no_builds))
+    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt, no_builds, bundle))
 
 
 @task(help={"profile": "profile name (default: the default profile)",
@@ -79,13 +81,14 @@ def lock_diff(c, base=None):
             "conda": "conda/mamba/micromamba executable for the conda path",
             "use_conda": "force the conda path (--no-use-conda forces uv)",
             "find_links": "a wheelhouse directory to install from (repeatable)",
-            "no_index": "install only from --find-links"},
-      iterable=["find_links"])
+            "no_index": "install only from --find-links",
+            "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)"},
+      iterable=["find_links", "bundle"])
 def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=False,
-        conda=None, use_conda=None, find_links=None, no_index=False):
+        conda=None, use_conda=None, find_links=None, no_index=False, bundle=None):
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
     _done(commands.env(profile, prefix, python, adopt, install_missing, conda, use_conda,
-                       find_links, no_index))
+                       find_links, no_index, bundle))
 
 
 @task(help={"what": "flash-attn, apex or all",
@@ -94,11 +97,13 @@ def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=
             "python": "build for this interpreter instead (an adopted environment)",
             "arch": "compute capabilities, e.g. 9.0 or 8.0,9.0, or native (default: profile)",
             "dry_run": "print the build plan (sources, patches, flags, cache key) and stop",
-            "cache_dir": "wheel cache shared by the nodes (default .cache, or MEGATRON_ENV_CACHE)"})
+            "cache_dir": "wheel cache shared by the nodes (default .cache, or MEGATRON_ENV_CACHE)",
+            "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)"},
+      iterable=["bundle"])
 def build(c, what, profile=None, prefix=None, python=None, arch=None, dry_run=False,
-          cache_dir=None):
+          cache_dir=None, bundle=None):
     """Build flash-attn/apex from pinned, patched sources; cache by content; install; verify."""
-    _done(commands.build(what, profile, prefix, arch, dry_run, cache_dir, python))
+    _done(commands.build(what, profile, prefix, arch, dry_run, cache_dir, python, bundle))
 
 
 @task(name="build-check", help={"profile": "profile name (default: the default profile)",
@@ -143,3 +148,13 @@ def preflight(c, fleet=None, local=False, json=False, profile=None, python=None,
     """Find the bad node before the job does: every node through srun, then the fleet verdict."""
     _done(commands.preflight(fleet, local, json, profile, python, run_dir, slow,
                              not no_gpu_health, size, against, nccl, nccl_args))
+
+
+@task(help={"profile": "profile name (default: the default profile)",
+            "out": "the archive to write (FILE.tar)",
+            "adopt": "leave the lock's wheels out: for nodes that adopt their own torch",
+            "with_builds": "add the cached kernel wheels built for this profile",
+            "since": "write only what this older bundle lacks (a delta)"})
+def bundle(c, out, profile=None, adopt=False, with_builds=False, since=None):
+    """One archive with everything `invoke setup --bundle` needs on a node without network."""
+    _done(commands.bundle(profile, out, adopt, with_builds, since))

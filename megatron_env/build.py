@@ -107,7 +107,7 @@ def fetch(pkg: Package, python: Path, echo=print) -> Path:
             sources.checkout(pkg.name, src.repo, src.tag, src.commit, dest, echo=echo)
             (dest / ".megatron-env-pristine").write_text(src.commit + "\n")
         return dest
-    archive = cache_dir() / "sdists" / f"{src.sha256}.tar.gz"
+    archive = sdist_archive(pkg)
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
         tmp = archive.with_suffix(f".tmp-{os.getpid()}")
@@ -132,6 +132,11 @@ def fetch(pkg: Package, python: Path, echo=print) -> Path:
         os.replace(root, dest)
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def sdist_archive(pkg: Package) -> Path:
+    """Where the cache keeps a package's verified sdist (named by its sha256)."""
+    return cache_dir() / "sdists" / f"{pkg.source.sha256}.tar.gz"
 
 
 def _download(pkg: Package, python: Path, target: Path, echo) -> None:
@@ -181,6 +186,7 @@ class Plan:
     key: str
     max_jobs: int
     why_jobs: str
+    key_doc: dict = field(default_factory=dict)  # what the key is made of (bundles select by it)
 
     def lines(self) -> list[str]:
         p = self.package
@@ -283,7 +289,7 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
                "cxx11_abi": facts["abi"], "archs": sorted(archs) if pkg.cuda else [],
                "switches": pkg.switches}
     key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:32]
-    return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why)
+    return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
 
 
 # --- build, cache, install, verify -----------------------------------------------------------
@@ -337,7 +343,8 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                 (staging / "meta.json").write_text(json.dumps(
                     {"plan": p.lines(), "max_jobs": p.max_jobs, "why_jobs": p.why_jobs,
                      "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "build_seconds": built_in, "log": str(log)}, indent=2) + "\n")
+                     "build_seconds": built_in, "log": str(log), "key": p.key_doc},
+                    indent=2) + "\n")
                 os.replace(staging, slot)
             finally:
                 for d in (work, _dist_dir(work)):

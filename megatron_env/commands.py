@@ -77,12 +77,13 @@ def check(profile_name: str | None = None, snapshot_dir: str | None = None,
 @guarded
 def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: bool = False,
           only: str | None = None, start: str | None = None, adopt: str | None = None,
-          no_builds: bool = False) -> int:
+          no_builds: bool = False, bundle: list[str] | None = None) -> int:
     """The whole chain (see megatron_env.pipeline); one summary table at the end."""
     from . import env as env_mod
     from . import pipeline
 
     out = report.console()
+    profile_name = _use_bundle(bundle, profile_name, adopt)
     prof = profile.load(profile_name)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
                            env_mod.default_prefix(prof), echo=out.print,
@@ -157,11 +158,15 @@ def lock_diff(base: str | None = None) -> int:
 def env(profile_name: str | None = None, prefix: str | None = None, python: str | None = None,
         adopt: bool = False, install_missing: bool = False, conda: str | None = None,
         use_conda: bool | None = None, find_links: list[str] | None = None,
-        no_index: bool = False) -> int:
+        no_index: bool = False, bundle: list[str] | None = None) -> int:
     """Build (or verify) the profile's environment, or check an adopted one."""
+    import sys
+
     from . import env as env_mod
 
     out = report.console()
+    profile_name = _use_bundle(bundle, profile_name,
+                               (python or sys.executable) if adopt else python)
     prof = profile.load(profile_name)
     if adopt:
         v = env_mod.adopt(prof, python, install_missing, find_links, no_index)
@@ -183,7 +188,7 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
 @guarded
 def build(which: str = "all", profile_name: str | None = None, prefix: str | None = None,
           arch: str | None = None, dry_run: bool = False, cache_dir: str | None = None,
-          python: str | None = None) -> int:
+          python: str | None = None, bundle: list[str] | None = None) -> int:
     """Build, cache, install and verify flash-attn and/or apex for the profile's environment."""
     import os
 
@@ -193,6 +198,11 @@ def build(which: str = "all", profile_name: str | None = None, prefix: str | Non
     out = report.console()
     if cache_dir:
         os.environ[build_mod.CACHE_DIR_ENV] = cache_dir
+    if bundle:  # the environment to build for must be the bundle's Python
+        name = _bundle_profile(bundle, profile_name)
+        target = python or str(env_mod.python_of(
+            Path(prefix) if prefix else env_mod.default_prefix(profile.load(name))))
+        profile_name = _use_bundle(bundle, name, target)
     prof = profile.load(profile_name)
     py = Path(python) if python else env_mod.python_of(
         Path(prefix) if prefix else env_mod.default_prefix(prof))
@@ -354,3 +364,44 @@ def _fleet_profile(nodes) -> str | None:
 
     names = Counter(n.fingerprint.get("profile") for n in nodes if n.fingerprint.get("profile"))
     return names.most_common(1)[0][0] if names else None
+
+
+def _bundle_profile(bundle: list[str], profile_name: str | None) -> str:
+    from . import bundle as bundle_mod
+
+    return profile_name or bundle_mod.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
+
+
+def _use_bundle(bundle: list[str] | None, profile_name: str | None,
+                python: str | None) -> str | None:
+    """With --bundle: check it and point the chain at it (nothing else is reached)."""
+    if not bundle:
+        return profile_name
+    from . import bundle as bundle_mod
+
+    name, _root = bundle_mod.use(bundle, profile_name, python,
+                                 echo=report.console(stderr=True).print)
+    return name
+
+
+@guarded
+def bundle(profile_name: str | None = None, out_file: str | None = None, adopt: bool = False,
+           with_builds: bool = False, since: str | None = None) -> int:
+    """One archive with everything the profile's setup needs offline (megatron_env.bundle)."""
+    from . import bundle as bundle_mod
+
+    if not out_file:
+        raise UserError("--out FILE.tar is required", fix="invoke bundle --out my-bundle.tar")
+    out = report.console()
+    err = report.console(stderr=True)
+    prof = profile.load(profile_name)
+    made = bundle_mod.make(prof, Path(out_file), adopt=adopt, with_builds=with_builds,
+                           since=Path(since) if since else None, echo=err.print)
+    width = max((len(r) for r in made.by_role), default=0)
+    for role, size in sorted(made.by_role.items(), key=lambda x: -x[1]):
+        out.print(f"  {role:<{width}}  {size / 2**20:9.1f} MiB")
+    delta = f", {made.reused} files left to its base" if since else ""
+    out.print(f"[bold]bundle[/bold] {made.out}: {prof.name} ({made.manifest['mode']}), "
+              f"{made.written} files{delta}, {made.size / 2**20:.1f} MiB, "
+              f"{made.seconds:.1f} s")
+    return 0

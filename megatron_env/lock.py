@@ -181,17 +181,37 @@ def compile_lock(profile: Profile, *, python: str | None = None,
     return LockResult(target, exe, where, len(parse_lock(target.read_text())))
 
 
-def download_wheels(lockfile: Path, dest: Path, python: str) -> proc.Result:
+# Every wheel tag a glibc 2.28 x86_64 system runs (PLATFORM): pip takes --platform literally, and
+# CUDA 13 wheels are tagged manylinux_2_27 (nvidia-cublas 13.1), others manylinux_2_24.
+WHEEL_PLATFORMS = [*(f"manylinux_2_{m}_x86_64" for m in range(28, 4, -1)),
+                   "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+
+
+def download_wheels(lockfile: Path, dest: Path, python: str, on_line=None) -> proc.Result:
     """Every file of a lock into `dest` as linux x86_64 wheels, hashes checked: a wheelhouse for
-    `invoke env --find-links DIR --no-index` on a cluster without an index."""
-    platforms = ["manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64",
-                 "manylinux1_x86_64"]
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
+    `invoke env --find-links DIR --no-index` on a cluster without an index. `on_line` receives
+    pip's output line by line (progress of long downloads)."""
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
             "-r", lockfile, "-d", dest, "--python-version", python, "--implementation", "cp",
-            "--only-binary=:all:"]
-    for plat in platforms:
+            "--only-binary=:all:", "--progress-bar", "off"]
+    for plat in WHEEL_PLATFORMS:
         argv += ["--platform", plat]
-    return proc.run(argv, timeout=1800)
+    if on_line is None:
+        return proc.run([*argv, "-q"], timeout=1800)
+    return proc.run(argv, timeout=None, stream=True, on_line=on_line)
+
+
+def parse_hashes(text: str) -> dict[str, set[str]]:
+    """name -> the sha256 digests the lock allows for it (one per file: wheels, sdist)."""
+    out: dict[str, set[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line):
+            name = m.group(1).lower().replace("_", "-")
+            out.setdefault(name, set())
+        if name:
+            out[name].update(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+    return out
 
 
 def parse_lock(text: str) -> dict[str, str]:

@@ -1,0 +1,525 @@
+"""Offline bundles: everything one profile's `invoke setup` needs, in one archive with a manifest.
+
+Made where the network (or the MEGATRON_ENV_MIRROR_* / MEGATRON_ENV_SOURCE_* mirrors) is, used
+where nothing is reachable. Layout of an archive (and of the directory it unpacks to):
+
+    manifest.json        every file below: sha256, size, role; the profile digest; the Python and
+                         platform it serves; the tool version; `base` for a delta bundle
+    source/              the tool's own tree with this profile, its locks and patch series
+                         (run `invoke ... --bundle` from here)
+    tool/                megatron-env and its runtime dependencies as wheels for the profile's
+                         Python, with the build backend (pip install --no-index --find-links)
+    wheels/              every file the lock pins, each checked against the lock's sha256
+                         (absent from an `adopt` bundle, made for a node that has its own torch)
+    sources/<name>/      kernel sdists, checked against the profile's sha256
+    git/<name>-<commit>.git   bare repositories holding only the pinned commit (and its tag):
+                         Megatron-LM and every git-sourced kernel package
+    builds/<key>/        kernel wheels from the build cache for this profile (--with-builds)
+
+The offline side checks the manifest before anything else (a changed or missing file is refused
+by name and nothing is installed), checks that the bundle serves this profile, Python and
+platform, then points the usual chain at the bundle through the variables it already honours:
+uv's UV_FIND_LINKS/UV_NO_INDEX/UV_OFFLINE, MEGATRON_ENV_MIRROR_<NAME>, MEGATRON_ENV_SOURCE_<NAME>.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import REPO_ROOT, __version__, build, lock, megatron, patches, proc, sources
+from .errors import UserError
+from .profile import Profile
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+# The tool's own tree as shipped (envs/ holds only the bundled profile).
+SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
+                "pyproject.toml", "README.md")
+MACHINE = "x86_64"  # the locks are made for linux x86_64 (lock.PLATFORM)
+_PIP_NAME = re.compile(r"[-_.]+")
+
+
+# --- what a profile's bundle must agree on ---------------------------------------------------
+
+
+def profile_digest(prof: Profile) -> str:
+    """The profile, its locks and every patch series it uses: what a bundle was made from."""
+    h = hashlib.sha256()
+    files = [prof.path, *(prof.dir / f for f in (lock.LOCK_FILE, lock.ENV_FILE,
+                                                  lock.CONDA_LOCK_FILE))]
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).digest() if f.exists() else b"missing")
+    h.update(patches.digest(megatron.patch_series(prof)).encode())
+    for k in build.packages(prof).values():
+        h.update(k.name.encode() + patches.digest(patches.series(k.name, k.pin)).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _py_tag(version: str) -> str:
+    return "cpython-" + version.replace(".", "")
+
+
+# --- the online side -------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    arcname: str
+    path: Path
+    role: str
+    sha256: str = ""
+    size: int = 0
+
+
+@dataclass
+class Made:
+    out: Path
+    manifest: dict
+    written: int  # files in this archive
+    reused: int  # files a --since base already holds
+    size: int
+    seconds: float
+    by_role: dict[str, int] = field(default_factory=dict)
+
+
+def _source_tree(prof: Profile, dest: Path) -> None:
+    """The tool's tree as it runs from a checkout, with only this profile under envs/."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".*.log", "*.egg-info")
+    for item in SOURCE_ITEMS:
+        src = REPO_ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, dest / item, ignore=ignore)
+        elif src.is_file():
+            shutil.copy2(src, dest / item)
+    shutil.copytree(prof.dir, dest / "envs" / prof.name, ignore=ignore)
+
+
+def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) -> None:
+    argv = [sys.executable, "-m", "pip", "download", "-q", "-d", dest, "--python-version", python,
+            "--implementation", "cp", "--only-binary=:all:"]
+    for plat in lock.WHEEL_PLATFORMS:
+        argv += ["--platform", plat]
+    r = proc.run([*argv, *args], timeout=1800)
+    if not r.ok:
+        raise UserError(f"cannot download {what} for Python {python}: {r.tail(4)}",
+                        fix="check the package index (pip's configuration, PIP_INDEX_URL) "
+                            "or PIP_FIND_LINKS")
+
+
+def _tool_wheels(prof: Profile, source: Path, dest: Path, echo) -> None:
+    """megatron-env as a wheel, its runtime dependencies and its build backend, for the profile's
+    Python: `pip install --no-index --find-links tool megatron-env` then needs nothing else."""
+    echo(f"tool: building the megatron-env {__version__} wheel")
+    with tempfile.TemporaryDirectory(prefix="megatron-env-wheel-") as tmp:
+        work = Path(tmp) / "src"
+        shutil.copytree(source, work)
+        # fixed zip timestamps: the same tree gives the same wheel, so a delta bundle skips it
+        r = proc.run([lock.uv_exe(), "build", "--wheel", "--out-dir", Path(tmp) / "dist", work],
+                     env={**lock.uv_env(), "SOURCE_DATE_EPOCH": "315532800"}, timeout=900)
+        if not r.ok:
+            raise UserError(f"building the megatron-env wheel failed: {r.tail(5)}",
+                            fix="the build needs setuptools and wheel from the package index")
+        built = next((Path(tmp) / "dist").glob("megatron_env-*.whl"))
+        wheel = Path(shutil.copy(built, dest / built.name))
+    echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
+    backend = _build_requires(source / "pyproject.toml")
+    _pip_download([wheel, *backend], dest, prof.python, "megatron-env's dependencies")
+
+
+def _build_requires(pyproject: Path) -> list[str]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    return list(tomllib.loads(pyproject.read_text())["build-system"]["requires"])
+
+
+def _env_wheels(prof: Profile, echo) -> list[Path]:
+    """The lock's files, downloaded once into the cache and each checked against the lock."""
+    lockfile = prof.dir / lock.LOCK_FILE
+    text = lockfile.read_text()
+    allowed = lock.parse_hashes(text)
+    total = len(allowed)
+    house = sources.cache_dir() / "bundle-wheels"
+    house.mkdir(parents=True, exist_ok=True)
+    seen = [0]
+
+    def progress(line: str) -> None:  # one line a file: pip's "Downloading x.whl (530.7 MB)"
+        m = re.match(r"\s*(Downloading|Using cached|File was already downloaded)\s+(\S+)(.*)",
+                     line)
+        if m:
+            seen[0] += 1
+            how = {"Downloading": "downloading"}.get(m.group(1), "cached")
+            size = m.group(3).strip(" ()")
+            echo(f"wheels: {seen[0]}/{total} {how} {Path(m.group(2)).name}"
+                 + (f" ({size})" if size else ""))
+
+    echo(f"wheels: {total} files of {lockfile.name} for Python {prof.python}, hashes required")
+    r = lock.download_wheels(lockfile, house, prof.python, on_line=progress)
+    if not r.ok:
+        raise UserError(f"downloading the files of {lockfile} failed: {r.tail(4)}",
+                        fix="check the package index or mirror (PIP_INDEX_URL, PIP_FIND_LINKS)")
+    by_hash: dict[str, Path] = {}
+    for f in house.glob("*.whl"):
+        by_hash[_sha256(f)] = f
+    chosen, missing = [], []
+    for name, hashes in sorted(allowed.items()):
+        hit = next((by_hash[h] for h in hashes if h in by_hash), None)
+        if hit is None:
+            missing.append(name)
+            continue
+        if _PIP_NAME.sub("-", hit.name.split("-")[0]).lower() != name:
+            raise UserError(f"{hit.name} carries a hash the lock gives {name}",
+                            fix=f"remove {house} and run `invoke bundle` again")
+        chosen.append(hit)
+    if missing:
+        raise UserError(f"no file matching the lock's sha256 for: {', '.join(missing)}",
+                        fix=f"the index served other files; remove {house} and retry")
+    return chosen
+
+
+def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, echo) -> None:
+    """A fresh bare repository holding only `commit` (and `tag`, checked to point at it)."""
+    url = sources.repo_url(name, url)
+    echo(f"{name}: fetching {tag or commit[:12]} (depth 1) from {url}")
+    shutil.rmtree(dest, ignore_errors=True)
+    git = ["git", "--git-dir", str(dest)]
+    run_env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    steps = [["git", "init", "-q", "--bare", str(dest)],
+             [*git, "fetch", "-q", "--depth", "1", url,
+              f"+refs/tags/{tag}:refs/tags/{tag}" if tag else commit]]
+    for argv in steps:
+        r = proc.run(argv, env=run_env, timeout=3600)
+        if not r.ok:
+            raise UserError(f"cannot fetch {name} {tag or commit} from {url}: {r.tail(2)}",
+                            fix=f"set {sources.mirror_var(name)} to a reachable mirror or a "
+                                "local bare repository holding the pin")
+    at = sources.resolve(dest, tag or commit)
+    if at != commit:
+        raise UserError(f"{name}: tag {tag} points at {at}, the profile pins {commit}",
+                        fix="the tag moved: check upstream and the profile's pin")
+    for argv in ([*git, "update-ref", "refs/heads/pinned", commit],
+                 [*git, "symbolic-ref", "HEAD", "refs/heads/pinned"],
+                 [*git, "repack", "-a", "-d", "-q"]):
+        r = proc.run(argv, timeout=600)
+        if not r.ok:
+            raise UserError(f"{name}: preparing the bare repository failed: {r.tail(2)}")
+    for junk in ("hooks", "description", "info", "FETCH_HEAD", "logs"):
+        p = dest / junk
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def _builds(prof: Profile) -> list[tuple[str, Path]]:
+    """Cached kernel wheels made for this profile's pins, Python, torch and archs."""
+    out = []
+    for k in build.packages(prof).values():
+        want = {"source": k.source.digest, "patches": patches.digest(patches.series(k.name, k.pin)),
+                "python": _py_tag(prof.python), "cuda": prof.cuda,
+                "archs": sorted(prof.archs) if k.cuda else []}
+        for meta in sorted((build.cache_dir() / "wheels").glob(f"{k.name}-*/meta.json")):
+            try:
+                doc = json.loads(meta.read_text()).get("key") or {}
+            except (OSError, json.JSONDecodeError):
+                continue
+            if (all(doc.get(f) == v for f, v in want.items())
+                    and str(doc.get("torch", "")).split("+")[0] == prof.torch):
+                out.extend((f"builds/{meta.parent.name}/{f.name}", f)
+                           for f in sorted(meta.parent.iterdir()) if f.is_file())
+    return out
+
+
+def _role(arcname: str) -> str:
+    top = arcname.split("/")[0]
+    if top == "source":
+        if arcname.startswith("source/envs/"):
+            return "lock" if arcname.endswith((".lock", ".yml")) else "profile"
+        return "patch" if arcname.startswith("source/patches/") else "tool-source"
+    return {"tool": "tool-wheel", "wheels": "env-wheel", "sources": "kernel-source",
+            "git": "git", "builds": "kernel-build"}.get(top, top)
+
+
+def _tree(root: Path, prefix: str) -> list[Entry]:
+    return [Entry(f"{prefix}/{p.relative_to(root).as_posix()}", p, "")
+            for p in sorted(root.rglob("*")) if p.is_file()]
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of an archive or of an unpacked bundle directory."""
+    try:
+        if path.is_dir():
+            text = (path / MANIFEST).read_text()
+        else:
+            with tarfile.open(path) as tar:
+                member = tar.extractfile(MANIFEST)
+                if member is None:
+                    raise KeyError(MANIFEST)
+                text = member.read().decode()
+        doc = json.loads(text)
+    except (OSError, KeyError, tarfile.TarError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not a megatron-env bundle (no readable {MANIFEST}: "
+                        f"{type(e).__name__})",
+                        fix="pass the .tar `invoke bundle` wrote, or the directory it was "
+                            "unpacked into") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or "files" not in doc:
+        raise UserError(f"{path}: {MANIFEST} is not a format-{FORMAT} bundle manifest",
+                        fix="make the bundle with this version of megatron-env")
+    return doc
+
+
+def _manifest_digest(doc: dict) -> str:
+    return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
+         since: Path | None = None, echo=print) -> Made:
+    """Write the bundle of `prof` to `out` (a .tar); with `since`, only what that bundle lacks."""
+    t0 = time.monotonic()
+    if problems := lock.stale(prof):
+        raise UserError("; ".join(problems),
+                        fix=f"run `invoke lock --profile {prof.name}` and commit the locks first")
+    base = read_manifest(since) if since else None
+    out = out.absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
+        stage = Path(tmp)
+        entries: list[Entry] = []
+        _source_tree(prof, stage / "source")
+        entries += _tree(stage / "source", "source")
+        (stage / "tool").mkdir()
+        _tool_wheels(prof, stage / "source", stage / "tool", echo)
+        entries += _tree(stage / "tool", "tool")
+        if not adopt:
+            entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
+        repos, sdists = [], []
+        m = prof.megatron
+        pins = [("megatron", m["repo"], m["commit"], m["tag"])]
+        for k in build.packages(prof).values():
+            if k.source.repo:
+                pins.append((k.name, k.source.repo, k.source.commit, k.source.tag))
+                continue
+            echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
+            build.fetch(k, Path(sys.executable), echo)  # downloads once, checks the sha256
+            arc = build.sdist_archive(k)
+            name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
+            entries.append(Entry(name, arc, ""))
+            sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
+        for name, url, commit, tag in pins:
+            rel = f"git/{name}-{commit[:12]}.git"
+            repos.append({"name": name, "commit": commit, "tag": tag, "path": rel})
+            if base and any(f.startswith(rel + "/") for f in base["files"]):
+                echo(f"{name}: {rel} is in the base bundle")
+                continue
+            _bare_repo(name, url, commit, tag, stage / rel, echo)
+            entries += _tree(stage / rel, rel)
+        if with_builds:
+            found = _builds(prof)
+            echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
+                 f"for {prof.name}")
+            entries += [Entry(a, p, "") for a, p in found]
+        files: dict[str, dict] = {}
+        for e in entries:
+            e.role = _role(e.arcname)
+            e.sha256, e.size = _sha256(e.path), e.path.stat().st_size
+            files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
+        written = []
+        for e in entries:
+            old = base["files"].get(e.arcname) if base else None
+            if old and old["sha256"] == e.sha256:
+                files[e.arcname]["in"] = "base"
+            else:
+                written.append(e)
+        if base:  # git repositories the base already holds: its entries stand
+            for rel in (r["path"] for r in repos):
+                for f, meta in base["files"].items():
+                    if f.startswith(rel + "/"):
+                        files[f] = {**meta, "in": "base"}
+        manifest = {
+            "format": FORMAT, "tool": {"name": "megatron-env", "version": __version__},
+            "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "profile": {"name": prof.name, "digest": profile_digest(prof), "python": prof.python,
+                        "torch": prof.torch, "cuda": prof.cuda},
+            "python": prof.python, "platform": {"system": "linux", "machine": MACHINE,
+                                                "wheels": lock.PLATFORM},
+            "mode": "adopt" if adopt else "full", "with_builds": with_builds,
+            "base": _manifest_digest(base) if base else None,
+            "git": repos, "sources": sdists, "files": dict(sorted(files.items())),
+        }
+        (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        part = out.with_name(out.name + f".part-{os.getpid()}")
+        echo(f"writing {out.name}: {len(written)} files, "
+             f"{sum(e.size for e in written) / 2**20:.1f} MiB")
+        with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
+            tar.add(stage / MANIFEST, arcname=MANIFEST)
+            for e in written:
+                tar.add(e.path, arcname=e.arcname, recursive=False)
+        os.replace(part, out)
+    by_role: dict[str, int] = {}
+    for e in written:
+        by_role[e.role] = by_role.get(e.role, 0) + e.size
+    return Made(out, manifest, len(written), len(entries) - len(written), out.stat().st_size,
+                time.monotonic() - t0, by_role)
+
+
+# --- the offline side ------------------------------------------------------------------------
+
+
+def _chain(paths: list[Path]) -> list[Path]:
+    """Order bundles base first: a delta's manifest names its base's digest."""
+    docs = {p: read_manifest(p) for p in paths}
+    by_digest = {_manifest_digest(d): p for p, d in docs.items()}
+    bases = {d.get("base") for d in docs.values()}
+    tops = [p for p in paths if _manifest_digest(docs[p]) not in bases]
+    chain = [tops[0]] if len(tops) == 1 else []
+    while chain and (base := docs[chain[-1]].get("base")) in by_digest:
+        chain.append(by_digest[base])
+    if not chain or set(chain) != set(paths):
+        raise UserError(f"{', '.join(p.name for p in paths)} are not one bundle and its deltas",
+                        fix="pass a bundle and the deltas made from it with --since")
+    return chain[::-1]
+
+
+def _unpack(paths: list[Path], echo) -> Path:
+    """Archives unpacked once (base first, deltas over it) under the cache, keyed by the top
+    manifest; a directory is used where it is."""
+    if len(paths) == 1 and paths[0].is_dir():
+        return paths[0]
+    for p in paths:
+        if p.is_dir():
+            raise UserError(f"{p} is a directory: pass it alone (unpack the deltas into it)",
+                            fix=f"tar xf DELTA.tar -C {p}")
+        if not p.exists():
+            raise UserError(f"{p} does not exist", fix="pass the bundle's path")
+    ordered = _chain(paths)
+    chain = "".join(_manifest_digest(read_manifest(p)) for p in ordered)  # a delta alone differs
+    key = hashlib.sha256(chain.encode()).hexdigest()[:16]
+    dest = sources.cache_dir() / "bundles" / key
+    if (dest / MANIFEST).exists():
+        return dest
+    tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for p in ordered:
+        echo(f"bundle: unpacking {p.name} into {dest}")
+        try:
+            with tarfile.open(p) as tar:
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, OSError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise UserError(f"{p}: cannot unpack ({e})", fix="copy the bundle again") from None
+    os.replace(tmp, dest)
+    return dest
+
+
+def verify(root: Path, doc: dict) -> None:
+    """Every file the manifest lists is there, with its size and sha256; else refused by name."""
+    missing, changed = [], []
+    for rel, meta in doc["files"].items():
+        p = root / rel
+        if not p.is_file():
+            missing.append(rel)
+        elif p.stat().st_size != meta["size"] or _sha256(p) != meta["sha256"]:
+            changed.append(rel)
+    if missing or changed:
+        parts = []
+        if changed:
+            parts.append(f"{len(changed)} changed: {', '.join(changed[:8])}")
+        if missing:
+            parts.append(f"{len(missing)} missing: {', '.join(missing[:8])}")
+        raise UserError(f"bundle {root} does not match its manifest ({'; '.join(parts)}); "
+                        "nothing was installed",
+                        fix="copy the bundle again from where it was made (a delta needs its "
+                            "base unpacked first)")
+
+
+def _python_version(python: Path | str) -> str:
+    r = proc.run([str(python), "-c", "import sys, platform; print('%d.%d' % sys.version_info[:2],"
+                  " sys.platform, platform.machine())"], timeout=60)
+    if not r.ok:
+        raise UserError(f"{python} does not run: {r.tail(2)}", fix="pass a working interpreter")
+    return r.stdout.strip()
+
+
+def check_serves(doc: dict, prof: Profile, python: Path | str | None) -> None:
+    """The bundle was made for this profile (name and content), Python and platform."""
+    made = doc["profile"]
+    if made["name"] != prof.name:
+        raise UserError(f"the bundle was made for profile {made['name']}, not {prof.name}",
+                        fix=f"pass --profile {made['name']}, or make a bundle for {prof.name}")
+    if made["digest"] != profile_digest(prof):
+        raise UserError(f"profile {prof.name} at {prof.dir} differs from the one the bundle was "
+                        "made from (profile, locks or patches)",
+                        fix="run the tool from the bundle's own copy: cd BUNDLE/source")
+    want = f"{doc['python']} linux {doc['platform']['machine']}"
+    if python is not None:
+        got = _python_version(python)
+        if got != want:
+            raise UserError(f"the bundle serves Python {doc['python']} on linux "
+                            f"{doc['platform']['machine']}; {python} is Python "
+                            + got.replace(" ", " on ", 1),
+                            fix=f"use a Python {doc['python']} interpreter, or make a bundle for "
+                                "a profile of this Python")
+    elif (sys.platform, platform.machine()) != ("linux", doc["platform"]["machine"]):
+        raise UserError(f"the bundle serves linux {doc['platform']['machine']}, this is "
+                        f"{sys.platform} {platform.machine()}", fix="use a bundle made for it")
+
+
+def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Path | None,
+        echo=print) -> tuple[str, Path]:
+    """Check the bundle, then point this process's chain at it; -> (profile name, its root).
+
+    Nothing reaches the network afterwards: uv and pip are told there is no index, git sources
+    come from the bundle's repositories, sdists and cached builds from its files."""
+    from . import profile as profile_mod
+
+    paths = [Path(p).absolute() for p in paths]
+    root = _unpack(paths, echo)
+    doc = read_manifest(root)
+    t0 = time.monotonic()
+    verify(root, doc)
+    prof = profile_mod.load(profile_name or doc["profile"]["name"])
+    if python is None and doc["mode"] == "full":
+        python = lock.find_python(prof.python)[0]
+    check_serves(doc, prof, python)
+    if doc["mode"] == "adopt" and python is None:
+        raise UserError("this bundle carries no environment (made with --adopt): it serves an "
+                        "existing torch", fix="pass --adopt PYTHON (or --python PYTHON)")
+    echo(f"bundle: {len(doc['files'])} files match {MANIFEST} ({time.monotonic() - t0:.1f} s); "
+         f"profile {prof.name}, Python {doc['python']}, made {doc['made_at']}")
+    os.environ.update({"UV_NO_INDEX": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
+                       "UV_PYTHON_DOWNLOADS": "never"})
+    if (root / "wheels").is_dir():
+        os.environ["UV_FIND_LINKS"] = str(root / "wheels")
+    for repo in doc["git"]:
+        os.environ[sources.mirror_var(repo["name"])] = str(root / repo["path"])
+    for sdist in doc["sources"]:
+        os.environ[build.source_var(sdist["name"])] = str(root / sdist["path"])
+    cached = build.cache_dir() / "wheels"
+    for slot in sorted({Path(f).parent for f in doc["files"] if f.startswith("builds/")}):
+        target = cached / slot.name
+        if not target.exists():
+            cached.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(root / slot, target.with_name(target.name + ".tmp-bundle"),
+                            dirs_exist_ok=True)
+            os.replace(target.with_name(target.name + ".tmp-bundle"), target)
+    return prof.name, root

@@ -1,0 +1,226 @@
+"""Offline bundles for real: made from a local wheelhouse, local bare repositories and local
+sdists (no index, no GitHub), then used with no network at all (`unshare -n`): the tool installs
+from the bundle, `invoke setup --bundle` ends verified; tampered, missing, foreign bundles are
+refused by name before anything is installed; a delta bundle carries only what moved."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from megatron_env import build, lock, profile, sources
+
+from . import test_setup
+from .test_setup import PATCH, PROFILE, git, statuses
+
+upstream, repo = test_setup.upstream, test_setup.repo  # the fixtures: a bare repo tagged as Megatron
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _no_network_possible() -> bool:
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+offline = pytest.mark.skipif(not shutil.which("unshare") or not _no_network_possible(),
+                             reason="needs `unshare -n` (root or user namespaces)")
+
+
+@pytest.fixture(scope="session")
+def toolhouse(tmp_path_factory):
+    """The tool's runtime dependencies and build backend as wheels for the default profile's
+    Python: with the lock's wheelhouse, every package the bundle needs, from local files."""
+    import tomllib
+
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    house = tmp_path_factory.mktemp("toolhouse")
+    py = profile.load(PROFILE).python
+    argv = [sys.executable, "-m", "pip", "download", "-q", "-d", house, "--python-version", py,
+            "--implementation", "cp", "--only-binary=:all:",
+            *doc["project"]["dependencies"], *doc["build-system"]["requires"]]
+    for plat in lock.WHEEL_PLATFORMS:
+        argv += ["--platform", plat]
+    subprocess.run(argv, check=True)
+    return house
+
+
+_FAKED: dict[Path, dict[str, str]] = {}
+
+
+def fake_kernel_sources(repo_dir: Path, tmp: Path) -> dict[str, str]:
+    """Every kernel package of the profile given a local source: a bare repository (its pinned
+    commit replaced by the local one) or an sdist (its sha256 replaced); -> the variables that
+    point the online side at them. Made once per checkout: a second bundle sees the same pins."""
+    if repo_dir in _FAKED:
+        return _FAKED[repo_dir]
+    prof_file = repo_dir / "envs" / PROFILE / "profile.toml"
+    text = prof_file.read_text()
+    env = {}
+    for pkg in build.packages(profile.load_file(prof_file)).values():
+        work = tmp / f"{pkg.name}-src"
+        (work / pkg.name.replace("-", "_")).mkdir(parents=True)
+        (work / pkg.name.replace("-", "_") / "__init__.py").write_text("")
+        (work / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+        if pkg.source.repo:
+            git("init", "-q", cwd=work)
+            git("add", "-A", cwd=work)
+            git("commit", "-qm", pkg.name, cwd=work)
+            if pkg.source.tag:
+                git("tag", pkg.source.tag, cwd=work)
+            bare = tmp / f"{pkg.name}.git"
+            git("clone", "-q", "--bare", work, bare, cwd=tmp)
+            text = text.replace(pkg.source.commit, git("rev-parse", "HEAD", cwd=work))
+            env[sources.mirror_var(pkg.name)] = str(bare)
+        else:
+            sdist = tmp / f"{pkg.name}-{pkg.pin}.tar.gz"
+            with tarfile.open(sdist, "w:gz") as tar:
+                tar.add(work, arcname=f"{pkg.name}-{pkg.pin}")
+            text = text.replace(pkg.source.sha256, hashlib.sha256(sdist.read_bytes()).hexdigest())
+            env[build.source_var(pkg.name)] = str(sdist)
+    prof_file.write_text(text)
+    _FAKED[repo_dir] = env
+    return env
+
+
+def invoke(cwd: Path, *args, env=None, offline_run=False, python=sys.executable, timeout=1800):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_FIND", "UV_NO"))}
+    cmd = [python, "-m", "invoke", *args]
+    if offline_run:
+        cmd = ["unshare", "-n", *cmd]
+    return subprocess.run(cmd, cwd=cwd, env={**base, "COLUMNS": "250", **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def make_bundle(repo_dir, tmp, houses, *args):
+    """`invoke bundle` with only local sources: the wheelhouses, the bare repositories, sdists."""
+    shutil.copy(ROOT / "README.md", repo_dir / "README.md")  # the tool's wheel names it
+    env = {"PYTHONPATH": str(repo_dir), "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull,
+           "PIP_FIND_LINKS": " ".join(map(str, houses)), "UV_NO_INDEX": "1",
+           "UV_FIND_LINKS": ",".join(map(str, houses)),
+           "MEGATRON_ENV_CACHE": str(tmp / "online-cache"),
+           **fake_kernel_sources(repo_dir, tmp)}
+    r = invoke(repo_dir, "bundle", "--profile", PROFILE, *args, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+def flat(r):
+    return " ".join((r.stdout + r.stderr).split())
+
+
+@offline
+def test_full_bundle_sets_up_a_verified_env_with_no_network(repo, wheelhouse, toolhouse,
+                                                             tmp_path):
+    out = tmp_path / "b.tar"
+    made = make_bundle(repo, tmp_path, [wheelhouse, toolhouse], "--out", out)
+    assert "bundle" in made.stdout and out.exists()
+    with tarfile.open(out) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+    pins = lock.parse_lock((repo / "envs" / PROFILE / lock.LOCK_FILE).read_text())
+    assert len([n for n in names if n.startswith("wheels/")]) == len(pins)
+    assert any(n.startswith("tool/megatron_env-") for n in names)
+    assert {r["name"] for r in manifest["git"]} >= {"megatron"}
+    assert manifest["python"] == "3.10" and manifest["mode"] == "full"
+    assert all(f["role"] and len(f["sha256"]) == 64 for f in manifest["files"].values())
+    # the offline side: unpack once (a shared filesystem), install the tool from it, set up
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    subprocess.run(["tar", "xf", out, "-C", shared], check=True)
+    py310 = lock.find_python("3.10")[0]
+    tool = tmp_path / "tool-venv"
+    subprocess.run([py310, "-m", "venv", tool], check=True)
+    quiet = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    pip = subprocess.run(["unshare", "-n", tool / "bin" / "pip", "install", "-q", "--no-index",
+                          "--find-links", shared / "tool", "megatron-env"], env=quiet,
+                         capture_output=True, text=True)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    node = {"MEGATRON_ENV_CACHE": str(tmp_path / "node-cache"), "PIP_CONFIG_FILE": os.devnull,
+            "PYTHONPATH": ""}
+    prefix = tmp_path / "env"
+
+    def setup(*args, bundle=shared):
+        return invoke(shared / "source", "setup", "--bundle", bundle, "--prefix", prefix, *args,
+                      env=node, offline_run=True, python=tool / "bin" / "python")
+
+    # refused by name before anything is installed: a changed file, a missing one, another Python
+    pack = next((shared / "git").glob("megatron-*.git/objects/pack/*.pack"))
+    good = pack.read_bytes()
+    pack.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    r = setup()
+    assert r.returncode == 2 and "1 changed" in flat(r), flat(r)[-2000:]
+    assert str(pack.relative_to(shared)) in flat(r) and not prefix.exists()
+    pack.write_bytes(good)
+    wheel = next((shared / "wheels").glob("six-*.whl"))
+    wheel.rename(tmp_path / wheel.name)
+    r = setup()
+    assert r.returncode == 2 and f"1 missing: wheels/{wheel.name}" in flat(r), flat(r)[-2000:]
+    assert not prefix.exists()
+    (tmp_path / wheel.name).rename(wheel)
+    if sys.version_info[:2] != (3, 10):
+        r = setup("--adopt", sys.executable)
+        assert r.returncode == 2, flat(r)[-2000:]
+        assert (f"the bundle serves Python 3.10 on linux x86_64; {sys.executable} is Python "
+                f"3.{sys.version_info[1]}") in flat(r)
+        assert not prefix.exists()
+    # and the bundle as it was made sets up a verified environment with no network
+    r = setup()
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    s = statuses(r.stdout)
+    assert (s["env"], s["megatron"], s["verify"]) == ("done", "done", "done"), r.stdout[-3000:]
+    check = subprocess.run([prefix / "bin" / "python", "-c", "import megatron.core as m, "
+                            "megatron.core.datasets.helpers; print(m.PATCHED)"],
+                           capture_output=True, text=True, cwd="/")
+    assert check.stdout.strip() == "1", check.stderr
+
+
+@offline
+def test_adopt_bundle_refusals_and_a_delta_after_one_moved_pin(repo, toolhouse, tmp_path):
+    old = tmp_path / "old.tar"
+    make_bundle(repo, tmp_path, [toolhouse], "--out", old, "--adopt")
+    with tarfile.open(old) as tar:
+        names = tar.getnames()
+    assert not [n for n in names if n.startswith("wheels/")]  # the node brings its own torch
+    py310 = lock.find_python("3.10")[0]
+    node = {"MEGATRON_ENV_CACHE": str(tmp_path / "node-cache"), "PYTHONPATH": str(repo)}
+
+    def lock_step(*bundles, profile_name=PROFILE):
+        args = [a for b in bundles for a in ("--bundle", str(b))]
+        return invoke(repo, "setup", "--profile", profile_name, *args, "--adopt", py310,
+                      "--only", "lock", env=node, offline_run=True)
+
+    r = lock_step(old)
+    assert r.returncode == 0 and statuses(r.stdout)["lock"] == "done", flat(r)[-2000:]
+    r = lock_step(old, profile_name="core_v0.19.0-cu130")
+    assert r.returncode == 2
+    assert f"the bundle was made for profile {PROFILE}, not core_v0.19.0-cu130" in flat(r)
+    r = invoke(repo, "setup", "--bundle", old, "--only", "lock", env=node, offline_run=True)
+    assert r.returncode == 2 and "made with --adopt" in flat(r)
+    garbage = tmp_path / "garbage.tar"
+    garbage.write_text("not a tar")
+    r = lock_step(garbage)
+    assert r.returncode == 2 and "garbage.tar is not a megatron-env bundle" in flat(r)
+    # one pin moves (the Megatron patch series): the delta holds that and little else
+    series = repo / "patches" / "megatron" / "core_v0.4.0"
+    (series / "0001-mark-patched.patch").write_text(PATCH.format(n=2))
+    r = lock_step(old)
+    assert r.returncode == 2 and "differs from the one the bundle was made from" in flat(r)
+    delta = tmp_path / "delta.tar"
+    make_bundle(repo, tmp_path, [toolhouse], "--out", delta, "--adopt", "--since", old)
+    with tarfile.open(delta) as tar:
+        moved = set(tar.getnames())
+    assert "source/patches/megatron/core_v0.4.0/0001-mark-patched.patch" in moved
+    assert not [n for n in moved if n.startswith(("git/", "tool/", "sources/"))], moved
+    assert delta.stat().st_size < old.stat().st_size / 10
+    r = lock_step(delta)  # alone it lacks what its base holds
+    assert r.returncode == 2 and " missing: git/" in flat(r), flat(r)
+    r = lock_step(delta, old)  # combined (any order), on a node without network
+    assert r.returncode == 0, flat(r)[-2000:]
+    assert "files match manifest.json" in flat(r)
