@@ -141,18 +141,31 @@ def _tool_wheels(prof: Profile, source: Path, dest: Path, echo) -> None:
             raise UserError(f"building the megatron-env wheel failed: {r.tail(5)}",
                             fix="the build needs setuptools and wheel from the package index")
         built = next((Path(tmp) / "dist").glob("megatron_env-*.whl"))
-        wheel = Path(shutil.copy(built, dest / built.name))
+        shutil.copy(built, dest / built.name)
     echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
-    backend = _build_requires(source / "pyproject.toml")
-    _pip_download([wheel, *backend], dest, prof.python, "megatron-env's dependencies")
+    pins = tool_pins(source / "pyproject.toml", prof.python)
+    _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
 
 
-def _build_requires(pyproject: Path) -> list[str]:
+def tool_pins(pyproject: Path, python: str) -> list[str]:
+    """The tool's runtime dependencies and build backend resolved for `python` on linux x86_64.
+
+    uv resolves, because `pip download --python-version` still judges markers by the running
+    interpreter (tomli for 3.10 would be left out when run by 3.12)."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
-    return list(tomllib.loads(pyproject.read_text())["build-system"]["requires"])
+    backend = tomllib.loads(pyproject.read_text())["build-system"]["requires"]
+    with tempfile.TemporaryDirectory(prefix="megatron-env-tool-") as tmp:
+        (Path(tmp) / "backend.in").write_text("\n".join(backend) + "\n")
+        r = proc.run([lock.uv_exe(), "pip", "compile", pyproject, Path(tmp) / "backend.in",
+                      "--python-version", python, "--python-platform", lock.PLATFORM,
+                      "--no-header", "--no-annotate", "--quiet"], env=lock.uv_env(), timeout=600)
+    if not r.ok:
+        raise UserError(f"cannot resolve megatron-env's dependencies for Python {python}: "
+                        f"{r.tail(4)}", fix="check the package index (UV_INDEX_URL)")
+    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip() and ln[0].isalnum()]
 
 
 def _env_wheels(prof: Profile, echo) -> list[Path]:
@@ -506,8 +519,11 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
                         "existing torch", fix="pass --adopt PYTHON (or --python PYTHON)")
     echo(f"bundle: {len(doc['files'])} files match {MANIFEST} ({time.monotonic() - t0:.1f} s); "
          f"profile {prof.name}, Python {doc['python']}, made {doc['made_at']}")
+    # uv's own cache of its own: a cache that once saw an index makes uv fetch a pinned wheel
+    # from the index's URL even with --no-index and the same file in --find-links (uv 0.13.9)
     os.environ.update({"UV_NO_INDEX": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
-                       "UV_PYTHON_DOWNLOADS": "never"})
+                       "UV_PYTHON_DOWNLOADS": "never",
+                       "UV_CACHE_DIR": str(sources.cache_dir() / "uv-offline")})
     if (root / "wheels").is_dir():
         os.environ["UV_FIND_LINKS"] = str(root / "wheels")
     for repo in doc["git"]:
