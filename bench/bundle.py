@@ -62,7 +62,9 @@ def checkout_copy(dest: Path) -> Path:
 
 
 def make(checkout: Path, prof: str, out: Path, cache: Path, *args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(checkout), "MEGATRON_ENV_CACHE": str(cache)}
+    # pip's own HTTP cache off: a first bundle downloads every wheel from the index
+    env = {**os.environ, "PYTHONPATH": str(checkout), "MEGATRON_ENV_CACHE": str(cache),
+           "PIP_NO_CACHE_DIR": "1"}
     seconds, r = sh([sys.executable, "-m", "invoke", "bundle", "--profile", prof, "--out", out,
                      *args], cwd=checkout, env=env)
     doc = bundle.read_manifest(out)
@@ -102,7 +104,7 @@ def setup_times(prof: profile.Profile, full: Path, work: Path) -> dict:
     s, r = sh([tool / "bin" / "invoke", "setup", "--bundle", shared, "--prefix",
                work / f"offline-{prof.name}"], cwd=shared / "source", env=node, offline=True)
     out["offline_rerun_seconds"] = round(s, 1)
-    shutil.rmtree(work / f"node-uv-{prof.name}", ignore_errors=True)
+    _clean(work, f"{prof.name}")  # the disk holds one environment at a time
     # online: the checkout's own setup, once to warm uv's cache and the git mirror, then timed
     online = {**os.environ, "MEGATRON_ENV_CACHE": str(work / f"online-cache-{prof.name}"),
               "UV_CACHE_DIR": str(work / f"online-uv-{prof.name}"), "PYTHONPATH": str(ROOT)}
@@ -110,13 +112,24 @@ def setup_times(prof: profile.Profile, full: Path, work: Path) -> dict:
         prefix = work / f"online-{prof.name}-{attempt}"
         s, r = sh([sys.executable, "-m", "invoke", "setup", "--profile", prof.name, "--prefix",
                    prefix], cwd=ROOT, env=online)
+        if attempt == "warm-up":
+            for p in (prefix, prefix.with_name(prefix.name + ".d"),
+                      prefix.with_name(prefix.name + ".setup")):
+                shutil.rmtree(p, ignore_errors=True) if not p.is_symlink() else p.unlink()
     out["online_warm_cache_setup_seconds"] = round(s, 1)
     out["online_setup_summary"] = r.stdout.strip().splitlines()[-1]
-    for p in work.glob(f"*{prof.name}*"):
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-    shutil.rmtree(shared, ignore_errors=True)
+    _clean(work, prof.name)
     return out
+
+
+def _clean(work: Path, name: str) -> None:
+    for p in work.glob(f"*{name}*"):
+        if p.name.startswith("cache-"):  # the bundle's wheel cache: kept for the delta
+            continue
+        if p.is_symlink():
+            p.unlink()
+        elif p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def main() -> int:

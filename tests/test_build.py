@@ -108,6 +108,7 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
     assert not list((tmp_path / "cache" / "build").iterdir())  # the build tree is gone
     meta = json.loads(next((tmp_path / "cache").glob("wheels/*/meta.json")).read_text())
     assert meta["max_jobs"] >= 1 and "GiB a job" in meta["why_jobs"]
+    assert meta["key"]["source"] == f"sha256:{world['sha']}"  # what bundles select builds by
     assert "tinyext._C" in res.modules
     assert answer(world["python"]) == "42"  # the patch reached the compiled code
     # a second node (or run) with the same inputs: no compiler may run

@@ -224,3 +224,26 @@ def test_adopt_bundle_refusals_and_a_delta_after_one_moved_pin(repo, toolhouse, 
     r = lock_step(delta, old)  # combined (any order), on a node without network
     assert r.returncode == 0, flat(r)[-2000:]
     assert "files match manifest.json" in flat(r)
+
+
+def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path, monkeypatch):
+    """The cache's meta.json says what each key was made from (build.plan's key document):
+    a bundle takes the slots of this profile's pins, Python, torch and archs, no others."""
+    from megatron_env import bundle, patches
+
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path))
+    prof = profile.load("core_v0.19.0-cu130")
+    kept, others = [], []
+    for pkg in build.packages(prof).values():
+        doc = {"source": pkg.source.digest, "python": "cpython-312", "cuda": prof.cuda,
+               "patches": patches.digest(patches.series(pkg.name, pkg.pin)),
+               "torch": f"{prof.torch}+cu130", "archs": sorted(prof.archs) if pkg.cuda else [],
+               "cxx11_abi": 1, "switches": pkg.switches}
+        for key, changed in (("a", {}), ("b", {"archs": ["8.0"]}), ("c", {"torch": "2.9.0"})):
+            slot = tmp_path / "wheels" / f"{pkg.name}-{key}"
+            slot.mkdir(parents=True)
+            (slot / f"{pkg.name}-1.0-cp312-linux_x86_64.whl").write_bytes(b"wheel")
+            (slot / "meta.json").write_text(json.dumps({"key": {**doc, **changed}}))
+            (kept if not changed else others).append(slot.name)
+    found = {arc.split("/")[1] for arc, _ in bundle._builds(prof)}
+    assert found == set(kept) and not found & set(others)
