@@ -80,7 +80,8 @@ def make(checkout: Path, prof: str, out: Path, cache: Path, *args: str) -> dict:
 
 
 def setup_times(prof: profile.Profile, full: Path, work: Path) -> dict:
-    """Offline from the bundle (cold caches, no network) against online from warm caches."""
+    """Offline from the bundle (cold caches, no network) against online from warm caches. The
+    archive is unpacked and removed first: the disk holds one environment at a time."""
     out: dict = {}
     shared = work / f"shared-{prof.name}"
     shared.mkdir()
@@ -88,6 +89,7 @@ def setup_times(prof: profile.Profile, full: Path, work: Path) -> dict:
     with tarfile.open(full) as tar:
         tar.extractall(shared, filter="data")
     out["unpack_seconds"] = round(time.perf_counter() - t0, 1)
+    full.unlink()
     py = lock.find_python(prof.python)[0]
     tool = work / f"tool-{prof.name}"
     sh([py, "-m", "venv", tool])
@@ -96,18 +98,17 @@ def setup_times(prof: profile.Profile, full: Path, work: Path) -> dict:
                shared / "tool", "megatron-env"], env=quiet, offline=True)
     out["tool_install_offline_seconds"] = round(s, 1)
     node = {**quiet, "MEGATRON_ENV_CACHE": str(work / f"node-cache-{prof.name}"),
-            "UV_CACHE_DIR": str(work / f"node-uv-{prof.name}"), "PYTHONPATH": ""}
-    s, r = sh([tool / "bin" / "invoke", "setup", "--bundle", shared, "--prefix",
-               work / f"offline-{prof.name}"], cwd=shared / "source", env=node, offline=True)
-    out["offline_setup_seconds"] = round(s, 1)
-    out["offline_setup_summary"] = r.stdout.strip().splitlines()[-1]
-    s, r = sh([tool / "bin" / "invoke", "setup", "--bundle", shared, "--prefix",
-               work / f"offline-{prof.name}"], cwd=shared / "source", env=node, offline=True)
-    out["offline_rerun_seconds"] = round(s, 1)
-    _clean(work, f"{prof.name}")  # the disk holds one environment at a time
+            "PYTHONPATH": ""}
+    for key in ("offline_setup", "offline_rerun"):
+        s, r = sh([tool / "bin" / "invoke", "setup", "--bundle", shared, "--prefix",
+                   work / f"offline-{prof.name}"], cwd=shared / "source", env=node, offline=True)
+        out[f"{key}_seconds"] = round(s, 1)
+        out[f"{key}_summary"] = r.stdout.strip().splitlines()[-1]
+    _clean(work, prof.name)
     # online: the checkout's own setup, once to warm uv's cache and the git mirror, then timed
     online = {**os.environ, "MEGATRON_ENV_CACHE": str(work / f"online-cache-{prof.name}"),
-              "UV_CACHE_DIR": str(work / f"online-uv-{prof.name}"), "PYTHONPATH": str(ROOT)}
+              "UV_CACHE_DIR": str(work / f"online-uv-{prof.name}")}
+    online.pop("PYTHONPATH", None)  # its egg-info would show as a package in the env
     for attempt in ("warm-up", "timed"):
         prefix = work / f"online-{prof.name}-{attempt}"
         s, r = sh([sys.executable, "-m", "invoke", "setup", "--profile", prof.name, "--prefix",
@@ -151,28 +152,40 @@ def main() -> int:
     for name in args.profiles.split(","):
         print(f"{name}:", flush=True)
         cache = work / f"cache-{name}"
-        res = {"full_cold": make(ROOT, name, work / f"{name}-full.tar", cache)}
-        res["full_warm"] = make(ROOT, name, work / f"{name}-full-2.tar", cache)
-        (work / f"{name}-full-2.tar").unlink()
+        full = work / f"{name}-full.tar"
+        res = {"full_cold": make(ROOT, name, full, cache)}
+        full.unlink()
+        res["full_warm"] = make(ROOT, name, full, cache)  # the lock's wheels already cached
         res["adopt"] = make(ROOT, name, work / f"{name}-adopt.tar", cache, "--adopt")
-        if name in args.setup_profiles.split(","):
-            res["setup"] = setup_times(profile.load(name), work / f"{name}-full.tar", work)
         if name == args.delta_profile:
-            res["delta"] = delta(name, work, cache)
-        doc["profiles"][name] = res
+            full.unlink()  # the same content as the new full bundle below: measured above
+            res["delta"] = delta(name, work, cache, res["full_warm"])
         shutil.rmtree(cache, ignore_errors=True)
+        if name in args.setup_profiles.split(",") and full.exists():
+            res["setup"] = setup_times(profile.load(name), full, work)
+        elif name in args.setup_profiles.split(","):
+            res["setup"] = setup_times(profile.load(name), *_remake(name, work), work)
+        doc["profiles"][name] = res
         for tar in work.glob(f"{name}-*.tar"):
             tar.unlink()
     out = ROOT / "bench" / "results" / f"{doc['date']}-cpu" / "bundle.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.write_text(json.dumps(doc, indent=2).replace(str(work), "$WORK") + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
     return 0
 
 
-def delta(name: str, work: Path, cache: Path) -> dict:
+def _remake(name: str, work: Path) -> tuple[Path]:
+    cache = work / f"cache-{name}"
+    full = work / f"{name}-full.tar"
+    make(ROOT, name, full, cache)
+    shutil.rmtree(cache, ignore_errors=True)
+    return (full,)
+
+
+def delta(name: str, work: Path, cache: Path, new_full: dict) -> dict:
     """The profile as it was before one pin moved (Megatron at MOVED_FROM), bundled in full;
-    then the profile as it is: a full bundle and a delta --since the old one."""
+    then a delta of the profile as it is --since that one, against its full bundle."""
     prof = profile.load(name)
     old_checkout = checkout_copy(work / "before-the-move")
     mirror = os.environ.get("MEGATRON_ENV_MIRROR_MEGATRON", prof.megatron["repo"])
@@ -185,17 +198,18 @@ def delta(name: str, work: Path, cache: Path) -> dict:
     old = work / f"{name}-before.tar"
     res = {"moved": f"megatron {MOVED_FROM['tag']} -> {prof.megatron['tag']}",
            "old_full": make(old_checkout, name, old, cache),
-           "new_full": make(ROOT, name, work / f"{name}-after.tar", cache),
            "delta": make(ROOT, name, work / f"{name}-delta.tar", cache, "--since", str(old))}
+    shutil.rmtree(cache, ignore_errors=True)
     # the offline side combines them: unpacked base first, the delta over it, all verified
     combined = work / "combined"
     t0 = time.perf_counter()
     for tar in (old, work / f"{name}-delta.tar"):
         with tarfile.open(tar) as t:
             t.extractall(combined, filter="data")
+        tar.unlink()
     bundle.verify(combined, bundle.read_manifest(combined))
     res["combine_and_verify_seconds"] = round(time.perf_counter() - t0, 1)
-    res["delta_over_full"] = round(res["delta"]["bytes"] / res["new_full"]["bytes"], 4)
+    res["delta_over_full"] = round(res["delta"]["bytes"] / new_full["bytes"], 4)
     shutil.rmtree(combined)
     shutil.rmtree(old_checkout)
     return res
