@@ -275,7 +275,8 @@ def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | No
         return None
     exe = proc.which("conda-lock")
     if exe is None:
-        echo("conda-lock skipped: conda-lock is not installed (python3 -m pip install conda-lock)")
+        echo("conda-lock skipped: conda-lock is not installed "
+             "(the extra: pip install 'megatron-env[conda]')")
         return None
     out = profile.dir / CONDA_LOCK_FILE
     argv = [exe, "lock", "-f", env_file, "-p", "linux-64", "--lockfile", out, "--conda", solver]
@@ -299,5 +300,6 @@ def conda_install(lockfile: Path, prefix: Path, solver: str) -> proc.Result:
     """Install a conda-lock.yml into `prefix` (the conda path of `invoke env`)."""
     exe = proc.which("conda-lock")
     if exe is None:
-        raise UserError("conda-lock is not installed", fix="python3 -m pip install conda-lock")
+        raise UserError("conda-lock is not installed",
+                        fix="pip install 'megatron-env[conda]' (the conda extra)")
     return proc.run([exe, "install", "--conda", solver, "-p", prefix, lockfile], timeout=3600)
