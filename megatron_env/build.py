@@ -369,7 +369,7 @@ def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
                                 time.monotonic() - t0))
 
     # switches a setup.py reads from sys.argv only: setuptools appends them to bdist_wheel's
-    options = (["-C", "--build-option=" + " ".join(p.package.build_options)]
+    options = (["--config-setting=--build-option=" + " ".join(p.package.build_options)]
                if p.package.build_options else [])
     r = proc.run([uv.exe(), "build", "--wheel", "--no-build-isolation", "--python", p.python,
                   *options, "--out-dir", out, work], env={**p.env, "UV_PYTHON_DOWNLOADS": "never"},

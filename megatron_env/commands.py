@@ -167,7 +167,7 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
 def _interpreter(prof: profile.Profile, prefix: str | None, python: str | None) -> Path:
     from . import env as env_mod
 
-    py = Path(python) if python else env_mod.python_of(
+    py = Path(python).absolute() if python else env_mod.python_of(
         Path(prefix) if prefix else env_mod.default_prefix(prof))
     if not py.exists():
         raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)")
@@ -188,12 +188,15 @@ def build(which: str = "all", profile_name: str | None = None, prefix: str | Non
     py = _interpreter(prof, prefix, python)
     archs = (probe.native_archs(py) if arch == "native" else
              arch.split(",") if arch else prof.archs)
-    for pkg in build_mod.selected(prof, which, archs):
+    chosen = build_mod.selected(prof, which, archs)
+    for pkg in chosen:
         res = build_mod.build_and_install(pkg, py, archs, dry_run=dry_run)
         if isinstance(res, build_mod.Result):
             how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
             output.summary(f"{pkg.name}: {how}, installed and verified "
                            f"({', '.join(res.modules)}) in {res.seconds:.1f} s", "cache hit")
+    if dry_run:
+        output.summary(f"dry run: {len(chosen)} build plan(s) above, nothing built")
     return 0
 
 
@@ -225,17 +228,19 @@ def kernels(profile_name: str | None = None) -> int:
     profs = [profile.load(profile_name)] if profile_name else profile.load_all()
     rows = []
     for r in recipes.declared().values():
-        variants = ", ".join(v.name + ("*" if v.default else "") for v in r.variants) or "-"
-        rows.append((r.name, r.source, f"variants: {variants}", r.about))
+        rows.append((r.name, f"{r.source:<5}  {r.about}"))
+        if r.variants:
+            rows.append(("", "variants  " + ", ".join(v.name + ("*" if v.default else "")
+                                                      for v in r.variants)))
         for p in profs:
             pins = p.kernels.get(r.name)
             if pins is None:
-                rows.append(("", "", p.name, "not pinned"))
+                rows.append(("", f"{p.name}  not pinned"))
                 continue
-            pin = pins.get("version") or (pins.get("tag") or "") + " " + pins["commit"][:12]
+            pin = pins.get("version") or " @ ".join(filter(None, (pins.get("tag"),
+                                                                  pins["commit"][:12])))
             chosen = pins.get("variants", r.default_variants)
-            rows.append(("", "", p.name, pin.strip() + (f" +{' +'.join(chosen)}" if chosen
-                                                        else "")))
+            rows.append(("", f"{p.name}  {pin}" + "".join(f" +{v}" for v in chosen)))
     output.table(rows)
     output.summary(f"{len(recipes.declared())} kernel recipes; * marks a default variant; "
                    "`invoke build NAME` builds one")

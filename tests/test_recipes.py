@@ -58,9 +58,11 @@ def test_listing_shows_every_recipe_with_each_profiles_pins(capsys):
     assert commands.kernels() == 0
     out = capsys.readouterr().out
     lines = [" ".join(line.split()) for line in out.splitlines()]
-    assert "apex git variants: cpp_ext*, cuda_ext*, fast_layer_norm NVIDIA apex fused kernels " \
-           "(layer norm, amp_C, masked softmax, weight-gradient GEMM)" in lines
+    assert "apex git NVIDIA apex fused kernels (layer norm, amp_C, masked softmax, " \
+           "weight-gradient GEMM)" in lines
+    assert "variants cpp_ext*, cuda_ext*, fast_layer_norm" in lines
     assert "core_v0.4.0-cu121 52e18c894223 +cpp_ext +cuda_ext +fast_layer_norm" in lines
+    assert "core_v0.19.0-cu130 25.09 @ 4bdecd06b3c4 +cpp_ext +cuda_ext" in lines
     assert "core_v0.19.0-cu130 2.8.3" in lines
     assert lines[-1].startswith("2 kernel recipes")
 
