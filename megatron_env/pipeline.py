@@ -2,10 +2,14 @@
 
     check -> lock -> env -> sources -> patches -> builds -> megatron -> verify
 
-Each step has an input digest (its own inputs plus the digest of the step before it), so a
-changed pin re-runs the steps downstream of it and nothing else. A step that succeeded writes a
-stamp with its digest; on the next run a stamped step is only verified (seconds). A failed step
-stops the chain with its message, log tail and fix; the next run resumes there. Steps that need
+The host check comes first, as a precondition: its findings say which steps this machine
+cannot run. Then `decide` settles every step's action (run, verify, skip) and why, from stamps,
+input digests and findings, before anything runs; `execute` carries the decisions out and
+`--dry-run` prints them. Each step has an input digest (its own inputs plus the digest of the
+step before it), so a changed pin re-runs the steps downstream of it and nothing else. A step
+that succeeded writes a stamp with its digest; on the next run a stamped step is only verified
+(seconds). A failed step stops the chain with its message, log tail and hint; the next run
+resumes there. Steps that need
 what this machine lacks (a GPU, the profile's CUDA toolkit) or that this version does not have
 yet are reported as skipped with the reason.
 """
