@@ -21,6 +21,10 @@ class Finding:
         return asdict(self)
 
 
+def worst(findings: list[Finding]) -> str:
+    return min((f.status for f in findings), key=ORDER.__getitem__, default="pass")
+
+
 def exit_code(findings: list[Finding]) -> int:
     """0 when nothing failed, 1 when a check failed (warnings do not fail a run)."""
     return 1 if any(f.status == "fail" for f in findings) else 0
