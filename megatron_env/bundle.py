@@ -13,7 +13,8 @@ where nothing is reachable. Layout of an archive (and of the directory it unpack
                          (absent from an `adopt` bundle, made for a node that has its own torch)
     sources/<name>/      kernel sdists, checked against the profile's sha256
     git/<name>-<commit>.git   bare repositories holding only the pinned commit (and its tag):
-                         Megatron-LM and every git-sourced kernel package
+                         Megatron-LM, every git-sourced kernel package and each submodule it
+                         pins (named <package>-<path>)
     builds/<key>/        kernel wheels from the build cache for this profile (--with-builds)
 
 The offline side checks the manifest before anything else (a changed or missing file is refused
@@ -24,7 +25,6 @@ uv's UV_FIND_LINKS/UV_NO_INDEX/UV_OFFLINE, MEGATRON_ENV_MIRROR_<NAME>, MEGATRON_
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -38,7 +38,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import REPO_ROOT, __version__, build, lock, megatron, patches, proc, sources
+from . import (
+    REPO_ROOT,
+    __version__,
+    build,
+    digest,
+    lock,
+    megatron,
+    output,
+    patches,
+    proc,
+    recipe,
+    sources,
+    uv,
+)
 from .errors import UserError
 from .profile import Profile
 
@@ -56,24 +69,18 @@ _PIP_NAME = re.compile(r"[-_.]+")
 
 def profile_digest(prof: Profile) -> str:
     """The profile, its locks and every patch series it uses: what a bundle was made from."""
-    h = hashlib.sha256()
     files = [prof.path, *(prof.dir / f for f in (lock.LOCK_FILE, lock.ENV_FILE,
                                                   lock.CONDA_LOCK_FILE))]
-    for f in files:
-        h.update(f.name.encode() + b"\0")
-        h.update(hashlib.sha256(f.read_bytes()).digest() if f.exists() else b"missing")
-    h.update(patches.digest(megatron.patch_series(prof)).encode())
-    for k in build.packages(prof).values():
-        h.update(k.name.encode() + patches.digest(patches.series(k.name, k.pin)).encode())
-    return "sha256:" + h.hexdigest()
+    return digest.of({
+        "files": {f.name: digest.of_file(f) for f in files},
+        "megatron": digest.of_files(megatron.patch_series(prof)),
+        "kernels": {k.name: digest.of_files(patches.series(k.name, k.pin))
+                    for k in build.packages(prof).values()}})
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    """The bare hex digest the lock and the manifest write."""
+    return digest.hexpart(digest.of_file(path), 64)
 
 
 def _py_tag(version: str) -> str:
@@ -135,8 +142,8 @@ def _tool_wheels(prof: Profile, source: Path, dest: Path, echo) -> None:
         work = Path(tmp) / "src"
         shutil.copytree(source, work)
         # fixed zip timestamps: the same tree gives the same wheel, so a delta bundle skips it
-        r = proc.run([lock.uv_exe(), "build", "--wheel", "--out-dir", Path(tmp) / "dist", work],
-                     env={**lock.uv_env(), "SOURCE_DATE_EPOCH": "315532800"}, timeout=900)
+        r = proc.run([uv.exe(), "build", "--wheel", "--out-dir", Path(tmp) / "dist", work],
+                     env=uv.env(SOURCE_DATE_EPOCH="315532800"), timeout=900)
         if not r.ok:
             raise UserError(f"building the megatron-env wheel failed: {r.tail(5)}",
                             fix="the build needs setuptools and wheel from the package index")
@@ -159,9 +166,9 @@ def tool_pins(pyproject: Path, python: str) -> list[str]:
     backend = tomllib.loads(pyproject.read_text())["build-system"]["requires"]
     with tempfile.TemporaryDirectory(prefix="megatron-env-tool-") as tmp:
         (Path(tmp) / "backend.in").write_text("\n".join(backend) + "\n")
-        r = proc.run([lock.uv_exe(), "pip", "compile", pyproject, Path(tmp) / "backend.in",
+        r = proc.run([uv.exe(), "pip", "compile", pyproject, Path(tmp) / "backend.in",
                       "--python-version", python, "--python-platform", lock.PLATFORM,
-                      "--no-header", "--no-annotate", "--quiet"], env=lock.uv_env(), timeout=600)
+                      "--no-header", "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
     if not r.ok:
         raise UserError(f"cannot resolve megatron-env's dependencies for Python {python}: "
                         f"{r.tail(4)}", fix="check the package index (UV_INDEX_URL)")
@@ -243,11 +250,27 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, ec
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
+def git_pins(prof: Profile) -> list[tuple[str, str, str, str | None]]:
+    """(name, repository, commit, tag) of every git source the profile's setup checks out:
+    Megatron-LM, each git-sourced kernel package and each submodule it pins."""
+    m = prof.megatron
+    return [("megatron", m["repo"], m["commit"], m["tag"]),
+            *((name, url, commit, tag) for k in build.packages(prof).values()
+              for name, url, commit, tag, _path in build.git_sources(k))]
+
+
+def repo_path(name: str, commit: str) -> str:
+    """Where a bundle keeps the bare repository of `name` at `commit` (a submodule's name
+    `<package>/<path>` flattened)."""
+    return f"git/{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{commit[:12]}.git"
+
+
 def _builds(prof: Profile) -> list[tuple[str, Path]]:
     """Cached kernel wheels made for this profile's pins, Python, torch and archs."""
     out = []
     for k in build.packages(prof).values():
-        want = {"source": k.source.digest, "patches": patches.digest(patches.series(k.name, k.pin)),
+        want = {"source": k.source.digest,
+                "patches": digest.of_files(patches.series(k.name, k.pin)),
                 "python": _py_tag(prof.python), "cuda": prof.cuda,
                 "archs": sorted(prof.archs) if k.cuda else []}
         for meta in sorted((build.cache_dir() / "wheels").glob(f"{k.name}-*/meta.json")):
@@ -301,11 +324,11 @@ def read_manifest(path: Path) -> dict:
 
 
 def _manifest_digest(doc: dict) -> str:
-    return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    return digest.of(doc)
 
 
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
-         since: Path | None = None, echo=print) -> Made:
+         since: Path | None = None, echo=output.status) -> Made:
     """Write the bundle of `prof` to `out` (a .tar); with `since`, only what that bundle lacks."""
     t0 = time.monotonic()
     if problems := lock.stale(prof):
@@ -325,11 +348,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         if not adopt:
             entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
         repos, sdists = [], []
-        m = prof.megatron
-        pins = [("megatron", m["repo"], m["commit"], m["tag"])]
         for k in build.packages(prof).values():
-            if k.source.repo:
-                pins.append((k.name, k.source.repo, k.source.commit, k.source.tag))
+            if k.source.repo:  # carried as a repository below
                 continue
             echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
             build.fetch(k, Path(sys.executable), echo)  # downloads once, checks the sha256
@@ -337,8 +357,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
             entries.append(Entry(name, arc, ""))
             sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
-        for name, url, commit, tag in pins:
-            rel = f"git/{name}-{commit[:12]}.git"
+        for name, url, commit, tag in git_pins(prof):
+            rel = repo_path(name, commit)
             repos.append({"name": name, "commit": commit, "tag": tag, "path": rel})
             if base and any(f.startswith(rel + "/") for f in base["files"]):
                 echo(f"{name}: {rel} is in the base bundle")
@@ -425,7 +445,7 @@ def _unpack(paths: list[Path], echo) -> Path:
             raise UserError(f"{p} does not exist", fix="pass the bundle's path")
     ordered = _chain(paths)
     chain = "".join(_manifest_digest(read_manifest(p)) for p in ordered)  # a delta alone differs
-    key = hashlib.sha256(chain.encode()).hexdigest()[:16]
+    key = digest.hexpart(digest.of_bytes(chain.encode()), 16)
     dest = sources.cache_dir() / "bundles" / key
     if (dest / MANIFEST).exists():
         return dest
@@ -498,7 +518,7 @@ def check_serves(doc: dict, prof: Profile, python: Path | str | None) -> None:
 
 
 def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Path | None,
-        echo=print) -> tuple[str, Path]:
+        echo=output.status) -> tuple[str, Path]:
     """Check the bundle, then point this process's chain at it; -> (profile name, its root).
 
     Nothing reaches the network afterwards: uv and pip are told there is no index, git sources
@@ -529,7 +549,7 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
     for repo in doc["git"]:
         os.environ[sources.mirror_var(repo["name"])] = str(root / repo["path"])
     for sdist in doc["sources"]:
-        os.environ[build.source_var(sdist["name"])] = str(root / sdist["path"])
+        os.environ[recipe.source_var(sdist["name"])] = str(root / sdist["path"])
     cached = build.cache_dir() / "wheels"
     for slot in sorted({Path(f).parent for f in doc["files"] if f.startswith("builds/")}):
         target = cached / slot.name

@@ -30,8 +30,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import REPO_ROOT, lock, proc
+from . import REPO_ROOT, digest, lock, output, proc, uv
 from .errors import UserError
+from .probe import probe
 from .profile import Profile
 
 ENV_ROOT = REPO_ROOT / ".megatron-env"
@@ -43,43 +44,6 @@ TOOLING = {"pip", "setuptools", "wheel", "uv"}
 # What megatron-env itself installs on top of the lock (`invoke megatron`, editable).
 ON_TOP = {"megatron-core"}
 
-_PROBE = r"""
-import json, sys
-from importlib import metadata
-out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
-       "dists": {}, "errors": []}
-for d in metadata.distributions():
-    name = (d.metadata["Name"] or "").lower().replace("_", "-")
-    if name:
-        out["dists"][name] = d.version
-out["imported"] = {}
-if "--no-torch" in sys.argv:
-    print(json.dumps(out))
-    raise SystemExit(0)
-try:
-    import torch
-    out["torch"] = torch.__version__
-    out["torch_cuda"] = torch.version.cuda
-    out["cxx11_abi"] = int(torch._C._GLIBCXX_USE_CXX11_ABI)  # with cache_tag: a kernel cache key
-    out["cache_tag"] = sys.implementation.cache_tag
-    try:
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception as e:
-        out["errors"].append("torch.cuda.nccl.version(): %s" % e)
-    try:
-        out["cudnn"] = torch.backends.cudnn.version()
-    except Exception as e:
-        out["errors"].append("torch.backends.cudnn.version(): %s" % e)
-except Exception as e:
-    out["errors"].append("import torch: %s: %s" % (type(e).__name__, e))
-import importlib
-for name in sys.argv[1:]:
-    try:
-        out["imported"][name] = getattr(importlib.import_module(name), "__file__", None)
-    except Exception as e:
-        out["errors"].append("import %s: %s: %s" % (name, type(e).__name__, e))
-print(json.dumps(out))
-"""
 
 
 def default_prefix(profile: Profile) -> Path:
@@ -88,12 +52,6 @@ def default_prefix(profile: Profile) -> Path:
 
 def python_of(prefix: Path) -> Path:
     return prefix / "bin" / "python"
-
-
-def file_digest(path: Path) -> str:
-    import hashlib
-
-    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def read_stamp(prefix: Path) -> dict | None:
@@ -115,16 +73,6 @@ class Verification:
     @property
     def ok(self) -> bool:
         return not self.differences
-
-
-def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
-    """What `python` has: distributions, and (unless torch=False) torch's facts and `imports`."""
-    args = [*imports] if torch else ["--no-torch"]
-    # run outside the checkout: "" on sys.path would show its own metadata as installed
-    r = proc.run([str(python), "-c", _PROBE, *args], timeout=600, cwd=tempfile.gettempdir())
-    if not r.ok:
-        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _names(items: list[str], most: int = 12) -> str:
@@ -203,7 +151,7 @@ def dir_size(path: Path) -> int:
     return total
 
 
-def check_free_space(where: Path, echo=print) -> None:
+def check_free_space(where: Path, echo=output.status) -> None:
     need_gb = float(os.environ.get(MIN_FREE_ENV, DEFAULT_MIN_FREE_GB))
     free_gb = shutil.disk_usage(where).free / 2**30
     if free_gb < need_gb:
@@ -215,13 +163,13 @@ def check_free_space(where: Path, echo=print) -> None:
 
 def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: bool,
                 log: Path) -> None:
-    argv = [lock.uv_exe(), "pip", "install", "--python", python, "--require-hashes",
+    argv = [uv.exe(), "pip", "install", "--python", python, "--require-hashes",
             "--no-deps", "-r", lockfile]
     for f in find_links:
         argv += ["--find-links", f]
     if no_index:
         argv.append("--no-index")
-    r = proc.run(argv, env=lock.uv_env(), timeout=None, log=log, stream=True)
+    r = proc.run(argv, env=uv.env(), timeout=None, log=log, stream=True)
     if not r.ok:
         text = r.output
         cause = ("a downloaded file does not match the hash in the lock"
@@ -235,7 +183,7 @@ def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: b
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
           conda: str | None = None, use_conda: bool | None = None,
           find_links: list[str] | None = None, no_index: bool = False,
-          echo=print) -> Summary:
+          echo=output.status) -> Summary:
     """Create or verify the profile's environment at `prefix` (see the module docstring)."""
     t0 = time.monotonic()
     prefix = Path(prefix or default_prefix(profile)).absolute()
@@ -243,7 +191,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
     if not lockfile.exists():
         raise UserError(f"{lockfile} does not exist",
                         fix=f"run `invoke lock --profile {profile.name}`")
-    digest = file_digest(lockfile)
+    wanted = digest.of_file(lockfile)
     store = prefix.with_name(prefix.name + ".d")
     store.mkdir(parents=True, exist_ok=True)
     with FileLock(str(store / ".lock")):
@@ -256,7 +204,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
             raise UserError(f"{prefix} holds the environment of profile "
                             f"{current.get('profile')}, not {profile.name}",
                             fix="pass another --prefix for this profile")
-        if current and current.get("lock_digest") == digest:
+        if current and current.get("lock_digest") == wanted:
             v = verify(python_of(prefix), profile, lockfile, quick=True)
             if v.ok:
                 return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date",
@@ -269,7 +217,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
                 shutil.rmtree(leftover, ignore_errors=True)
             elif leftover.name.startswith(".link-"):
                 leftover.unlink(missing_ok=True)
-        target = store / f"{digest.split(':')[1][:16]}-{time.strftime('%Y%m%d%H%M%S')}"
+        target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
         mode = _create(profile, target, lockfile, python=python, conda=conda,
                        use_conda=use_conda, find_links=find_links or [], no_index=no_index,
                        echo=echo)
@@ -280,7 +228,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
                             + "; ".join(v.differences) + ". The previous one is unchanged.",
                             fix="re-run `invoke lock`, then `invoke env`")
         (target / STAMP).write_text(json.dumps(
-            {"profile": profile.name, "lock_digest": digest, "mode": mode,
+            {"profile": profile.name, "lock_digest": wanted, "mode": mode,
              "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "python": v.facts["python"], "torch": v.facts.get("torch")}, indent=2) + "\n")
         _switch(prefix, target)
@@ -311,8 +259,8 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, us
     else:
         exe, where = lock.find_python(profile.python, python)
         echo(f"uv: a venv from {exe} (found on {where})")
-        r = proc.run([lock.uv_exe(), "venv", "--python", exe, "--no-project", target],
-                     env=lock.uv_env(), timeout=300)
+        r = proc.run([uv.exe(), "venv", "--python", exe, "--no-project", target],
+                     env=uv.env(), timeout=300)
         if not r.ok:
             raise UserError(f"uv venv failed: {r.tail(5)}", fix="check the interpreter")
         mode = "uv"

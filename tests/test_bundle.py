@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import build, lock, profile, sources
+from megatron_env import build, digest, lock, patches, profile, recipe, sources
 
 from . import test_setup
 from .test_setup import PATCH, PROFILE, git, statuses
@@ -83,7 +83,7 @@ def fake_kernel_sources(repo_dir: Path, tmp: Path) -> dict[str, str]:
             with tarfile.open(sdist, "w:gz") as tar:
                 tar.add(work, arcname=f"{pkg.name}-{pkg.pin}")
             text = text.replace(pkg.source.sha256, hashlib.sha256(sdist.read_bytes()).hexdigest())
-            env[build.source_var(pkg.name)] = str(sdist)
+            env[recipe.source_var(pkg.name)] = str(sdist)
     prof_file.write_text(text)
     _FAKED[repo_dir] = env
     return env
@@ -229,14 +229,14 @@ def test_adopt_bundle_refusals_and_a_delta_after_one_moved_pin(repo, toolhouse, 
 def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path, monkeypatch):
     """The cache's meta.json says what each key was made from (build.plan's key document):
     a bundle takes the slots of this profile's pins, Python, torch and archs, no others."""
-    from megatron_env import bundle, patches
+    from megatron_env import bundle
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path))
     prof = profile.load("core_v0.19.0-cu130")
     kept, others = [], []
     for pkg in build.packages(prof).values():
         doc = {"source": pkg.source.digest, "python": "cpython-312", "cuda": prof.cuda,
-               "patches": patches.digest(patches.series(pkg.name, pkg.pin)),
+               "patches": digest.of_files(patches.series(pkg.name, pkg.pin)),
                "torch": f"{prof.torch}+cu130", "archs": sorted(prof.archs) if pkg.cuda else [],
                "cxx11_abi": 1, "switches": pkg.switches}
         for key, changed in (("a", {}), ("b", {"archs": ["8.0"]}), ("c", {"torch": "2.9.0"})):
@@ -247,3 +247,43 @@ def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path,
             (kept if not changed else others).append(slot.name)
     found = {arc.split("/")[1] for arc, _ in bundle._builds(prof)}
     assert found == set(kept) and not found & set(others)
+
+
+def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path, monkeypatch):
+    """A git recipe with a submodule: the bundle holds a depth-1 bare repository of the package
+    and one of the submodule at the profile's pin (not the submodule's tip), and the offline
+    side checks both out from the bundle alone (the upstreams are gone by then)."""
+    from megatron_env import bundle
+
+    from .gitrepo import repo_with
+
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    headers = tmp_path / "headers"
+    first = repo_with(headers, {"include/h.h": "// one\n"})
+    (headers / "include/h.h").write_text("// two\n")
+    git("commit", "-qam", "two", cwd=headers)  # the submodule moved on; the pin did not
+    top = repo_with(tmp_path / "top", {"setup.py": ""})
+    r = recipe.Recipe("withsub", "a test recipe", "git", repo=str(tmp_path / "top"),
+                      submodules={"third_party/headers": str(headers)})
+    pkg = recipe.resolve(r, {"commit": top, "submodules": {"third_party/headers": first}}, [])
+    prof = profile.load(PROFILE)
+    monkeypatch.setattr(build, "packages", lambda _prof, _archs=None: {"withsub": pkg})
+    pins = bundle.git_pins(prof)
+    assert [(n, c) for n, _u, c, _t in pins] == [
+        ("megatron", prof.megatron["commit"]), ("withsub", top),
+        ("withsub/third_party/headers", first)]
+    root = tmp_path / "bundle"
+    for name, url, commit, tag in pins[1:]:
+        bundle._bare_repo(name, url, commit, tag, root / bundle.repo_path(name, commit),
+                          echo=lambda *_: None)
+    assert bundle.repo_path("withsub/third_party/headers", first) == \
+        f"git/withsub-third_party-headers-{first[:12]}.git"
+    shallow = root / bundle.repo_path("withsub/third_party/headers", first)
+    assert git("--git-dir", shallow, "rev-list", "--all", cwd=tmp_path) == first  # depth 1
+    shutil.rmtree(headers)
+    shutil.rmtree(tmp_path / "top")
+    for name, _url, commit, _tag in pins[1:]:  # what `bundle.use` points the chain at
+        monkeypatch.setenv(sources.mirror_var(name), str(root / bundle.repo_path(name, commit)))
+    tree = build.fetch(pkg, Path("/nonexistent/python"), echo=lambda *_: None)
+    assert (tree / "third_party/headers/include/h.h").read_text() == "// one\n"
+    assert (tree / "setup.py").exists()
