@@ -20,3 +20,14 @@ def repo_with(path: Path, files: dict[str, str], message: str = "one") -> str:
     git("add", "-A", cwd=path)
     git("commit", "-qm", message, cwd=path)
     return git("rev-parse", "HEAD", cwd=path)
+
+
+def with_submodule(tmp: Path) -> tuple[Path, str, Path, str]:
+    """A package repository and a header repository for its submodule that moved on after the
+    commit pinned: -> (package repo, its commit, header repo, the pinned header commit)."""
+    headers = tmp / "headers"
+    first = repo_with(headers, {"include/h.h": "// one\n"})
+    (headers / "include/h.h").write_text("// two\n")
+    git("commit", "-qam", "two", cwd=headers)  # the submodule moved on; the pin did not
+    top = repo_with(tmp / "top", {"setup.py": ""})
+    return tmp / "top", top, headers, first

@@ -255,15 +255,11 @@ def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path,
     side checks both out from the bundle alone (the upstreams are gone by then)."""
     from megatron_env import bundle
 
-    from .gitrepo import repo_with
+    from .gitrepo import with_submodule
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    headers = tmp_path / "headers"
-    first = repo_with(headers, {"include/h.h": "// one\n"})
-    (headers / "include/h.h").write_text("// two\n")
-    git("commit", "-qam", "two", cwd=headers)  # the submodule moved on; the pin did not
-    top = repo_with(tmp_path / "top", {"setup.py": ""})
-    r = recipe.Recipe("withsub", "a test recipe", "git", repo=str(tmp_path / "top"),
+    top_repo, top, headers, first = with_submodule(tmp_path)
+    r = recipe.Recipe("withsub", "a test recipe", "git", repo=str(top_repo),
                       submodules={"third_party/headers": str(headers)})
     pkg = recipe.resolve(r, {"commit": top, "submodules": {"third_party/headers": first}}, [])
     prof = profile.load(PROFILE)
@@ -281,7 +277,7 @@ def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path,
     shallow = root / bundle.repo_path("withsub/third_party/headers", first)
     assert git("--git-dir", shallow, "rev-list", "--all", cwd=tmp_path) == first  # depth 1
     shutil.rmtree(headers)
-    shutil.rmtree(tmp_path / "top")
+    shutil.rmtree(top_repo)
     for name, _url, commit, _tag in pins[1:]:  # what `bundle.use` points the chain at
         monkeypatch.setenv(sources.mirror_var(name), str(root / bundle.repo_path(name, commit)))
     tree = build.fetch(pkg, Path("/nonexistent/python"), echo=lambda *_: None)

@@ -10,7 +10,7 @@ from megatron_env import build, commands, pipeline, profile, recipe, recipes
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding
 
-from .gitrepo import git, repo_with
+from .gitrepo import git, with_submodule
 
 PACKAGE = Path(recipes.__file__).parent.parent
 
@@ -84,12 +84,8 @@ def test_build_names_unknown_and_unpinned_recipes(tmp_path):
 
 def test_git_source_with_pinned_submodules(tmp_path, monkeypatch):
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
-    headers = tmp_path / "headers"
-    first = repo_with(headers, {"include/h.h": "// one\n"})
-    (headers / "include/h.h").write_text("// two\n")
-    git("commit", "-qam", "two", cwd=headers)  # the submodule moved on; the pin did not
-    top = repo_with(tmp_path / "top", {"setup.py": ""})
-    r = recipe.Recipe("withsub", "a test recipe", "git", repo=str(tmp_path / "top"),
+    top_repo, top, headers, first = with_submodule(tmp_path)
+    r = recipe.Recipe("withsub", "a test recipe", "git", repo=str(top_repo),
                       submodules={"third_party/headers": str(headers)})
     pins = {"commit": top, "submodules": {"third_party/headers": first}}
     pkg = recipe.resolve(r, pins, [])
