@@ -53,7 +53,7 @@ def derive(gib_per_job: float, avail: int, source: str, cores: int, parallel_var
     said = (["MAX_JOBS set"] if given_jobs else []) + ([f"{parallel_var} set"] if given_ext
                                                        else [])
     return Jobs(jobs, extensions,
-                "; ".join(said + [basis]) + f": {extensions} extensions at once x {jobs} jobs")
+                "; ".join(said + [basis, f"{extensions} extensions at once"]))
 
 
 def _int(name: str, environ: Mapping[str, str]) -> int | None:
