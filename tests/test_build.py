@@ -231,14 +231,14 @@ def test_max_jobs_comes_from_memory_not_cores(monkeypatch):
     monkeypatch.delenv("MAX_JOBS", raising=False)
     monkeypatch.setattr(build.resources, "memory", lambda: (40 * build.GIB, "free"))
     monkeypatch.setattr(build.resources, "cores", lambda: 64)
-    assert build.max_jobs(9.0)[0] == 4  # 40 GiB / 9 GiB a job, not 64 cores
-    assert build.max_jobs(3.0)[0] == 13
+    assert build.max_jobs(9.0).max_jobs == 4  # 40 GiB / 9 GiB a job, not 64 cores
+    assert build.max_jobs(3.0).max_jobs == 13
     monkeypatch.setattr(build.resources, "cores", lambda: 2)
-    assert build.max_jobs(3.0)[0] == 2  # and never more than the cores
+    assert build.max_jobs(3.0).max_jobs == 2  # and never more than the cores
     monkeypatch.setattr(build.resources, "memory", lambda: (4 * build.GIB, "free"))
-    assert build.max_jobs(9.0)[0] == 1  # at least one
+    assert build.max_jobs(9.0).max_jobs == 1  # at least one
     monkeypatch.setenv("MAX_JOBS", "7")
-    assert build.max_jobs(9.0) == (7, "MAX_JOBS set")
+    assert (build.max_jobs(9.0).max_jobs, build.max_jobs(9.0).why) == (7, "MAX_JOBS set")
 
 
 def test_profile_packages_derive_switches_and_modules():
