@@ -200,8 +200,8 @@ def cuda_home(torch_cuda: str | None) -> tuple[Path | None, str | None]:
 
 
 def max_jobs(gb_per_job: float, parallel_var: str = "") -> jobs_mod.Jobs:
-    """From free memory, not from cores: nvcc jobs of flash-attn take several GB each. A package
-    that builds several extensions at once gets both numbers (see jobs.derive)."""
+    """From free memory, not from cores: one nvcc job can take several GiB. A package that
+    builds several extensions at once gets both numbers (see jobs.derive)."""
     avail, source = resources.memory()
     return jobs_mod.derive(gb_per_job, avail, source, resources.cores(), parallel_var,
                            os.environ)

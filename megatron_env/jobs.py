@@ -1,11 +1,11 @@
 """How many compile jobs a kernel build runs at once, from this machine's cores and memory.
 
 Two numbers. MAX_JOBS is the ninja -j of one extension: torch's cpp_extension runs one ninja
-per extension. A package whose setup.py can build its extensions in parallel (apex's
-APEX_PARALLEL_BUILD=N, from tag 25.09 on) runs N of those ninjas at once, so up to
-N x MAX_JOBS compilers. apex has 12 extensions of 1 to 3 objects and one of 15 (amp_C): built
-one after another at MAX_JOBS=16 it kept at most 12 compilers busy and took 608 s on a 16-core
-H200 node, against 208 s at 4 x 4 (bench/results/2026-12-02-h200-1gpu/apex).
+per extension. A package whose setup.py can build several extensions at once (its recipe names
+the variable that says how many) runs N of those ninjas at once, so up to N x MAX_JOBS
+compilers. A package of a dozen extensions of 1 to 3 objects and one of 15, built one after
+another at MAX_JOBS=16, kept at most 12 compilers busy and took 608 s on a 16-core H200 node,
+against 208 s at 4 extensions x 4 jobs (bench/results/2026-12-02-h200-1gpu).
 
 The bound that must hold is memory: N x MAX_JOBS x (GiB a job) fits in what is free (or in the
 cgroup's limit), so no split can be OOM-killed where MAX_JOBS alone would not be. Cores only

@@ -4,7 +4,7 @@ end, and how many compile jobs ran at once.
 ninja appends one line per finished step: start and end in milliseconds since that ninja run
 started, the output's mtime, the output path and a command hash (format v5 to v7, tab
 separated). A torch extension build runs one ninja per extension, so a package with several
-extensions built at once (apex) leaves one log per extension, each with its own clock; the mtime
+extensions built at once leaves one log per extension, each with its own clock; the mtime
 column (the output was written as its step ended) places them on one clock, the epoch's.
 Pure functions: text in, numbers out.
 """
@@ -134,6 +134,6 @@ def summary(steps: list[Step], top: int = 10) -> dict:
 
 
 def _short(output: str) -> str:
-    """'.../build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/x.o' -> 'csrc/.../x.o'."""
+    """'.../build/temp.linux-x86_64-cpython-312/csrc/src/x.o' -> 'csrc/src/x.o'."""
     m = re.search(r"/temp\.[^/]+/(.*)$", output)
     return m.group(1) if m else Path(output).name
