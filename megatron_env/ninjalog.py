@@ -5,7 +5,8 @@ ninja appends one line per finished step: start and end in milliseconds since th
 started, the output's mtime, the output path and a command hash (format v5 to v7, tab
 separated). A torch extension build runs one ninja per extension, so a package with several
 extensions built at once leaves one log per extension, each with its own clock; the mtime
-column (the output was written as its step ended) places them on one clock, the epoch's.
+column (the step's start, or its output's mtime, by ninja version) places them on one clock,
+the epoch's.
 Pure functions: text in, numbers out.
 """
 
@@ -62,15 +63,15 @@ def parse(text: str, name: str = ".ninja_log") -> list[Step]:
 def _clock(rows: list[tuple[int, int, float]]) -> float:
     """Seconds to add to a log's own clock to reach the epoch's (0: unknown).
 
-    ninja >= 1.11 writes the time its run started as every step's mtime (one value for the whole
-    log); older ninja writes the output's mtime, which is the step's end."""
-    stamps = [m for _a, _b, m in rows if m]
-    if not stamps:
+    ninja 1.13 writes the time each step started as its mtime; older ninja writes the output's
+    mtime, which is about when the step ended. Whichever of the two fits every step of the log
+    (the smaller spread) is the clock."""
+    timed = [(a / 1e3, b / 1e3, m) for a, b, m in rows if m]
+    if not timed:
         return 0.0
-    if max(stamps) - min(stamps) < 1.0:
-        return min(stamps)
-    shifts = sorted(m - b / 1e3 for _a, b, m in rows if m)
-    return shifts[len(shifts) // 2]
+    best = min(([m - a for a, _b, m in timed], [m - b for _a, b, m in timed]),
+               key=lambda s: max(s) - min(s))
+    return sorted(best)[len(best) // 2]
 
 
 def _epoch(mtime: int) -> float:
