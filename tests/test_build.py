@@ -53,20 +53,25 @@ PATCH = textwrap.dedent("""\
 def world(tmp_path_factory):
     """An sdist, its sha256, a patch series, and a venv that sees this interpreter's torch."""
     root = tmp_path_factory.mktemp("build")
-    src = root / "tinyext-1.0"
-    (src / "csrc").mkdir(parents=True)
-    (src / "tinyext").mkdir()
-    (src / "csrc" / "tiny.cpp").write_text(CPP)
-    (src / "tinyext" / "__init__.py").write_text("")
-    (src / "setup.py").write_text(SETUP)
-    sdist = root / "tinyext-1.0.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        tar.add(src, arcname="tinyext-1.0")
+    sdist = make_sdist(root, "tinyext-1.0", {"csrc/tiny.cpp": CPP, "tinyext/__init__.py": "",
+                                             "setup.py": SETUP})
     patches = root / "patches" / "tinyext" / "1.0"
     patches.mkdir(parents=True)
     (patches / "0001-answer-42.patch").write_text(PATCH)
     return {"root": root, "sdist": sdist, "sha": hashlib.sha256(sdist.read_bytes()).hexdigest(),
             "patches": root / "patches", "python": venv_seeing_torch(root / "venv")}
+
+
+def make_sdist(root: Path, name: str, files: dict[str, str]) -> Path:
+    """root/name.tar.gz holding `files` (relative path -> text) under name/."""
+    src = root / name
+    for rel, text in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    sdist = root / f"{name}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname=name)
+    return sdist
 
 
 def venv_seeing_torch(venv: Path) -> Path:

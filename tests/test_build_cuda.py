@@ -9,14 +9,13 @@ torch's major version is installed.
 import hashlib
 import json
 import subprocess
-import tarfile
 import textwrap
 
 import pytest
 
 from megatron_env import build, recipe, uv
 from megatron_env.errors import UserError
-from tests.test_build import venv_seeing_torch
+from tests.test_build import make_sdist, venv_seeing_torch
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
@@ -72,16 +71,8 @@ def toolkit():
 @pytest.fixture(scope="module")
 def cuda_world(tmp_path_factory, toolkit):
     root = tmp_path_factory.mktemp("cuda-build")
-    src = root / "tinycuda-1.0"
-    (src / "csrc").mkdir(parents=True)
-    (src / "tinycuda").mkdir()
-    (src / "csrc" / "add_one.cu").write_text(KERNEL)
-    (src / "csrc" / "bind.cpp").write_text(BINDING)
-    (src / "tinycuda" / "__init__.py").write_text("")
-    (src / "setup.py").write_text(SETUP)
-    sdist = root / "tinycuda-1.0.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        tar.add(src, arcname="tinycuda-1.0")
+    sdist = make_sdist(root, "tinycuda-1.0", {"csrc/add_one.cu": KERNEL, "csrc/bind.cpp": BINDING,
+                                              "tinycuda/__init__.py": "", "setup.py": SETUP})
     python = venv_seeing_torch(root / "venv")
     # ninja in the environment, as the profiles have it: torch builds through it, and leaves
     # the .ninja_log this test reads
