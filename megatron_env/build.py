@@ -26,8 +26,20 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from . import (digest, ninjalog, output, parsers, patches, probe, proc, recipe, recipes,
-               resources, sources, uv)
+from . import (
+    digest,
+    ninjalog,
+    output,
+    parsers,
+    patches,
+    probe,
+    proc,
+    recipe,
+    recipes,
+    resources,
+    sources,
+    uv,
+)
 from . import jobs as jobs_mod
 from .errors import UserError
 from .profile import Profile
