@@ -3,9 +3,15 @@
 
 Runs `invoke build PACKAGE` twice against one empty wheel cache: the first run fetches, patches,
 compiles, caches, installs and verifies; the second must be a cache hit that installs without a
-compiler. Records each run's console output and wall time, the build plan (MAX_JOBS and why),
-the compile time and full log from the cache's meta.json, and the machine (GPU, driver, torch,
-CUDA, NCCL, cores, free memory) into OUT/kernel_build.json.
+compiler. Records each run's console output and wall time, the peak memory the machine used
+while compiling, the build plan (MAX_JOBS and why), the compile time, ninja's per-object log and
+its summary (slowest objects, parallelism), the wheel's size and the full log from the cache,
+and the machine (GPU, driver, torch, CUDA, NCCL, cores, free memory) into OUT/kernel_build.json.
+
+With --full (flash-attn) the same again for every head dim and dtype (the profile's variant
+replaced by "all", as upstream builds): the variant's speed-up, measured. On a GPU, the installed
+build is checked against torch's SDPA (scripts/gpu_health.py, forward and backward) and a call
+with a head dim the variant left out must raise the variant's RuntimeError.
 
     python bench/kernel_build.py flash-attn --profile core_v0.19.0-cu130 \\
         --python /opt/torch/.venv/bin/python3 --out bench/results/<date>-<gpu>/flash-attn
@@ -22,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +36,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from megatron_env import parsers  # noqa: E402
-from megatron_env.resources import cores, mem_available  # noqa: E402
+from megatron_env.resources import cores, mem_available, memory  # noqa: E402
+
+# Kernels outside the profile's variant (head dim 64, fp16): each call must raise the
+# variant's RuntimeError (or run, where the build has them), never crash the process.
+NOT_BUILT_PROBE = """
+import json, torch
+from flash_attn import flash_attn_func
+out = {}
+for dtype, d in ((torch.bfloat16, 64), (torch.float16, 128)):
+    q = torch.randn(1, 128, 4, d, device="cuda", dtype=dtype, requires_grad=True)
+    try:
+        flash_attn_func(q, q, q).sum().backward()
+        out[f"{dtype}-{d}"] = "ran"
+    except RuntimeError as e:
+        out[f"{dtype}-{d}"] = str(e).splitlines()[0]
+print(json.dumps(out))
+"""
 
 PROBE = ("import json, torch; print(json.dumps({'torch': torch.__version__, "
          "'cuda': torch.version.cuda, 'nccl': '.'.join(map(str, torch.cuda.nccl.version())) "
@@ -37,10 +60,50 @@ PROBE = ("import json, torch; print(json.dumps({'torch': torch.__version__, "
          "if torch.cuda.is_available() else None}))")
 
 
-def run_build(argv: list[str], transcript: Path) -> tuple[int, float]:
-    """One `invoke build`, echoed line by line (a long build shows its progress) and kept."""
+class PeakMemory:
+    """The most memory in use (MemTotal - MemAvailable, or the cgroup's memory.current where a
+    cgroup limits this process) while the build runs, sampled every second, minus the use
+    before it started: what the compilers took."""
+
+    def __init__(self) -> None:
+        self.base = self.peak = self._used()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def _used() -> int:
+        avail, _ = memory()
+        return max(0, _total() - avail)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(1.0):
+            self.peak = max(self.peak, self._used())
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def gib(self) -> float:
+        return round((self.peak - self.base) / 2**30, 1)
+
+
+def _total() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_build(argv: list[str], transcript: Path) -> tuple[int, float, float]:
+    """One `invoke build`, echoed line by line (a long build shows its progress) and kept:
+    exit status, seconds, peak GiB the build added."""
     t0 = time.perf_counter()
-    with transcript.open("w") as out:
+    with transcript.open("w") as out, PeakMemory() as mem:
         p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, bufsize=1)
         for line in p.stdout:
@@ -48,7 +111,7 @@ def run_build(argv: list[str], transcript: Path) -> tuple[int, float]:
             sys.stdout.flush()
             out.write(line)
         rc = p.wait()
-    return rc, time.perf_counter() - t0
+    return rc, time.perf_counter() - t0, mem.gib
 
 
 def machine(python: str) -> dict:
@@ -71,30 +134,17 @@ def machine(python: str) -> dict:
     return facts
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("package", choices=["flash-attn", "apex"])
-    p.add_argument("--profile")
-    p.add_argument("--python", required=True, help="the environment to build for")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--cache-dir", type=Path,
-                   help="an empty wheel cache (default: a new temporary directory)")
-    a = p.parse_args()
-
-    a.out.mkdir(parents=True, exist_ok=True)
-    cache = a.cache_dir or Path(tempfile.mkdtemp(prefix="kernel-build-cache-"))
-    if (cache / "wheels").exists() and any((cache / "wheels").iterdir()):
-        raise SystemExit(f"{cache} already holds wheels: a cold build needs an empty cache")
-    argv = [sys.executable, "-m", "invoke", "build", a.package, "--python", a.python,
-            "--cache-dir", str(cache)] + (["--profile", a.profile] if a.profile else [])
-    result = {"date": time.strftime("%Y-%m-%d"), "package": a.package, "profile": a.profile,
-              "command": " ".join(["invoke"] + argv[3:]), "machine": machine(a.python)}
-
-    rc1, cold = run_build(argv, a.out / "build-1.txt")
-    result["cold"] = {"rc": rc1, "wall_seconds": round(cold, 1)}
+def cold_and_warm(name: str, argv: list[str], out: Path, python: str) -> dict:
+    """A cold build into an empty cache, then the cache hit; the cache is removed after."""
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(tempfile.mkdtemp(prefix=f"kernel-build-{name}-"))
+    argv = [*argv, "--cache-dir", str(cache)]
+    result: dict = {"command": " ".join(["invoke"] + argv[3:])}
+    rc1, cold, peak = run_build(argv, out / "build-1.txt")
+    result["cold"] = {"rc": rc1, "wall_seconds": round(cold, 1), "peak_memory_gib": peak}
     if rc1 == 0:
-        rc2, warm = run_build(argv, a.out / "build-2.txt")
-        text = (a.out / "build-2.txt").read_text()
+        rc2, warm, _ = run_build(argv, out / "build-2.txt")
+        text = (out / "build-2.txt").read_text()
         result["cache_hit"] = {"rc": rc2, "wall_seconds": round(warm, 1),
                                "was_hit": "cache hit" in text}
     metas = list(cache.glob("wheels/*/meta.json"))
@@ -103,17 +153,89 @@ def main() -> int:
         result["plan"] = meta["plan"]
         result["cold"]["compile_seconds"] = round(meta["build_seconds"], 1)
         result["max_jobs"], result["max_jobs_why"] = meta["max_jobs"], meta["why_jobs"]
+        result["ninja"] = meta.get("ninja")
         wheel = next(metas[0].parent.glob("*.whl"))
         result["wheel"] = {"name": wheel.name, "bytes": wheel.stat().st_size}
+        if (metas[0].parent / "ninja-logs").is_dir():
+            shutil.copytree(metas[0].parent / "ninja-logs", out / "ninja-logs",
+                            dirs_exist_ok=True)
     logs = sorted(cache.glob("logs/*.log"))
     if logs:  # the full compiler log of the cold build
-        with logs[-1].open("rb") as f, gzip.open(a.out / "build.log.gz", "wb") as g:
+        with logs[-1].open("rb") as f, gzip.open(out / "build.log.gz", "wb") as g:
             shutil.copyfileobj(f, g)
+    shutil.rmtree(cache, ignore_errors=True)
+    return result
+
+
+def all_kernels_profile(name: str | None, where: Path) -> str:
+    """A copy of the profile whose flash-attn builds every head dim and dtype: its path."""
+    sys.path.insert(0, str(ROOT))
+    from megatron_env import profile
+
+    src = profile.load(name).path
+    lines = []
+    for line in src.read_text().splitlines():
+        key = line.split("=", 1)[0].strip()
+        lines.append(f'{key} = ["all"]' if key in ("hdims", "dtypes") else line)
+    dest = where / src.parent.name / src.name
+    dest.parent.mkdir(parents=True)
+    for f in src.parent.iterdir():  # the lock and environment files beside it
+        if f.is_file() and f != src:
+            shutil.copy(f, dest.parent / f.name)
+    dest.write_text("\n".join(lines) + "\n")
+    return str(dest)
+
+
+def gpu_checks(python: str, out: Path) -> dict:
+    """On a GPU: scripts/gpu_health.py (flash-attn against SDPA, forward and backward) and
+    the probe for a head dim the variant left out."""
+    r = subprocess.run([python, str(ROOT / "scripts" / "gpu_health.py"), "--size", "4096",
+                        "--out", str(out / "gpu_health")], capture_output=True, text=True)
+    (out / "gpu_health.txt").write_text(r.stdout + r.stderr)
+    found: dict = {"gpu_health_rc": r.returncode}
+    res = out / "gpu_health" / "results.json"
+    if res.exists():
+        found["kernels"] = json.loads(res.read_text())["gpus"][0]["kernels"]
+    r = subprocess.run([python, "-c", NOT_BUILT_PROBE], capture_output=True, text=True)
+    found["outside_variant"] = (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode
+                                 == 0 and r.stdout.strip() else {"crashed": r.returncode,
+                                                                 "tail": r.stderr[-500:]})
+    return found
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("package", choices=["flash-attn", "apex"])
+    p.add_argument("--profile")
+    p.add_argument("--python", required=True, help="the environment to build for")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--full", action="store_true",
+                   help="flash-attn: also build every head dim and dtype, for comparison")
+    p.add_argument("--no-gpu-check", action="store_true")
+    a = p.parse_args()
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "invoke", "build", a.package, "--python", a.python]
+    result = {"date": time.strftime("%Y-%m-%d"), "package": a.package, "profile": a.profile,
+              "machine": machine(a.python)}
+    result["variant"] = cold_and_warm(
+        "variant", argv + (["--profile", a.profile] if a.profile else []), a.out, a.python)
+    ok = result["variant"]["cold"]["rc"] == 0 and result["variant"].get(
+        "cache_hit", {}).get("was_hit")
+    if ok and a.package == "flash-attn" and not a.no_gpu_check:
+        result["gpu"] = gpu_checks(a.python, a.out)
+    if a.full and a.package == "flash-attn":
+        with tempfile.TemporaryDirectory() as envs:
+            full = all_kernels_profile(a.profile, Path(envs))
+            result["full"] = cold_and_warm("full", argv + ["--profile", full], a.out / "full",
+                                           a.python)
+        v, f = result["variant"]["cold"], result["full"]["cold"]
+        if v.get("compile_seconds") and f.get("compile_seconds"):
+            result["speedup"] = round(f["compile_seconds"] / v["compile_seconds"], 1)
     (a.out / "kernel_build.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result.get(k) for k in ("max_jobs", "cold", "cache_hit")}))
-    if not a.cache_dir:
-        shutil.rmtree(cache, ignore_errors=True)
-    return 0 if rc1 == 0 and result.get("cache_hit", {}).get("was_hit") else 1
+    print(json.dumps({k: result["variant"].get(k) for k in ("max_jobs", "cold", "cache_hit")}
+                     | {"speedup": result.get("speedup"), "gpu": result.get("gpu")}))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

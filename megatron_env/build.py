@@ -26,7 +26,21 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from . import digest, output, parsers, patches, probe, proc, recipe, recipes, resources, sources, uv
+from . import (
+    digest,
+    ninjalog,
+    output,
+    parsers,
+    patches,
+    probe,
+    proc,
+    recipe,
+    recipes,
+    resources,
+    sources,
+    uv,
+)
+from . import jobs as jobs_mod
 from .errors import UserError
 from .profile import Profile
 from .recipe import Package, source_var
@@ -164,7 +178,8 @@ class Plan:
                f"{self.torch['tag']}, cxx11abi={self.torch['abi']})",
                f"  jobs     MAX_JOBS={self.max_jobs} ({self.why_jobs})"]
         # what the build is given, also where the caller's environment already said the same
-        shown = {*p.switches, "CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS"}
+        shown = {*p.switches, "CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS",
+                 *filter(None, [p.parallel_var])}
         flags = {k: v for k, v in self.env.items()
                  if k in shown or k not in os.environ or os.environ[k] != v}
         out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
@@ -213,16 +228,12 @@ def cuda_home(torch_cuda: str | None) -> tuple[Path | None, str | None]:
             "and set CUDA_HOME")
 
 
-def max_jobs(gb_per_job: float) -> tuple[int, str]:
-    """From free memory, not from cores: one nvcc job can take several GiB."""
-    if "MAX_JOBS" in os.environ:
-        return int(os.environ["MAX_JOBS"]), "MAX_JOBS set"
+def max_jobs(gb_per_job: float, parallel_var: str = "") -> jobs_mod.Jobs:
+    """From free memory, not from cores: one nvcc job can take several GiB. A package that
+    builds several extensions at once gets both numbers (see jobs.derive)."""
     avail, source = resources.memory()
-    cpus = resources.cores()
-    by_mem = max(1, int(avail / GIB / gb_per_job))
-    jobs = max(1, min(cpus, by_mem))
-    return jobs, (f"{avail / GIB:.0f} GiB {source} / {gb_per_job:g} GiB a job = {by_mem}, "
-                  f"{cpus} cores")
+    return jobs_mod.derive(gb_per_job, avail, source, resources.cores(), parallel_var,
+                           os.environ)
 
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
@@ -236,8 +247,11 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
         home, _release = cuda_home(facts["cuda"])
         build_env["CUDA_HOME"] = str(home)
         build_env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
-    jobs, why = max_jobs(pkg.gb_per_job)
+    derived = max_jobs(pkg.gb_per_job, pkg.parallel_var)
+    jobs, why = derived.max_jobs, derived.why
     build_env["MAX_JOBS"] = str(jobs)
+    if pkg.parallel_var:
+        build_env[pkg.parallel_var] = str(derived.extensions)
     if not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
     key_doc = {"source": pkg.source.digest, "patches": digest.of_files(series),
@@ -296,10 +310,12 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                 staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
                 staging.mkdir()
                 shutil.copy(wheel, staging / wheel.name)
+                timings = _keep_ninja_logs(work, staging / "ninja-logs")
                 (staging / "meta.json").write_text(json.dumps(
                     {"plan": p.lines(), "max_jobs": p.max_jobs, "why_jobs": p.why_jobs,
                      "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "build_seconds": built_in, "log": str(log), "key": p.key_doc},
+                     "build_seconds": built_in, "log": str(log), "ninja": timings,
+                     "key": p.key_doc},
                     indent=2) + "\n")
                 os.replace(staging, slot)
             finally:
@@ -353,11 +369,54 @@ def _not_in_wheel(wheel: Path, modules: tuple[str, ...]) -> list[str]:
                        for n in names)]
 
 
+def _keep_ninja_logs(work: Path, dest: Path) -> dict:
+    """Copy each extension's .ninja_log (per object: start, end) out of the build tree before
+    it is removed, and summarise them (slowest objects, parallelism): where the time went."""
+    found = sorted(work.rglob(".ninja_log"))
+    kept = []
+    for i, f in enumerate(found):
+        dest.mkdir(parents=True, exist_ok=True)
+        kept.append(dest / f"{i:02d}-{f.parent.name}.ninja_log")
+        shutil.copy(f, kept[-1])
+    try:
+        return ninjalog.summary(ninjalog.read(kept))
+    except ninjalog.NinjaLogError as e:  # a ninja this module does not read: keep the files
+        return {"error": str(e)}
+
+
 def _dist_dir(work: Path) -> Path:
     return work.parent / f"{work.name}-dist"
 
 
 _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
+_EXTENSION = re.compile(r"-DTORCH_EXTENSION_NAME=(\S+)")
+
+
+class Progress:
+    """Objects compiled over the whole build. torch runs one ninja per extension, each counting
+    its own [done/total]; several run at once when extensions build in parallel. Its command
+    lines name the extension (-DTORCH_EXTENSION_NAME), which keys the counts."""
+
+    def __init__(self) -> None:
+        self.extensions: dict[str, tuple[int, int]] = {}
+
+    def feed(self, line: str) -> bool:
+        """Take one line of build output; True when it was a ninja step."""
+        if not (m := _NINJA.match(line)):
+            return False
+        ext = m2.group(1) if (m2 := _EXTENSION.search(line)) else ""
+        done, total = int(m.group(1)), int(m.group(2))
+        self.extensions[ext] = (max(done, self.extensions.get(ext, (0, 0))[0]), total)
+        return True
+
+    def line(self, name: str, elapsed: float) -> str:
+        done = sum(d for d, _ in self.extensions.values())
+        total = sum(n for _, n in self.extensions.values())
+        if len(self.extensions) <= 1:
+            return _progress_line(name, done, total, elapsed)
+        # the total grows as extensions start: no time-left guess from it
+        return (f"{name}: compiled {done}/{total} objects of the {len(self.extensions)} "
+                f"extensions started, {elapsed:.0f} s")
 
 
 def _progress_line(name: str, done: int, total: int, elapsed: float) -> str:
@@ -379,12 +438,12 @@ def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
     t0 = time.monotonic()
     echo(f"{p.package.name}: building a wheel (log: {log})")
     last = [0.0]
+    counts = Progress()
 
     def progress(line: str) -> None:
-        if (m := _NINJA.match(line)) and time.monotonic() - last[0] > 5:
+        if counts.feed(line) and time.monotonic() - last[0] > 5:
             last[0] = time.monotonic()
-            echo(_progress_line(p.package.name, int(m.group(1)), int(m.group(2)),
-                                time.monotonic() - t0))
+            echo(counts.line(p.package.name, time.monotonic() - t0))
 
     # switches a setup.py reads from sys.argv only: setuptools appends them to bdist_wheel's
     options = (["--config-setting=--build-option=" + " ".join(p.package.build_options)]

@@ -266,13 +266,14 @@ def repo_path(name: str, commit: str) -> str:
 
 
 def _builds(prof: Profile) -> list[tuple[str, Path]]:
-    """Cached kernel wheels made for this profile's pins, Python, torch and archs."""
+    """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
     out = []
     for k in build.packages(prof).values():
         want = {"source": k.source.digest,
                 "patches": digest.of_files(patches.series(k.name, k.pin)),
                 "python": _py_tag(prof.python), "cuda": prof.cuda,
-                "archs": sorted(prof.archs) if k.cuda else []}
+                "archs": sorted(prof.archs) if k.cuda else [],
+                "switches": k.switches, "build_options": list(k.build_options)}
         for meta in sorted((build.cache_dir() / "wheels").glob(f"{k.name}-*/meta.json")):
             try:
                 doc = json.loads(meta.read_text()).get("key") or {}

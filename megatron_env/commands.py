@@ -241,6 +241,8 @@ def kernels(profile_name: str | None = None) -> int:
         if r.variants:
             rows.append(("", "variants  " + ", ".join(v.name + ("*" if v.default else "")
                                                       for v in r.variants)))
+        for c in r.choices:  # multi-valued: the profile lists values
+            rows.append(("", f"{c.name}  {', '.join(c.values)} (default {','.join(c.default)})"))
         for p in profs:
             pins = p.kernels.get(r.name)
             if pins is None:
@@ -248,7 +250,8 @@ def kernels(profile_name: str | None = None) -> int:
                 continue
             pin = pins.get("version") or " @ ".join(filter(None, (pins.get("tag"),
                                                                   pins["commit"][:12])))
-            chosen = pins.get("variants", r.default_variants)
+            chosen = [*pins.get("variants", r.default_variants)]
+            chosen += [f"{c.name}={','.join(pins.get(c.name, c.default))}" for c in r.choices]
             rows.append(("", f"{p.name}  {pin}" + "".join(f" +{v}" for v in chosen)))
     output.table(rows)
     output.summary(f"{len(recipes.declared())} kernel recipes; * marks a default variant; "

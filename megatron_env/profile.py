@@ -107,7 +107,9 @@ def _one_of(names: list[str]) -> Callable[[str], str | None]:
 def _kernel_schema(r: Recipe) -> dict[str, Any]:
     """The pins a [kernels.<name>] table must give, by the recipe's kind of source."""
     common = {"variants": Field(list, _list_of(_one_of([v.name for v in r.variants])),
-                                required=False)}
+                                required=False),
+              **{c.name: Field(list, _list_of(_one_of(["all", *c.values])), required=False)
+                 for c in r.choices}}
     if r.source == "sdist":
         return {"version": Field(str, _version),
                 "sha256": Field(str, _match(_HEX64, "a sha256 of 64 lowercase hex digits")),

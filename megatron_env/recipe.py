@@ -32,6 +32,19 @@ class Variant:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A variant with several values at once (Spack's multi-valued variant): the profile lists
+    the values to build under `name`, the build reads them joined by commas from `var`.
+    "all" (the default) builds every value, as upstream does."""
+
+    name: str
+    about: str
+    var: str
+    values: tuple[str, ...]  # every value some pinned version can build
+    default: tuple[str, ...] = ("all",)
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str  # the distribution; also patches/<name>/<pin>/ and the profile's [kernels.<name>]
     about: str
@@ -48,6 +61,8 @@ class Recipe:
     gib_per_job: float = 2.0  # memory one compile job takes per arch it compiles at once
     modules: tuple[str, ...] = ()  # compiled modules that must import, whatever the variants
     variants: tuple[Variant, ...] = ()
+    choices: tuple[Choice, ...] = ()
+    parallel_var: str = ""  # builds N extensions at once when this variable says N
     gpu_check: str = ""  # the scripts/gpu_health.py result that proves it on a GPU
     proves: str = ""  # what that check compares, in words
     cuda: bool = True  # needs nvcc
@@ -93,6 +108,7 @@ class Package:
     build_options: tuple[str, ...] = ()  # passed as config setting --build-option
     metadata_env: dict[str, str] = field(default_factory=dict)
     variants: tuple[str, ...] = ()
+    parallel_var: str = ""  # builds its extensions N at a time when this variable says N
 
 
 def source_var(name: str) -> str:
@@ -114,6 +130,11 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
         env.update(v.env)
         options += v.build_options
         modules += [m for m in v.modules if m not in modules]
+    picked = []
+    for c in recipe.choices:
+        values = list(pins.get(c.name, c.default))
+        env[c.var] = ",".join(values)
+        picked.append(f"{c.name}={','.join(values)}")
     if recipe.archs_var:
         env[recipe.archs_var] = _archs_text(archs, recipe.archs_form)
     if recipe.nvcc_threads:
@@ -132,4 +153,5 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
     return Package(recipe.name, pin, source, switches=env, modules=tuple(modules),
                    cuda=recipe.cuda, gb_per_job=recipe.gib_per_job * at_once,
                    build_options=tuple(options), metadata_env=dict(recipe.metadata_env),
-                   variants=tuple(v.name for v in chosen))
+                   variants=tuple(v.name for v in chosen) + tuple(picked),
+                   parallel_var=recipe.parallel_var)

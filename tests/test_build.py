@@ -53,20 +53,25 @@ PATCH = textwrap.dedent("""\
 def world(tmp_path_factory):
     """An sdist, its sha256, a patch series, and a venv that sees this interpreter's torch."""
     root = tmp_path_factory.mktemp("build")
-    src = root / "tinyext-1.0"
-    (src / "csrc").mkdir(parents=True)
-    (src / "tinyext").mkdir()
-    (src / "csrc" / "tiny.cpp").write_text(CPP)
-    (src / "tinyext" / "__init__.py").write_text("")
-    (src / "setup.py").write_text(SETUP)
-    sdist = root / "tinyext-1.0.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        tar.add(src, arcname="tinyext-1.0")
+    sdist = make_sdist(root, "tinyext-1.0", {"csrc/tiny.cpp": CPP, "tinyext/__init__.py": "",
+                                             "setup.py": SETUP})
     patches = root / "patches" / "tinyext" / "1.0"
     patches.mkdir(parents=True)
     (patches / "0001-answer-42.patch").write_text(PATCH)
     return {"root": root, "sdist": sdist, "sha": hashlib.sha256(sdist.read_bytes()).hexdigest(),
             "patches": root / "patches", "python": venv_seeing_torch(root / "venv")}
+
+
+def make_sdist(root: Path, name: str, files: dict[str, str]) -> Path:
+    """root/name.tar.gz holding `files` (relative path -> text) under name/."""
+    src = root / name
+    for rel, text in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    sdist = root / f"{name}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname=name)
+    return sdist
 
 
 def venv_seeing_torch(venv: Path) -> Path:
@@ -232,14 +237,14 @@ def test_max_jobs_comes_from_memory_not_cores(monkeypatch):
     monkeypatch.delenv("MAX_JOBS", raising=False)
     monkeypatch.setattr(build.resources, "memory", lambda: (40 * build.GIB, "free"))
     monkeypatch.setattr(build.resources, "cores", lambda: 64)
-    assert build.max_jobs(9.0)[0] == 4  # 40 GiB / 9 GiB a job, not 64 cores
-    assert build.max_jobs(3.0)[0] == 13
+    assert build.max_jobs(9.0).max_jobs == 4  # 40 GiB / 9 GiB a job, not 64 cores
+    assert build.max_jobs(3.0).max_jobs == 13
     monkeypatch.setattr(build.resources, "cores", lambda: 2)
-    assert build.max_jobs(3.0)[0] == 2  # and never more than the cores
+    assert build.max_jobs(3.0).max_jobs == 2  # and never more than the cores
     monkeypatch.setattr(build.resources, "memory", lambda: (4 * build.GIB, "free"))
-    assert build.max_jobs(9.0)[0] == 1  # at least one
+    assert build.max_jobs(9.0).max_jobs == 1  # at least one
     monkeypatch.setenv("MAX_JOBS", "7")
-    assert build.max_jobs(9.0) == (7, "MAX_JOBS set")
+    assert (build.max_jobs(9.0).max_jobs, build.max_jobs(9.0).why) == (7, "MAX_JOBS set")
 
 
 def test_profile_packages_derive_switches_and_modules():

@@ -228,7 +228,8 @@ def test_adopt_bundle_refusals_and_a_delta_after_one_moved_pin(repo, toolhouse, 
 
 def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path, monkeypatch):
     """The cache's meta.json says what each key was made from (build.plan's key document):
-    a bundle takes the slots of this profile's pins, Python, torch and archs, no others."""
+    a bundle takes the slots of this profile's pins, variants, Python, torch and archs, no
+    others."""
     from megatron_env import bundle
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path))
@@ -238,8 +239,10 @@ def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path,
         doc = {"source": pkg.source.digest, "python": "cpython-312", "cuda": prof.cuda,
                "patches": digest.of_files(patches.series(pkg.name, pkg.pin)),
                "torch": f"{prof.torch}+cu130", "archs": sorted(prof.archs) if pkg.cuda else [],
-               "cxx11_abi": 1, "switches": pkg.switches}
-        for key, changed in (("a", {}), ("b", {"archs": ["8.0"]}), ("c", {"torch": "2.9.0"})):
+               "cxx11_abi": 1, "switches": pkg.switches,
+               "build_options": list(pkg.build_options)}
+        for key, changed in (("a", {}), ("b", {"archs": ["8.0"]}), ("c", {"torch": "2.9.0"}),
+                             ("d", {"switches": {**pkg.switches, "OTHER_VARIANT": "1"}})):
             slot = tmp_path / "wheels" / f"{pkg.name}-{key}"
             slot.mkdir(parents=True)
             (slot / f"{pkg.name}-1.0-cp312-linux_x86_64.whl").write_bytes(b"wheel")

@@ -30,14 +30,33 @@ def test_no_module_but_the_recipes_names_a_kernel_package():
 def test_current_profile_resolves_its_pins_and_variants():
     pk = build.packages(profile.load("core_v0.19.0-cu130"))
     fa, ax = pk["flash-attn"], pk["apex"]
-    assert (fa.pin, fa.source.url, fa.variants) == ("2.8.3", "flash_attn-2.8.3.tar.gz", ())
+    assert (fa.pin, fa.source.url) == ("2.8.3", "flash_attn-2.8.3.tar.gz")
+    assert fa.variants == ("hdims=128", "dtypes=bf16")  # the kernels the profile's GPTs run
     assert fa.switches == {"FLASH_ATTENTION_FORCE_BUILD": "TRUE", "FLASH_ATTN_CUDA_ARCHS": "90",
-                           "NVCC_THREADS": "2"}
+                           "NVCC_THREADS": "2", "FLASH_ATTN_HDIMS": "128",
+                           "FLASH_ATTN_DTYPES": "bf16"}
     assert fa.metadata_env == {"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"}
     assert ax.pin == ax.source.commit == "4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49"
     assert ax.source.repo == "https://github.com/NVIDIA/apex.git"
     assert ax.variants == ("cpp_ext", "cuda_ext") and "fast_layer_norm" not in ax.modules
     assert ax.modules[:2] == ("apex_C", "amp_C") and ax.gb_per_job == 3.0
+    assert ax.parallel_var == "APEX_PARALLEL_BUILD" and fa.parallel_var == ""
+    old = build.packages(profile.load("core_v0.4.0-cu121"))["flash-attn"]
+    assert old.variants == ("hdims=all", "dtypes=all")  # unset: every kernel, as upstream
+    assert (old.switches["FLASH_ATTN_HDIMS"], old.switches["FLASH_ATTN_DTYPES"]) == ("all", "all")
+
+
+def test_choices_take_listed_values_only(tmp_path):
+    text = profile.load("core_v0.19.0-cu130").path.read_text()
+    (tmp_path / "p").mkdir()
+    bad = tmp_path / "p" / "profile.toml"
+    bad.write_text(text.replace('hdims = ["128"]', 'hdims = ["100"]'))
+    with pytest.raises(UserError, match=r"kernels.flash-attn.hdims.*one of all, 32, 64, 96, 128"):
+        profile.load_file(bad)
+    r = recipe.Recipe("tiny", "a test recipe", "git", repo="/nowhere", choices=(
+        recipe.Choice("sizes", "x", "TINY_SIZES", ("1", "2", "3")),))
+    p = recipe.resolve(r, {"commit": "a" * 40, "sizes": ["1", "3"]}, ["9.0"])
+    assert (p.switches, p.variants) == ({"TINY_SIZES": "1,3"}, ("sizes=1,3",))
 
 
 def test_variants_default_and_build_options():
@@ -63,7 +82,8 @@ def test_listing_shows_every_recipe_with_each_profiles_pins(capsys):
     assert "variants cpp_ext*, cuda_ext*, fast_layer_norm" in lines
     assert "core_v0.4.0-cu121 52e18c894223 +cpp_ext +cuda_ext +fast_layer_norm" in lines
     assert "core_v0.19.0-cu130 25.09 @ 4bdecd06b3c4 +cpp_ext +cuda_ext" in lines
-    assert "core_v0.19.0-cu130 2.8.3" in lines
+    assert "core_v0.19.0-cu130 2.8.3 +hdims=128 +dtypes=bf16" in lines
+    assert "hdims 32, 64, 96, 128, 160, 192, 224, 256 (default all)" in lines
     assert lines[-1].startswith("2 kernel recipes")
 
 

@@ -18,6 +18,9 @@ RECIPE = Recipe(
     archs_var="TORCH_CUDA_ARCH_LIST",
     archs_form="dotted",
     gib_per_job=3.0,
+    # 25.09 reads it; patches/apex/52e18c89.../0003 backports it. megatron-env derives it with
+    # MAX_JOBS from cores and memory (megatron_env/jobs.py).
+    parallel_var="APEX_PARALLEL_BUILD",
     variants=(
         Variant("cpp_ext", "C++ helpers (flatten/unflatten)", env={"APEX_CPP_EXT": "1"},
                 modules=("apex_C",), default=True),

@@ -12,7 +12,7 @@ alone peaked at 53 GiB together on an H200 node (bench/results/2026-12-02-h200-1
 mem.log); flash-attn's own setup.py assumes 9 GiB a job at 4 threads.
 """
 
-from ..recipe import Recipe
+from ..recipe import Choice, Recipe
 
 RECIPE = Recipe(
     name="flash-attn",
@@ -26,6 +26,14 @@ RECIPE = Recipe(
     nvcc_threads=2,
     gib_per_job=5.0,
     modules=("flash_attn_2_cuda",),
+    # patches/flash-attn/<version>/*-build-only-chosen-head-dims-and-dtypes.patch: setup.py
+    # compiles only these kernels and a call needing another raises a RuntimeError naming it.
+    # 160 and 224 exist up to 2.5.x only; setup.py refuses a value its version cannot build.
+    choices=(
+        Choice("hdims", "head dims to compile kernels for", "FLASH_ATTN_HDIMS",
+               ("32", "64", "96", "128", "160", "192", "224", "256")),
+        Choice("dtypes", "dtypes to compile kernels for", "FLASH_ATTN_DTYPES", ("fp16", "bf16")),
+    ),
     gpu_check="flash_attn",
     proves="causal bf16 forward and backward match torch's scaled_dot_product_attention",
 )
