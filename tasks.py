@@ -35,11 +35,12 @@ def check(c, profile=None, snapshot=None, json=False):
             "dry_run": "print the plan: what would run and why",
             "only": "run this one step", "from": "start at this step",
             "adopt": "use this existing interpreter (an NGC container's python) as the env",
-            "no_builds": "leave the flash-attn and apex builds out"})
+            "no_builds": "leave the flash-attn and apex builds out",
+            "verify_deep": "re-hash every installed file against its RECORD and import again"})
 def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None, adopt=None,
-          no_builds=False):
+          no_builds=False, verify_deep=False):
     """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
-    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt, no_builds))
+    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt, no_builds, verify_deep))
 
 
 @task(help={"profile": "profile name (default: the default profile)",
@@ -79,13 +80,14 @@ def lock_diff(c, base=None):
             "conda": "conda/mamba/micromamba executable for the conda path",
             "use_conda": "force the conda path (--no-use-conda forces uv)",
             "find_links": "a wheelhouse directory to install from (repeatable)",
-            "no_index": "install only from --find-links"},
+            "no_index": "install only from --find-links",
+            "verify_deep": "re-hash every installed file against its RECORD and import again"},
       iterable=["find_links"])
 def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=False,
-        conda=None, use_conda=None, find_links=None, no_index=False):
+        conda=None, use_conda=None, find_links=None, no_index=False, verify_deep=False):
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
     _done(commands.env(profile, prefix, python, adopt, install_missing, conda, use_conda,
-                       find_links, no_index))
+                       find_links, no_index, verify_deep))
 
 
 @task(help={"what": "flash-attn, apex or all",

@@ -77,7 +77,7 @@ def check(profile_name: str | None = None, snapshot_dir: str | None = None,
 @guarded
 def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: bool = False,
           only: str | None = None, start: str | None = None, adopt: str | None = None,
-          no_builds: bool = False) -> int:
+          no_builds: bool = False, deep: bool = False) -> int:
     """The whole chain (see megatron_env.pipeline); one summary table at the end."""
     from . import env as env_mod
     from . import pipeline
@@ -87,7 +87,7 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
                            env_mod.default_prefix(prof), echo=out.print,
                            adopt=Path(adopt).absolute() if adopt else None,
-                           no_builds=no_builds)
+                           no_builds=no_builds, deep=deep)
     t0 = time.monotonic()
     rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
     if ctx.findings and not only:
@@ -157,7 +157,7 @@ def lock_diff(base: str | None = None) -> int:
 def env(profile_name: str | None = None, prefix: str | None = None, python: str | None = None,
         adopt: bool = False, install_missing: bool = False, conda: str | None = None,
         use_conda: bool | None = None, find_links: list[str] | None = None,
-        no_index: bool = False) -> int:
+        no_index: bool = False, deep: bool = False) -> int:
     """Build (or verify) the profile's environment, or check an adopted one."""
     from . import env as env_mod
 
@@ -175,7 +175,7 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
         return 0 if v.ok else 1
     summary = env_mod.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
                             use_conda=use_conda, find_links=find_links, no_index=no_index,
-                            echo=out.print)
+                            deep=deep, echo=out.print)
     out.print(f"[bold]env[/bold] {summary.line()}")
     return 0
 

@@ -18,7 +18,6 @@ Three ways in:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -28,26 +27,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import FileLock
-
-from . import REPO_ROOT, lock, proc
+from . import REPO_ROOT, lock, manifest, proc, waiting
 from .errors import UserError
 from .profile import Profile
 
 ENV_ROOT = REPO_ROOT / ".megatron-env"
 STAMP = ".megatron-env.json"
+MANIFEST = ".megatron-env-manifest.json"  # every installed file; see megatron_env.manifest
 MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"
 DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: ~5-6 GiB
 # Installed by the venv or conda machinery, not by the lock; never counted as "extra".
 TOOLING = {"pip", "setuptools", "wheel", "uv"}
-# What megatron-env itself installs on top of the lock (`invoke megatron`, editable).
-ON_TOP = {"megatron-core"}
+# What megatron-env itself installs on top of the lock (`invoke megatron`, `invoke build`).
+ON_TOP = {"megatron-core", "flash-attn", "apex"}
 
 _PROBE = r"""
-import json, sys
+import json, os, site, sys, sysconfig
 from importlib import metadata
+sites = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
-       "dists": {}, "errors": []}
+       "dists": {}, "errors": [], "sites": sorted(p for p in sites if os.path.isdir(p))}
 for d in metadata.distributions():
     name = (d.metadata["Name"] or "").lower().replace("_", "-")
     if name:
@@ -181,30 +180,37 @@ class Summary:
     profile: str
     prefix: Path
     mode: str
-    action: str  # "built", "up to date", "adopted"
+    action: str  # "built", "up to date", "repaired", "verified"
     seconds: float
     facts: dict
+    size: int = 0  # bytes installed, from the manifest (walking 20,000 files costs seconds)
 
     def line(self) -> str:
         f = self.facts
-        size = dir_size(self.prefix) if self.mode != "adopt" else 0
+        size = self.size
         return (f"{self.profile}: {self.action} at {self.prefix} ({self.mode}); Python "
                 f"{f.get('python')}, torch {f.get('torch')}, CUDA {f.get('torch_cuda')}, "
                 f"NCCL {f.get('nccl', '?')}, {len(f.get('dists', {}))} packages"
                 + (f", {size / 2**30:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
 
 
-def dir_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path.resolve()):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
+def min_free_gb() -> float:
+    raw = os.environ.get(MIN_FREE_ENV)
+    if raw is None:
+        return DEFAULT_MIN_FREE_GB
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise UserError(f"{MIN_FREE_ENV}={raw!r} is not a number of GiB",
+                        fix=f"set {MIN_FREE_ENV} to a number such as {DEFAULT_MIN_FREE_GB:g}, "
+                            "or unset it")
+    return value
 
 
 def check_free_space(where: Path, echo=print) -> None:
-    need_gb = float(os.environ.get(MIN_FREE_ENV, DEFAULT_MIN_FREE_GB))
+    need_gb = min_free_gb()
     free_gb = shutil.disk_usage(where).free / 2**30
     if free_gb < need_gb:
         raise UserError(
@@ -214,9 +220,11 @@ def check_free_space(where: Path, echo=print) -> None:
 
 
 def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: bool,
-                log: Path) -> None:
+                log: Path, extra: list[str] = ()) -> None:
+    # --link-mode copy: an environment never shares an inode with uv's cache, so a file edited
+    # in place in one environment cannot change the cache and, through it, the next environment
     argv = [lock.uv_exe(), "pip", "install", "--python", python, "--require-hashes",
-            "--no-deps", "-r", lockfile]
+            "--no-deps", "--link-mode", "copy", "-r", lockfile, *extra]
     for f in find_links:
         argv += ["--find-links", f]
     if no_index:
@@ -232,11 +240,31 @@ def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: b
                             f"original files; full log: {log}")
 
 
+def _refuse(prefix: Path, profile: Profile) -> None:
+    """Refuse a prefix that is not (or not yet) this profile's environment, before any write."""
+    if prefix.exists() and not prefix.is_dir():
+        raise UserError(f"{prefix} is a file, not an environment directory",
+                        fix="choose another --prefix, or remove the file")
+    current = read_stamp(prefix) if prefix.exists() else None
+    foreign = prefix.exists() and not prefix.is_symlink() and any(prefix.iterdir())
+    if foreign and current is None:
+        raise UserError(f"{prefix} exists and is not an environment made by megatron-env",
+                        fix="choose another --prefix, or remove it")
+    if current and current.get("profile") != profile.name:
+        raise UserError(f"{prefix} holds the environment of profile "
+                        f"{current.get('profile')}, not {profile.name}",
+                        fix="pass another --prefix for this profile")
+
+
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
           conda: str | None = None, use_conda: bool | None = None,
-          find_links: list[str] | None = None, no_index: bool = False,
+          find_links: list[str] | None = None, no_index: bool = False, deep: bool = False,
           echo=print) -> Summary:
-    """Create or verify the profile's environment at `prefix` (see the module docstring)."""
+    """Create, check or repair the profile's environment at `prefix` (see the module docstring).
+
+    deep: re-hash every installed file against its RECORD and import torch, instead of the
+    stat-only check of the manifest.
+    """
     t0 = time.monotonic()
     prefix = Path(prefix or default_prefix(profile)).absolute()
     lockfile = profile.dir / lock.LOCK_FILE
@@ -244,49 +272,149 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
         raise UserError(f"{lockfile} does not exist",
                         fix=f"run `invoke lock --profile {profile.name}`")
     digest = file_digest(lockfile)
+    _refuse(prefix, profile)
     store = prefix.with_name(prefix.name + ".d")
-    store.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(store / ".lock")):
-        current = read_stamp(prefix) if prefix.exists() else None
-        foreign = prefix.exists() and not prefix.is_symlink() and any(prefix.iterdir())
-        if foreign and current is None:
-            raise UserError(f"{prefix} exists and is not an environment made by megatron-env",
-                            fix="choose another --prefix, or remove it")
-        if current and current.get("profile") != profile.name:
-            raise UserError(f"{prefix} holds the environment of profile "
-                            f"{current.get('profile')}, not {profile.name}",
-                            fix="pass another --prefix for this profile")
-        if current and current.get("lock_digest") == digest:
-            v = verify(python_of(prefix), profile, lockfile, quick=True)
-            if v.ok:
-                return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date",
-                               time.monotonic() - t0, v.facts)
-            echo(f"{prefix} no longer matches its lock ({'; '.join(v.differences)}); rebuilding")
-        check_free_space(store, echo)
-        keep = prefix.resolve() if prefix.is_symlink() else None
-        for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
-            if leftover.is_dir() and leftover != keep:
-                shutil.rmtree(leftover, ignore_errors=True)
-            elif leftover.name.startswith(".link-"):
-                leftover.unlink(missing_ok=True)
-        target = store / f"{digest.split(':')[1][:16]}-{time.strftime('%Y%m%d%H%M%S')}"
-        mode = _create(profile, target, lockfile, python=python, conda=conda,
-                       use_conda=use_conda, find_links=find_links or [], no_index=no_index,
-                       echo=echo)
+    made_store = not store.exists()
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {store}: {e.strerror}",
+                        fix="choose a writable --prefix") from None
+    sources = Sources(find_links or [], no_index)
+    try:
+        with waiting.exclusive(store / ".lock", str(prefix), echo):
+            _refuse(prefix, profile)
+            current = read_stamp(prefix) if prefix.exists() else None
+            if current and current.get("lock_digest") == digest:
+                s = _warm(profile, prefix, lockfile, current, sources, deep, echo)
+                if s is not None:
+                    s.seconds = time.monotonic() - t0
+                    return s
+            check_free_space(store, echo)
+            return _cold(profile, prefix, store, lockfile, digest, sources, t0, echo,
+                         python=python, conda=conda, use_conda=use_conda)
+    except UserError:
+        if made_store and not any(d.is_dir() for d in store.iterdir()):
+            shutil.rmtree(store, ignore_errors=True)  # a refused first run leaves nothing
+        raise
+
+
+@dataclass
+class Sources:
+    """Where packages come from (for a build and for a repair alike)."""
+
+    find_links: list[str]
+    no_index: bool
+
+
+def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, digest: str,
+          sources: Sources, t0: float, echo, **how) -> Summary:
+    keep = prefix.resolve() if prefix.is_symlink() else None
+    for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
+        if leftover.is_dir() and leftover != keep:
+            shutil.rmtree(leftover, ignore_errors=True)
+        elif leftover.name.startswith(".link-"):
+            leftover.unlink(missing_ok=True)
+    target = store / f"{digest.split(':')[1][:16]}-{time.strftime('%Y%m%d%H%M%S')}"
+    mode = _create(profile, target, lockfile, find_links=sources.find_links,
+                   no_index=sources.no_index, echo=echo, **how)
+    try:
+        facts = probe(python_of(target), torch=False)
+        bad = manifest.hash_check(manifest.scan(facts["sites"]))
+        if bad:  # the wheels' hashes were checked: what differs came out of uv's cache
+            echo("installed files differ from the RECORD their wheels ship (a corrupt uv cache "
+                 "entry):")
+            for line in manifest.summarize(bad):
+                echo(f"  {line}")
+            repair(python_of(target), lockfile, manifest.packages(bad), sources, echo)
         v = verify(python_of(target), profile, lockfile)
-        if not v.ok:
-            shutil.rmtree(target, ignore_errors=True)
-            raise UserError("the new environment does not match the lock: "
-                            + "; ".join(v.differences) + ". The previous one is unchanged.",
-                            fix="re-run `invoke lock`, then `invoke env`")
-        (target / STAMP).write_text(json.dumps(
-            {"profile": profile.name, "lock_digest": digest, "mode": mode,
-             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "python": v.facts["python"], "torch": v.facts.get("torch")}, indent=2) + "\n")
-        _switch(prefix, target)
-        if keep and keep != target and keep.parent == store:
-            shutil.rmtree(keep, ignore_errors=True)
-        return Summary(profile.name, prefix, mode, "built", time.monotonic() - t0, v.facts)
+    except UserError:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    if not v.ok:
+        shutil.rmtree(target, ignore_errors=True)
+        raise UserError("the new environment does not match the lock: "
+                        + "; ".join(v.differences) + ". The previous one is unchanged.",
+                        fix="re-run `invoke lock`, then `invoke env`")
+    m = _record(target, profile, digest, mode, v.facts)
+    _switch(prefix, target)
+    if keep and keep != target and keep.parent == store:
+        shutil.rmtree(keep, ignore_errors=True)
+    return Summary(profile.name, prefix, mode, "built", time.monotonic() - t0, v.facts,
+                   m["bytes"])
+
+
+def _record(target: Path, profile: Profile, digest: str, mode: str, facts: dict) -> dict:
+    """Write the manifest of a verified environment, then its stamp (which names the manifest)."""
+    m = manifest.scan(facts["sites"])
+    manifest_digest = manifest.save(m, target / MANIFEST)
+    (target / STAMP).write_text(json.dumps(
+        {"profile": profile.name, "lock_digest": digest, "mode": mode,
+         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+         "python": facts["python"], "torch": facts.get("torch"),
+         "manifest": manifest_digest, "facts": facts}, indent=2) + "\n")
+    return m
+
+
+def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources: Sources,
+          deep: bool, echo) -> Summary | None:
+    """Check an environment built from this very lock; repair what changed. None: rebuild it."""
+    python = python_of(prefix)
+    m = manifest.load(prefix / MANIFEST)
+    diffs: list[manifest.Difference] = []
+    if m is not None:
+        diffs = manifest.stat_check(m, ignore_extra=TOOLING | ON_TOP)
+        extra = [d for d in diffs if d.kind == "extra"]
+        if extra:
+            echo(f"{prefix} has packages its lock does not: "
+                 f"{_names(manifest.packages(extra))}; rebuilding")
+            return None
+        if deep:
+            seen = {d.file for d in diffs}
+            diffs += [d for d in manifest.hash_check(m) if d.file not in seen]
+        if not diffs and not deep:
+            return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date", 0.0,
+                           current.get("facts") or {}, m["bytes"])
+    if diffs:
+        echo(f"{prefix} differs from what its build installed:")
+        for line in manifest.summarize(diffs):
+            echo(f"  {line}")
+        repair(python, lockfile, manifest.packages(diffs), sources, echo)
+    v = verify(python, profile, lockfile)
+    if not v.ok:
+        echo(f"{prefix} no longer matches its lock ({'; '.join(v.differences)}); rebuilding")
+        return None
+    m = _record(prefix.resolve(), profile, current["lock_digest"], current.get("mode", "uv"),
+                v.facts)
+    return Summary(profile.name, prefix, current.get("mode", "uv"),
+                   "repaired" if diffs else "verified", 0.0, v.facts, m["bytes"])
+
+
+def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, echo) -> None:
+    """Reinstall `names` from the lock, with uv's cache entries of them refreshed from the
+    package source (an entry edited in place would otherwise be installed again), then prove
+    every reinstalled file against its wheel's RECORD."""
+    pins = lock.parse_lock(lockfile.read_text())
+    outside = [n for n in names if n not in pins]
+    if outside:
+        raise UserError(f"{', '.join(outside)} changed, and the lock does not install "
+                        f"{'it' if len(outside) == 1 else 'them'}",
+                        fix="re-run the step that installed it (`invoke megatron` for "
+                            "megatron-core, `invoke build` for flash-attn and apex)")
+    echo(f"repairing {', '.join(names)}: reinstalling from {lockfile.name}, uv's cache entry "
+         "refreshed")
+    extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
+    with tempfile.TemporaryDirectory() as tmp:
+        subset = Path(tmp) / "repair.txt"
+        subset.write_text(lock.subset(lockfile.read_text(), set(names)))
+        _uv_install(python, subset, sources.find_links, sources.no_index, Path(tmp) / "uv.log",
+                    extra)
+    bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
+    if bad:
+        raise UserError("reinstalling from the lock still gives files that differ from their "
+                        "wheel's RECORD: " + "; ".join(manifest.summarize(bad)),
+                        fix=f"run `uv cache clean {' '.join(names)}` and check the package "
+                            "source (index, mirror or --find-links)")
 
 
 def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
@@ -349,19 +477,9 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
     lockfile = profile.dir / lock.LOCK_FILE
     v = verify(exe, profile, lockfile)
     if install_missing and v.missing:
-        text = lockfile.read_text()
-        keep = set(v.missing)
-        blocks = [b for b in text.split("\n") if b]
-        chosen, take = [], False
-        for line in blocks:
-            if not line.startswith((" ", "#")):
-                name = line.split("==")[0].lower().replace("_", "-")
-                take = name in keep
-            if take:
-                chosen.append(line)
         with tempfile.TemporaryDirectory() as tmp:
             subset = Path(tmp) / "missing.txt"
-            subset.write_text("\n".join(chosen) + "\n")
+            subset.write_text(lock.subset(lockfile.read_text(), set(v.missing)))
             _uv_install(Path(exe), subset, find_links or [], no_index, Path(tmp) / "uv.log")
         v = verify(exe, profile, lockfile)
     return v

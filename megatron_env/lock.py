@@ -202,6 +202,17 @@ def parse_lock(text: str) -> dict[str, str]:
     return out
 
 
+def subset(text: str, names: set[str]) -> str:
+    """The blocks (pin line and its --hash lines) of the packages `names`, as a lock of its own."""
+    chosen, take = [], False
+    for line in text.splitlines():
+        if line and not line.startswith((" ", "#")):
+            take = line.split("==")[0].lower().replace("_", "-") in names
+        if take and line:
+            chosen.append(line)
+    return "\n".join(chosen) + "\n"
+
+
 def recorded_digest(path: Path) -> str | None:
     if not path.exists():
         return None

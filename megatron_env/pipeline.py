@@ -20,9 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import FileLock
-
-from . import checks, env, lock, megatron, patches
+from . import checks, env, lock, manifest, megatron, patches, waiting
 from .errors import UserError
 from .findings import Finding
 from .profile import Profile
@@ -39,6 +37,7 @@ class Context:
     snapshot_dir: Path | None = None
     adopt: Path | None = None  # an existing interpreter to use instead of building one
     no_builds: bool = False  # leave flash-attn and apex out (reported as skipped)
+    deep: bool = False  # re-hash every installed file and import again (--verify-deep)
 
     @property
     def stamps(self) -> Path:
@@ -119,12 +118,12 @@ def _env_inputs(ctx: Context) -> str:
 
 
 def _env_verify(ctx: Context) -> None:
+    """The manifest's stat check (or, deep, every hash); what changed is repaired from the lock."""
     if ctx.adopt:
         return
-    v = env.verify(ctx.python, ctx.profile, ctx.profile.dir / lock.LOCK_FILE, quick=True)
-    if not v.ok:
-        raise UserError("the environment no longer matches its lock: " + "; ".join(v.differences),
-                        fix=f"run `invoke env --profile {ctx.profile.name}`")
+    s = env.build(ctx.profile, ctx.prefix, deep=ctx.deep, echo=ctx.echo)
+    if s.action != "up to date":
+        ctx.echo(f"env: {s.action}")
 
 
 def _no_gpu_or_toolkit(ctx: Context) -> str | None:
@@ -205,8 +204,41 @@ def _megatron_run(ctx: Context) -> str:
            f"{n} patch(es), installed editable with its dataset helpers"
 
 
+ADOPTED_MANIFEST = "adopted-manifest.json"
+
+
+def _verify_inputs(ctx: Context) -> str:
+    """What the imports were proven for: the built environment's manifest (a repair writes a new
+    one), or the adopted interpreter (whose own manifest `_verify_again` checks)."""
+    if ctx.adopt:
+        return _digest(str(ctx.adopt))
+    return _digest((env.read_stamp(ctx.prefix) or {}).get("manifest", ""))
+
+
+def _verify_again(ctx: Context) -> str | None:
+    """Why the imports must be proven again (None: nothing changed since they were)."""
+    if ctx.deep:
+        return "--verify-deep given"
+    if not ctx.adopt:
+        return None  # the env step has checked the manifest that this step's digest names
+    m = manifest.load(ctx.stamps / ADOPTED_MANIFEST)
+    if m is None:
+        return "no manifest of the adopted environment"
+    diffs = manifest.stat_check(m)
+    return ("the adopted environment changed: " + "; ".join(manifest.summarize(diffs))
+            if diffs else None)
+
+
 def _verify_run(ctx: Context) -> str:
     facts = megatron.check_import(ctx.python)
+    if ctx.adopt:
+        if ctx.deep and (m := manifest.load(ctx.stamps / ADOPTED_MANIFEST)):
+            bad = manifest.hash_check(m)
+            if bad:
+                raise UserError(f"files of {ctx.adopt}'s environment differ from their wheels' "
+                                "RECORD: " + "; ".join(manifest.summarize(bad)),
+                                fix="reinstall those packages in the adopted environment")
+        manifest.save(manifest.scan(facts["sites"]), ctx.stamps / ADOPTED_MANIFEST)
     where = Path(facts["imported"]["megatron.core"]).parent.parent.parent.name
     return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
            f"megatron.core from {where} and its dataset helpers: ok"
@@ -218,7 +250,8 @@ class Step:
     run: Callable[[Context], str]
     inputs: Callable[[Context], str] | None = None  # None: always runs (cheap, host state)
     skip: Callable[[Context], str | None] | None = None
-    verify: Callable[[Context], object] | None = None  # quick re-check of a stamped step
+    # quick re-check of a stamped step: raises when broken; a returned text says why it runs again
+    verify: Callable[[Context], str | None] | None = None
 
 
 def steps() -> list[Step]:
@@ -231,7 +264,7 @@ def steps() -> list[Step]:
         Step("builds", _builds_run, _builds_inputs, skip=_builds_skip),
         Step("megatron", _megatron_run, _megatron_inputs,
              verify=lambda c: megatron.check_installed(c.python, c.profile)),
-        Step("verify", _verify_run),
+        Step("verify", _verify_run, _verify_inputs, verify=_verify_again),
     ]
 
 
@@ -249,58 +282,70 @@ def run(ctx: Context, *, only: str | None = None, start: str | None = None,
         if name and name not in STEPS:
             raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}")
     chosen = [only] if only else STEPS[STEPS.index(start):] if start else STEPS
-    ctx.stamps.mkdir(parents=True, exist_ok=True)
+    if dry_run:  # a plan writes nothing (the prefix may be read-only)
+        return _chain(ctx, chosen, dry_run=True)
+    try:
+        ctx.stamps.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {ctx.stamps}: {e.strerror}",
+                        fix="choose a writable --prefix") from None
+    with waiting.exclusive(ctx.stamps / ".lock", f"the setup of {ctx.prefix}", ctx.echo):
+        return _chain(ctx, chosen, dry_run=False)
+
+
+def _chain(ctx: Context, chosen: list[str], *, dry_run: bool) -> tuple[list[Row], bool]:
     rows: list[Row] = []
     upstream = ""
     ok = True
-    with FileLock(str(ctx.stamps / ".lock")):
-        for step in steps():
-            if step.name not in chosen:
-                stamp = _read(ctx.stamps, step.name)
-                upstream = _digest(upstream, stamp["digest"] if stamp else "")
+    for step in steps():
+        if step.name not in chosen:
+            stamp = _read(ctx.stamps, step.name)
+            upstream = _digest(upstream, stamp["digest"] if stamp else "")
+            continue
+        if not ok:
+            rows.append(Row(step.name, "not run", 0.0, "an earlier step failed"))
+            continue
+        t0 = time.monotonic()
+        try:
+            if step.name != "check" and not ctx.findings and "check" not in chosen:
+                _check_run(ctx)  # the skip reasons below need the host's facts
+            reason = step.skip(ctx) if step.skip else None
+            if reason:
+                rows.append(Row(step.name, "skipped", time.monotonic() - t0, reason))
                 continue
-            if not ok:
-                rows.append(Row(step.name, "not run", 0.0, "an earlier step failed"))
-                continue
-            t0 = time.monotonic()
-            try:
-                if step.name != "check" and not ctx.findings and "check" not in chosen:
-                    _check_run(ctx)  # the skip reasons below need the host's facts
-                reason = step.skip(ctx) if step.skip else None
-                if reason:
-                    rows.append(Row(step.name, "skipped", time.monotonic() - t0, reason))
-                    continue
-                digest = _digest(upstream, step.inputs(ctx)) if step.inputs else None
-                stamp = _read(ctx.stamps, step.name)
-                fresh = digest is not None and stamp is not None and stamp["digest"] == digest
-                if dry_run:
-                    status = "up to date" if fresh else "would run"
-                    why = ("stamp matches its inputs" if fresh else "no stamp" if stamp is None
-                           or digest is None else "its inputs changed")
-                    if digest is None:
-                        why = "runs every time (host state)"
-                    rows.append(Row(step.name, status, 0.0, why))
-                    upstream = _digest(upstream, digest or "")
-                    if step.name == "check":
-                        _check_run(ctx)
-                    continue
-                if fresh:
-                    if step.verify:
-                        step.verify(ctx)
-                    rows.append(Row(step.name, "up to date", time.monotonic() - t0,
-                                    stamp.get("detail", "")))
-                else:
-                    detail = step.run(ctx)
-                    rows.append(Row(step.name, "done", time.monotonic() - t0, detail))
-                    if digest is not None:
-                        (ctx.stamps / f"{step.name}.json").write_text(json.dumps(
-                            {"digest": digest, "detail": detail,
-                             "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+            digest = _digest(upstream, step.inputs(ctx)) if step.inputs else None
+            stamp = _read(ctx.stamps, step.name)
+            fresh = digest is not None and stamp is not None and stamp["digest"] == digest
+            if dry_run:
+                status = "up to date" if fresh else "would run"
+                why = ("stamp matches its inputs" if fresh else "no stamp" if stamp is None
+                       or digest is None else "its inputs changed")
+                if digest is None:
+                    why = "runs every time (host state)"
+                rows.append(Row(step.name, status, 0.0, why))
                 upstream = _digest(upstream, digest or "")
-            except UserError as e:
+                if step.name == "check":
+                    _check_run(ctx)
+                continue
+            again = step.verify(ctx) if fresh and step.verify else None
+            if again:
+                ctx.echo(f"{step.name}: {again}; running it again")
+            if fresh and not again:
+                rows.append(Row(step.name, "up to date", time.monotonic() - t0,
+                                stamp.get("detail", "")))
+            else:
+                detail = step.run(ctx)
+                rows.append(Row(step.name, "done", time.monotonic() - t0, detail))
+                if digest is not None:
+                    (ctx.stamps / f"{step.name}.json").write_text(json.dumps(
+                        {"digest": digest, "detail": detail,
+                         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+            upstream = _digest(upstream, digest or "")
+        except UserError as e:
+            if not dry_run:
                 (ctx.stamps / f"{step.name}.json").unlink(missing_ok=True)
-                rows.append(Row(step.name, "failed", time.monotonic() - t0,
-                                e.message + (f"\nfix: {e.fix}" if e.fix else "")))
-                ok = False
+            rows.append(Row(step.name, "failed", time.monotonic() - t0,
+                            e.message + (f"\nfix: {e.fix}" if e.fix else "")))
+            ok = False
     return rows, ok
 
