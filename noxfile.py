@@ -28,9 +28,11 @@ def lint(session):
 
 @nox.session
 def lock_check(session):
-    """Every committed lock matches the inputs it was made from (no network needed)."""
+    """Every committed lock matches the inputs it was made from and its seal (no network), and
+    a new resolution from the index gives the same pins and hashes (network)."""
     session.install("-e", ".")
     session.run("invoke", "lock", "--check")
+    session.run("invoke", "lock", "--check", "--resolve")
 
 
 # The verification sessions run scripts/ in the profile's environment (built by `invoke setup`),

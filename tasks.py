@@ -51,7 +51,9 @@ def megatron(c, profile=None, prefix=None):
 
 
 @task(help={"profile": "profile name (default: the default profile; with --check: all)",
-            "check": "exit 1 naming every lock that no longer matches its inputs (no network)",
+            "check": "exit 1 naming every lock that no longer matches its inputs or its seal "
+                     "(a pin or hash edited by hand); no network",
+            "resolve": "with --check: resolve again (network) and fail on any difference",
             "upgrade_package": "move this one pin to its newest allowed version (repeatable)",
             "python": "interpreter of the profile's Python version to resolve with",
             "conda": "conda/mamba/micromamba executable for conda-lock",
@@ -59,10 +61,10 @@ def megatron(c, profile=None, prefix=None):
             "pypi_to_conda_lookup_file": "local name-mapping file for conda-lock's pip section"},
       iterable=["upgrade_package", "channel"])
 def lock(c, profile=None, check=False, upgrade_package=None, python=None, conda=None,
-         channel=None, pypi_to_conda_lookup_file=None):
+         channel=None, pypi_to_conda_lookup_file=None, resolve=False):
     """Resolve a profile into hashed locks (requirements.lock, environment.yml, conda-lock.yml)."""
     _done(commands.lock(profile, check, upgrade_package, python, conda, channel,
-                        pypi_to_conda_lookup_file))
+                        pypi_to_conda_lookup_file, resolve))
 
 
 @task(name="lock-diff",

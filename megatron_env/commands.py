@@ -119,7 +119,7 @@ def verify(name: str, args: list[str]) -> int:
 @guarded
 def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str] | None = None,
          python: str | None = None, conda: str | None = None, channels: list[str] | None = None,
-         lookup: str | None = None) -> int:
+         lookup: str | None = None, resolve: bool = False) -> int:
     """Write (or with check=True, verify) the locks of one profile, or of all with check."""
     from . import lock as lock_mod
 
@@ -127,12 +127,17 @@ def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str
     if check:
         profs = [profile.load(profile_name)] if profile_name else profile.load_all()
         problems = [p for prof in profs for p in lock_mod.stale(prof)]
+        if resolve and not problems:
+            err = report.console(stderr=True)
+            problems = [p for prof in profs
+                        for p in lock_mod.resolve_check(prof, python, echo=err.print)]
         for p in problems:
             out.print(f"[bold red]stale[/] {p}")
         if problems:
             out.print("fix: run `invoke lock --profile NAME` and commit the result")
             return 1
-        out.print(f"[green]fresh[/] locks of {len(profs)} profile(s) match their inputs")
+        out.print(f"[green]fresh[/] locks of {len(profs)} profile(s) match their inputs"
+                  + (" and a new resolution" if resolve else ""))
         return 0
     prof = profile.load(profile_name)
     env_file = prof.dir / lock_mod.ENV_FILE
