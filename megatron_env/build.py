@@ -143,7 +143,9 @@ def _download(pkg: Package, python: Path, target: Path, echo) -> None:
             urllib.request.urlretrieve(url, target)
         except OSError as e:
             raise UserError(f"cannot download {url}: {e}",
-                            fix=f"set {source_var(pkg.name)} to a reachable copy") from None
+                            fix=f"set {source_var(pkg.name)} to a reachable copy, or pass "
+                                "--no-builds to `invoke setup` to go on without the kernels"
+                            ) from None
         return
     if Path(url).is_file():
         shutil.copy(url, target)
@@ -163,7 +165,8 @@ def _download(pkg: Package, python: Path, target: Path, echo) -> None:
     if not r.ok or not files:
         shutil.rmtree(out, ignore_errors=True)
         raise UserError(f"cannot fetch the {pkg.name} {pkg.pin} sdist: {r.tail(3)}",
-                        fix=f"set {source_var(pkg.name)} to the sdist's path or URL")
+                        fix=f"set {source_var(pkg.name)} to the sdist's path or URL, or pass "
+                            "--no-builds to `invoke setup` to go on without the kernels")
     shutil.move(files[0], target)
     shutil.rmtree(out, ignore_errors=True)
 

@@ -31,6 +31,12 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
         except KeyboardInterrupt:
             report.console(stderr=True).print("[bold red]interrupted[/]")
             return 130
+        except OSError as e:  # the last net: a path the user named cannot be used as asked
+            err = report.console(stderr=True)
+            err.print(f"[bold red]error[/]: {e.filename or 'a file'}: {e.strerror or e}")
+            err.print("  [dim]fix:[/] check that path (a directory where one is needed, "
+                      "writable, on a disk with space)")
+            return 2
 
     return wrapper
 
@@ -45,6 +51,7 @@ def profiles() -> int:
         out.print(f"{mark} {p.name:<{width}}  python {p.python:<5} torch {p.torch:<7} "
                   f"cuda {p.cuda:<5} megatron {p.megatron['tag']}")
     out.print(f"[dim]{len(items)} profiles under envs/; * marks the default[/dim]")
+    profile.check_default(items)
     return 0
 
 

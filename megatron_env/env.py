@@ -105,15 +105,34 @@ def read_stamp(prefix: Path) -> dict | None:
 # --- verification ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """One way an environment differs from its profile and lock. Callers decide by `kind`
+    (missing, version, extra: the lock's packages; python, torch, torch-cuda, torch-import,
+    nccl: the stack itself), never by the wording of `text`."""
+
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+STACK = {"python", "torch", "torch-cuda", "torch-import"}  # what an adopted env must match
+
+
 @dataclass
 class Verification:
     facts: dict
-    differences: list[str] = field(default_factory=list)
+    differences: list[Mismatch] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.differences
+
+    def text(self, kinds: set[str] | None = None) -> str:
+        return "; ".join(d.text for d in self.differences if kinds is None or d.kind in kinds)
 
 
 def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
@@ -142,33 +161,36 @@ def verify(python: Path | str, profile: Profile, lockfile: Path,
     pins = lock.parse_lock(lockfile.read_text())
     have = facts["dists"]
     v = Verification(facts)
+
+    def differ(kind: str, text: str) -> None:
+        v.differences.append(Mismatch(kind, text))
+
     v.missing = sorted(n for n in pins if n not in have)
     if v.missing:
-        v.differences.append(f"missing from the environment: {_names(v.missing)}")
+        differ("missing", f"missing from the environment: {_names(v.missing)}")
     wrong = [f"{n} {have[n]} (lock {pins[n]})" for n in sorted(pins)
              if n in have and have[n] != pins[n]]
     if wrong:
-        v.differences.append(f"{len(wrong)} other versions than the lock: {_names(wrong)}")
+        differ("version", f"{len(wrong)} other versions than the lock: {_names(wrong)}")
     extra = sorted(n for n in have if n not in pins and n not in TOOLING | ON_TOP)
     if extra:
-        v.differences.append(f"{len(extra)} not in the lock: {_names(extra)}")
+        differ("extra", f"{len(extra)} not in the lock: {_names(extra)}")
     if not facts["python"].startswith(profile.python + "."):
-        v.differences.append(f"Python {facts['python']}, profile wants {profile.python}")
+        differ("python", f"Python {facts['python']}, profile wants {profile.python}")
     torch = facts.get("torch")
     if quick:
         return v
     if torch is None:
-        v.differences.append("torch does not import: " + "; ".join(facts["errors"]))
-    else:
-        if torch.split("+")[0] != profile.torch:
-            v.differences.append(f"torch {torch}, profile wants {profile.torch}")
-        if facts.get("torch_cuda") != profile.cuda:
-            v.differences.append(f"torch.version.cuda is {facts.get('torch_cuda')}, "
-                                 f"profile wants {profile.cuda}")
-        nccl_pin = next((ver for n, ver in pins.items() if n.startswith("nvidia-nccl-")), None)
-        if nccl_pin and facts.get("nccl") and facts["nccl"] != nccl_pin:
-            v.differences.append(f"torch.cuda.nccl.version() is {facts['nccl']}, lock has "
-                                 f"{nccl_pin}")
+        differ("torch-import", "torch does not import: " + "; ".join(facts["errors"]))
+        return v
+    if torch.split("+")[0] != profile.torch:
+        differ("torch", f"torch {torch}, profile wants {profile.torch}")
+    if facts.get("torch_cuda") != profile.cuda:
+        differ("torch-cuda", f"torch.version.cuda is {facts.get('torch_cuda')}, profile wants "
+                             f"{profile.cuda}")
+    nccl_pin = next((ver for n, ver in pins.items() if n.startswith("nvidia-nccl-")), None)
+    if nccl_pin and facts.get("nccl") and facts["nccl"] != nccl_pin:
+        differ("nccl", f"torch.cuda.nccl.version() is {facts['nccl']}, lock has {nccl_pin}")
     return v
 
 
@@ -272,6 +294,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
         raise UserError(f"{lockfile} does not exist",
                         fix=f"run `invoke lock --profile {profile.name}`")
     digest = file_digest(lockfile)
+    min_free_gb()  # a bad value is reported before anything is written
     _refuse(prefix, profile)
     store = prefix.with_name(prefix.name + ".d")
     made_store = not store.exists()
@@ -334,7 +357,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, digest: s
     if not v.ok:
         shutil.rmtree(target, ignore_errors=True)
         raise UserError("the new environment does not match the lock: "
-                        + "; ".join(v.differences) + ". The previous one is unchanged.",
+                        + v.text() + ". The previous one is unchanged.",
                         fix="re-run `invoke lock`, then `invoke env`")
     m = _record(target, profile, digest, mode, v.facts)
     _switch(prefix, target)
@@ -382,7 +405,7 @@ def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources
         repair(python, lockfile, manifest.packages(diffs), sources, echo)
     v = verify(python, profile, lockfile)
     if not v.ok:
-        echo(f"{prefix} no longer matches its lock ({'; '.join(v.differences)}); rebuilding")
+        echo(f"{prefix} no longer matches its lock ({v.text()}); rebuilding")
         return None
     m = _record(prefix.resolve(), profile, current["lock_digest"], current.get("mode", "uv"),
                 v.facts)

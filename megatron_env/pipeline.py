@@ -101,13 +101,11 @@ def _adopt(ctx: Context) -> str:
     from the lock (an NGC container has its own), and each difference is listed."""
     v = env.verify(ctx.adopt, ctx.profile, ctx.profile.dir / lock.LOCK_FILE)
     f = v.facts
-    fatal = [d for d in v.differences if d.startswith(("Python ", "torch "))]
-    if fatal:
-        raise UserError(f"{ctx.adopt} cannot serve profile {ctx.profile.name}: "
-                        + "; ".join(fatal),
+    if fatal := v.text(env.STACK):
+        raise UserError(f"{ctx.adopt} cannot serve profile {ctx.profile.name}: {fatal}",
                         fix="adopt an environment with the profile's Python, torch and CUDA, "
                             "or build one (without --adopt)")
-    others = "; ".join(v.differences) or "none"
+    others = v.text() or "none"
     return (f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, CUDA "
             f"{f.get('torch_cuda')}, NCCL {f.get('nccl')}, cuDNN {f.get('cudnn')}; "
             f"other differences from the lock: {others}")
