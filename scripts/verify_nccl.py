@@ -414,7 +414,7 @@ def gather_correctness(torch, dist, device, rank: int, n: int, mine: dict) -> li
     for r, t in enumerate(rows):
         values = [int(v) for v in t.tolist()]
         entry = {"rank": r, "host": bytes(b for b in values[len(OPS):] if b).decode(errors="replace")}
-        for op, code in zip(OPS, values[: len(OPS)]):
+        for op, code in zip(OPS, values[: len(OPS)], strict=True):
             if op in mine:
                 entry[op] = (mine[op] if r == rank else "unsupported") if code == -1 else code == 1
         out.append(entry)
