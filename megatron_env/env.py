@@ -379,6 +379,12 @@ def _record(target: Path, profile: Profile, digest: str, mode: str, facts: dict)
     return m
 
 
+def changes(prefix: Path) -> list[manifest.Difference] | None:
+    """What changed in the environment since its build, by stat alone (None: no manifest)."""
+    m = manifest.load(prefix / MANIFEST)
+    return None if m is None else manifest.stat_check(m, ignore_extra=TOOLING | ON_TOP)
+
+
 def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources: Sources,
           deep: bool, echo) -> Summary | None:
     """Check an environment built from this very lock; repair what changed. None: rebuild it."""
@@ -386,7 +392,7 @@ def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources
     m = manifest.load(prefix / MANIFEST)
     diffs: list[manifest.Difference] = []
     if m is not None:
-        diffs = manifest.stat_check(m, ignore_extra=TOOLING | ON_TOP)
+        diffs = changes(prefix) or []
         extra = [d for d in diffs if d.kind == "extra"]
         if extra:
             echo(f"{prefix} has packages its lock does not: "

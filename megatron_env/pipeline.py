@@ -91,7 +91,7 @@ def _lock_run(ctx: Context) -> str:
 def _env_run(ctx: Context) -> str:
     if ctx.adopt:
         return _adopt(ctx)
-    s = env.build(ctx.profile, ctx.prefix, echo=ctx.echo)
+    s = env.build(ctx.profile, ctx.prefix, deep=ctx.deep, echo=ctx.echo)
     return f"{s.action}: Python {s.facts['python']}, torch {s.facts.get('torch')}, CUDA " \
            f"{s.facts.get('torch_cuda')}, {len(s.facts['dists'])} packages"
 
@@ -115,13 +115,17 @@ def _env_inputs(ctx: Context) -> str:
     return _digest(_file(ctx.profile.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
 
 
-def _env_verify(ctx: Context) -> None:
-    """The manifest's stat check (or, deep, every hash); what changed is repaired from the lock."""
+def _env_verify(ctx: Context) -> str | None:
+    """The manifest's stat check: why the env step must run again (it then repairs what changed
+    from the lock), or None when every installed file is as the build left it."""
     if ctx.adopt:
-        return
-    s = env.build(ctx.profile, ctx.prefix, deep=ctx.deep, echo=ctx.echo)
-    if s.action != "up to date":
-        ctx.echo(f"env: {s.action}")
+        return None
+    if ctx.deep:
+        return "--verify-deep given"
+    diffs = env.changes(ctx.prefix)
+    if diffs is None:
+        return "the environment has no manifest yet"
+    return f"changed since its build: {'; '.join(manifest.summarize(diffs))}" if diffs else None
 
 
 def _no_gpu_or_toolkit(ctx: Context) -> str | None:
