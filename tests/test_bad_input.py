@@ -216,3 +216,39 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
     with pytest.raises(UserError) as e:
         pipeline._adopt(ctx)
     assert f"torch.version.cuda is {torch.version.cuda}, profile wants {want}" in e.value.message
+
+
+def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
+    """A node without an index (the H200 node): the sdist fetch fails, and the fix names both
+    ways on: a local copy of the sdist, or going on without the kernels."""
+    from megatron_env import build
+
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "2")
+    monkeypatch.delenv(build.source_var("flash-attn"), raising=False)
+    pkg = build.packages(profile.load(DEFAULT))["flash-attn"]
+    with pytest.raises(UserError) as e:
+        build.fetch(pkg, Path(sys.executable), echo=lambda *_: None)
+    assert "cannot fetch the flash-attn" in e.value.message
+    assert "MEGATRON_ENV_SOURCE_FLASH_ATTN" in e.value.fix and "--no-builds" in e.value.fix
+
+
+def test_smoke_train_names_a_broken_transformer_engine(tmp_path):
+    """Transformer Engine installed but not importable (its library missing, as after a CUDA
+    change): the error is reported, not mistaken for "TE is not installed"."""
+    broken = tmp_path / "site" / "transformer_engine"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("from . import transformer_engine_torch  # the .so\n")
+    code = ("import sys; sys.path[:0] = [{site!r}, {scripts!r}]; import smoke_train as s; "
+            "print(s.te_status())")
+    run = subprocess.run([sys.executable, "-c", code.format(site=str(tmp_path / "site"),
+                                                            scripts=str(ROOT / "scripts"))],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "(False, \"ImportError: cannot import name 'transformer_engine_torch'" in run.stdout
+    absent = subprocess.run([sys.executable, "-c", code.format(site=str(tmp_path / "none"),
+                                                               scripts=str(ROOT / "scripts"))],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert absent.stdout.strip() == "(False, None)"
