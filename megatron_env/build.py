@@ -11,7 +11,6 @@ a build that silently came out Python-only is a failure.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -25,9 +24,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
-from . import env, parsers, patches, proc, resources, sources
+from . import env, parsers, patches, proc, resources, sources, waiting
 from .errors import UserError
 from .lock import uv_env, uv_exe
 from .profile import Profile
@@ -315,7 +312,8 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
     slot.parent.mkdir(parents=True, exist_ok=True)
     built_in = None
     log = None
-    with _turn(FileLock(str(slot) + ".lock"), pkg.name, echo):  # one builder per key
+    with waiting.exclusive(Path(str(slot) + ".lock"), f"{pkg.name}: another build of this key "
+                           f"is running ({slot}.lock); waiting for it", echo):  # one per key
         wheels = list(slot.glob("*.whl"))
         hit = bool(wheels)
         if not hit:
@@ -361,20 +359,6 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                             f"({log or slot / 'meta.json'}) for skipped extensions")
     return Result(pkg.name, wheel, hit, time.monotonic() - t0, built_in, log,
                   facts["imported"])
-
-
-@contextlib.contextmanager
-def _turn(lock: FileLock, name: str, echo):
-    """Hold the cache key's lock; say so when another node or process is building it."""
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        echo(f"{name}: another build of this key is running ({lock.lock_file}); waiting for it")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _sweep(key: str) -> None:

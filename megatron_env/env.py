@@ -305,7 +305,8 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
                         fix="choose a writable --prefix") from None
     sources = Sources(find_links or [], no_index)
     try:
-        with waiting.exclusive(store / ".lock", str(prefix), echo):
+        with waiting.exclusive(store / ".lock", f"waiting: another run is working on {prefix} "
+                               f"(it holds {store / '.lock'})", echo):
             _refuse(prefix, profile)
             current = read_stamp(prefix) if prefix.exists() else None
             if current and current.get("lock_digest") == digest:

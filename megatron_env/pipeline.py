@@ -291,7 +291,8 @@ def run(ctx: Context, *, only: str | None = None, start: str | None = None,
     except OSError as e:
         raise UserError(f"cannot create {ctx.stamps}: {e.strerror}",
                         fix="choose a writable --prefix") from None
-    with waiting.exclusive(ctx.stamps / ".lock", f"the setup of {ctx.prefix}", ctx.echo):
+    with waiting.exclusive(ctx.stamps / ".lock", "waiting: another run is working on the setup "
+                           f"of {ctx.prefix} (it holds {ctx.stamps / '.lock'})", ctx.echo):
         return _chain(ctx, chosen, dry_run=False)
 
 

@@ -15,13 +15,13 @@ from filelock import FileLock, Timeout
 
 
 @contextmanager
-def exclusive(path: Path, what: str, echo=print) -> Iterator[None]:
-    """Hold the lock file `path`; when another process holds it, say so, then wait for it."""
+def exclusive(path: Path, waiting: str, echo=print) -> Iterator[None]:
+    """Hold the lock file `path`; when another process holds it, echo `waiting`, then wait."""
     lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        echo(f"waiting: another run is working on {what} (it holds {path})")
+        echo(waiting)
         lock.acquire()
     try:
         yield
