@@ -560,11 +560,12 @@ def main(argv=None) -> int:
         except OSError as e:
             print(f"error: cannot read {args.analyze_log}: {e.strerror}", file=sys.stderr)
             return 2
-        if not any("NCCL" in line for line in text.splitlines()):
+        a = analyze_log(text)
+        if not any(a[k] for k in ("nccl_versions", "hosts", "networks", "transports", "warnings",
+                                  "plugins", "nranks", "ib_missing")):
             print(f"error: {args.analyze_log} holds no NCCL line; fix: pass the output of a run "
                   "with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE names where it goes)", file=sys.stderr)
             return 2
-        a = analyze_log(text)
         fs = log_findings(a)
         if args.json:
             print(json.dumps({"analysis": a, "findings": fs}, indent=2))
