@@ -242,7 +242,7 @@ def check_free_space(where: Path, echo=print) -> None:
 
 
 def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: bool,
-                log: Path, extra: list[str] = ()) -> None:
+                log: Path, extra: tuple[str, ...] | list[str] = ()) -> None:
     # --link-mode copy: an environment never shares an inode with uv's cache, so a file edited
     # in place in one environment cannot change the cache and, through it, the next environment
     argv = [lock.uv_exe(), "pip", "install", "--python", python, "--require-hashes",
