@@ -389,7 +389,7 @@ def changes(prefix: Path) -> list[manifest.Difference] | None:
 def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources: Sources,
           deep: bool, echo) -> Summary | None:
     """Check an environment built from this very lock; repair what changed. None: rebuild it."""
-    python = python_of(prefix)
+    python = python_of(prefix.resolve())  # the manifest names files by their real paths
     m = manifest.load(prefix / MANIFEST)
     diffs: list[manifest.Difference] = []
     if m is not None:
