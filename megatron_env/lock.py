@@ -128,6 +128,18 @@ def seal(profile: Profile, body: str) -> str:
     return header(profile, body) + body + footer(body)
 
 
+def compare(have: dict[str, str], ref: dict[str, str]) -> list[tuple[str, str]]:
+    """(name, kind) for each package of two {name: block} maps that differs: kind "only-have",
+    "only-ref" or "changed"."""
+    out = []
+    for name in sorted(set(have) | set(ref)):
+        kind = ("only-have" if name not in ref else "only-ref" if name not in have
+                else "changed" if have[name] != ref[name] else None)
+        if kind:
+            out.append((name, kind))
+    return out
+
+
 def hand_edits(path: Path) -> list[str]:
     """Packages whose pin or hashes differ from what the lock's seal recorded (empty: none)."""
     text = path.read_text()
@@ -137,15 +149,12 @@ def hand_edits(path: Path) -> list[str]:
     if not sealed or recorded is None:
         return [f"{path}: has no seal (body-digest and sealed lines): made by an older "
                 "`invoke lock` or edited by hand"]
-    out = []
-    for name in sorted(set(got) | set(sealed)):
-        if name not in sealed:
-            out.append(f"{path}: {name}: added by hand (not in the lock's seal)")
-        elif name not in got:
-            out.append(f"{path}: {name}: removed by hand (sealed as {name}=={sealed[name][0]})")
-        elif _block_digest(got[name]) != sealed[name][1]:
-            out.append(f"{path}: {name}: pin or --hash edited by hand (sealed as "
-                       f"{name}=={sealed[name][0]})")
+    what = {"only-have": "added by hand (not in the lock's seal)",
+            "only-ref": "removed by hand (sealed as {pin})",
+            "changed": "pin or --hash edited by hand (sealed as {pin})"}
+    now = {n: _block_digest(b) for n, b in got.items()}
+    out = [f"{path}: {name}: " + what[kind].format(pin=f"{name}=={sealed[name][0]}")
+           for name, kind in compare(now, {n: d for n, (_v, d) in sealed.items()})]
     if not out and recorded.group(1) != body_digest(got):
         out.append(f"{path}: body-digest does not match its body: the seal was edited by hand")
     return out
@@ -267,12 +276,12 @@ def resolve_check(profile: Profile, python: str | None = None, echo=print) -> li
     fresh = blocks(_resolve(profile, exe, None, pinned=parse_lock(path.read_text())))
     have = blocks(path.read_text())
     out = []
-    for name in sorted(set(fresh) | set(have)):
-        if name not in have:
+    for name, kind in compare(have, fresh):
+        if kind == "only-ref":
             out.append(f"{path}: {name}: missing (a resolution now includes it)")
-        elif name not in fresh:
+        elif kind == "only-have":
             out.append(f"{path}: {name}: not part of a resolution of the profile")
-        elif fresh[name] != have[name]:
+        else:
             a, b = fresh[name].splitlines()[0], have[name].splitlines()[0]
             out.append(f"{path}: {name}: " + (f"pinned {b}, a resolution gives {a}" if a != b
                                               else "its hashes differ from the index's files"))
