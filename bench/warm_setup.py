@@ -78,7 +78,7 @@ def main() -> int:
     if m is None:
         raise SystemExit(f"no manifest at {where}: run `invoke setup` with this version first")
     t0 = time.perf_counter()
-    diffs = manifest.stat_check(m)
+    diffs = manifest.stat_check(m, ignore_extra=set() if a.adopt else env.TOOLING | env.ON_TOP)
     checked = time.perf_counter() - t0
     deep_seconds, deep_steps, _ = setup([*args, "--verify-deep"])
 
