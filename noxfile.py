@@ -57,7 +57,7 @@ def verify_nccl(session):
 
 @nox.session(venv_backend="none")
 def verify_cuda(session):
-    """Per-GPU GEMM and copy speed, flash-attn/apex against PyTorch (scripts/gpu_health.py)."""
+    """Per-GPU GEMM and copy speed, the built kernels against PyTorch (scripts/gpu_health.py)."""
     _verify(session, "verify_cuda")
 
 
@@ -69,7 +69,7 @@ def smoke_train(session):
 
 @nox.session(venv_backend="none")
 def build_check(session):
-    """flash-attn's and apex's compiled modules import in the profile's environment."""
+    """The compiled modules of the profile's kernel recipes import in its environment."""
     from megatron_env import commands
 
     args = dict(zip(session.posargs[::2], session.posargs[1::2], strict=False))

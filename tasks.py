@@ -35,7 +35,7 @@ def check(c, profile=None, snapshot=None, json=False):
             "dry_run": "print the plan: what would run and why",
             "only": "run this one step", "from": "start at this step",
             "adopt": "use this existing interpreter (an NGC container's python) as the env",
-            "no_builds": "leave the flash-attn and apex builds out",
+            "no_builds": "leave the kernel builds out",
             "verify_deep": "re-hash every installed file against its RECORD and import again"})
 def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None, adopt=None,
           no_builds=False, verify_deep=False):
@@ -92,7 +92,7 @@ def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=
                        find_links, no_index, verify_deep))
 
 
-@task(help={"what": "flash-attn, apex or all",
+@task(help={"what": "a kernel recipe (`invoke kernels` lists them) or all the profile pins",
             "profile": "profile name (default: the default profile)",
             "prefix": "the environment to build for (default .megatron-env/<profile>)",
             "python": "build for this interpreter instead (an adopted environment)",
@@ -101,15 +101,21 @@ def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=
             "cache_dir": "wheel cache shared by the nodes (default .cache, or MEGATRON_ENV_CACHE)"})
 def build(c, what, profile=None, prefix=None, python=None, arch=None, dry_run=False,
           cache_dir=None):
-    """Build flash-attn/apex from pinned, patched sources; cache by content; install; verify."""
+    """Build a kernel recipe from pinned, patched sources; cache by content; install; verify."""
     _done(commands.build(what, profile, prefix, arch, dry_run, cache_dir, python))
 
 
 @task(name="build-check", help={"profile": "profile name (default: the default profile)",
                                 "python": "check this interpreter instead of the profile's env"})
 def build_check(c, profile=None, python=None):
-    """Do flash-attn's and apex's compiled modules import in the environment?"""
+    """Do the compiled modules of the profile's kernels import in the environment?"""
     _done(commands.build_check(profile, python))
+
+
+@task(help={"profile": "show this profile's pins only (default: every profile)"})
+def kernels(c, profile=None):
+    """List the kernel recipes with each profile's pins and variants."""
+    _done(commands.kernels(profile))
 
 
 @task(help={"logs": "log files or directories, comma-separated; quoted globs work "

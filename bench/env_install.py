@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from megatron_env import lock, profile  # noqa: E402
+from megatron_env import lock, profile, uv  # noqa: E402
 
 
 def sh(argv, **kw):
@@ -40,10 +40,10 @@ def install(tool: str, python: str, lockfile: Path, wheelhouse: Path, where: Pat
     prefix = where / f"{tool}-{time.monotonic_ns()}"
     t0 = time.perf_counter()
     if tool == "uv":
-        sh([lock.uv_exe(), "venv", "-q", "--python", python, prefix], env=lock.uv_env())
-        sh([lock.uv_exe(), "pip", "install", "-q", "--python", prefix / "bin" / "python",
+        sh([uv.exe(), "venv", "-q", "--python", python, prefix], env=uv.env())
+        sh([uv.exe(), "pip", "install", "-q", "--python", prefix / "bin" / "python",
             "--require-hashes", "--no-deps", "--no-index", "--find-links", wheelhouse, "-r",
-            lockfile], env=lock.uv_env())
+            lockfile], env=uv.env())
     else:
         sh([python, "-m", "venv", prefix])
         sh([prefix / "bin" / "python", "-m", "pip", "install", "-q", "--require-hashes",
@@ -83,7 +83,7 @@ def main() -> int:
            "packages": len(lock.parse_lock(lockfile.read_text())),
            "machine": f"{platform.machine()}, {platform.processor() or '?'}, "
                       f"{__import__('os').cpu_count()} cores",
-           "uv": sh([lock.uv_exe(), "--version"]).stdout.strip(),
+           "uv": sh([uv.exe(), "--version"]).stdout.strip(),
            "pip": sh([python, "-m", "pip", "--version"]).stdout.split(" from ")[0],
            "seconds": times, "median_seconds": med, "pip_over_uv": med["pip"] / med["uv"]}
     out = ROOT / "bench" / "results" / f"{doc['date']}-env-install.json"

@@ -70,7 +70,8 @@ def scrub(text: str, environ: Mapping[str, str]) -> str:
 
 def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = None) -> dict:
     """Everything the report shows, probed now. Each part says why when it cannot be had."""
-    from . import build, env, lock, megatron
+    from . import build, digest, env, lock, megatron
+    from .probe import probe as probe_env
 
     environ = os.environ if environ is None else environ
     facts: dict[str, Any] = {"megatron_env": _self_version(), "os": _os(),
@@ -82,8 +83,8 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
     facts["check"] = [f.to_dict() for f in findings]
     facts["topology"] = next((f.summary for f in findings if f.id == "gpu.topology"), None)
     facts["profile"] = {"name": profile.name,
-                        "profile.toml": env.file_digest(profile.path),
-                        lock.LOCK_FILE: (env.file_digest(profile.dir / lock.LOCK_FILE)
+                        "profile.toml": digest.of_file(profile.path),
+                        lock.LOCK_FILE: (digest.of_file(profile.dir / lock.LOCK_FILE)
                                          if (profile.dir / lock.LOCK_FILE).exists() else None)}
     py = env.python_of(prefix)
     kernels = list(build.packages(profile).values())
@@ -92,7 +93,7 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
     if py.exists():
         env_facts["resolved"] = str(prefix.resolve())
         try:
-            probe = env.probe(py, *(m for k in kernels for m in k.modules), *megatron.MODULES)
+            probe = probe_env(py, *(m for k in kernels for m in k.modules), *megatron.MODULES)
         except UserError as e:
             env_facts["error"] = e.message
     else:

@@ -1,4 +1,4 @@
-"""Kernel builds (flash-attn, apex): source -> patches -> wheel -> cache -> install -> verify.
+"""Kernel builds from recipes: source -> patches -> wheel -> cache -> install -> verify.
 
 Derived, not guessed: the build environment comes from the profile and the environment's torch
 (CUDA_HOME whose nvcc matches torch.version.cuda, the arch list, MAX_JOBS from free memory and
@@ -11,7 +11,6 @@ a build that silently came out Python-only is a failure.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,71 +20,36 @@ import time
 import urllib.parse
 import urllib.request
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import env, parsers, patches, proc, resources, sources, waiting
+from . import (
+    digest,
+    output,
+    parsers,
+    patches,
+    probe,
+    proc,
+    recipe,
+    recipes,
+    resources,
+    sources,
+    uv,
+    waiting,
+)
 from .errors import UserError
-from .lock import uv_env, uv_exe
 from .profile import Profile
+from .recipe import Package, source_var
 
 CACHE_DIR_ENV = sources.CACHE_ENV
 GIB = 2**30
 
 
-@dataclass(frozen=True)
-class Source:
-    """An sdist (url or path + sha256) or a git repository at a commit (and optional tag)."""
-
-    sha256: str | None = None
-    url: str | None = None
-    repo: str | None = None
-    commit: str | None = None
-    tag: str | None = None
-
-    @property
-    def digest(self) -> str:
-        return f"sha256:{self.sha256}" if self.sha256 else f"git:{self.commit}"
-
-
-@dataclass(frozen=True)
-class Package:
-    name: str  # also the patches/<name>/ directory
-    pin: str  # version or commit: patches/<name>/<pin>/
-    source: Source
-    switches: dict[str, str] = field(default_factory=dict)  # build-time environment
-    modules: tuple[str, ...] = ()  # compiled modules that must import after install
-    cuda: bool = True  # needs nvcc
-    gb_per_job: float = 2.0  # memory one compile job can take
-
-
 def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Package]:
-    """flash-attn and apex as the profile pins them."""
+    """The kernel packages the profile builds: each [kernels.<name>] table with its recipe."""
     archs = archs or profile.archs
-    fa, ax = profile.flash_attn, profile.apex
-    sdist = f"flash_attn-{fa['version']}.tar.gz"
-    # One nvcc job compiles up to NVCC_THREADS archs at once, ~5 GiB each: 13 jobs for sm_90
-    # alone peaked at 53 GiB together on an H200 node (bench/results/2026-12-02-h200-1gpu/
-    # flash-attn/mem.log); flash-attn's own setup.py assumes 9 GiB a job at 4 threads.
-    nvcc_threads = 2
-    return {
-        "flash-attn": Package(
-            "flash-attn", fa["version"],
-            Source(sha256=fa["sha256"], url=os.environ.get(source_var("flash-attn"), sdist)),
-            switches={"FLASH_ATTENTION_FORCE_BUILD": "TRUE",  # never fetch a prebuilt wheel
-                      "FLASH_ATTN_CUDA_ARCHS": ";".join(a.replace(".", "") for a in archs),
-                      "NVCC_THREADS": str(nvcc_threads)},
-            modules=("flash_attn_2_cuda",), gb_per_job=5.0 * min(nvcc_threads, len(archs))),
-        "apex": Package(
-            "apex", ax["commit"], Source(repo=ax["repo"], commit=ax["commit"]),
-            switches={f"APEX_{e.upper()}": "1" for e in ax["extensions"]},
-            modules=tuple(ax["modules"]), gb_per_job=3.0),
-    }
-
-
-def source_var(name: str) -> str:
-    """MEGATRON_ENV_SOURCE_FLASH_ATTN=/srv/sdists/flash_attn-2.5.8.tar.gz (a path or URL)."""
-    return "MEGATRON_ENV_SOURCE_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+    return {name: recipe.resolve(recipes.get(name), pins, archs)
+            for name, pins in profile.kernels.items()}
 
 
 def cache_dir() -> Path:
@@ -95,21 +59,26 @@ def cache_dir() -> Path:
 # --- sources ---------------------------------------------------------------------------------
 
 
-def fetch(pkg: Package, python: Path, echo=print) -> Path:
+def fetch(pkg: Package, python: Path, echo=output.status) -> Path:
     """The pristine source tree, fetched once into the cache and verified by hash or commit."""
     src = pkg.source
     if src.repo:
         dest = cache_dir() / "src" / f"{pkg.name}-{src.commit[:12]}"
+        if src.submodules:
+            dest = dest.with_name(f"{dest.name}-{digest.hexpart(digest.of(src.digest), 8)}")
         if not (dest / ".megatron-env-pristine").exists():
             sources.checkout(pkg.name, src.repo, src.tag, src.commit, dest, echo=echo)
-            (dest / ".megatron-env-pristine").write_text(src.commit + "\n")
+            for path, repo, commit in src.submodules:  # pinned here, not by the parent's index
+                sources.checkout(f"{pkg.name}/{path}", repo, None, commit, dest / path,
+                                 echo=echo)
+            (dest / ".megatron-env-pristine").write_text(src.digest + "\n")
         return dest
     archive = cache_dir() / "sdists" / f"{src.sha256}.tar.gz"
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
         tmp = archive.with_suffix(f".tmp-{os.getpid()}")
         _download(pkg, python, tmp, echo)
-        got = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        got = digest.hexpart(digest.of_file(tmp), 64)
         if got != src.sha256:
             tmp.unlink()
             raise UserError(f"{pkg.name} source {src.url}: sha256 {got}, the profile pins "
@@ -148,16 +117,16 @@ def _download(pkg: Package, python: Path, target: Path, echo) -> None:
         shutil.copy(url, target)
         return
     # A bare file name: ask the configured package index (pip's configuration) for the sdist.
-    # pip runs its setup.py for metadata, which imports torch: hence the environment's own
-    # interpreter (pip added to it if missing) and FLASH_ATTENTION_SKIP_CUDA_BUILD.
+    # pip runs its setup.py for metadata, which may import torch: hence the environment's own
+    # interpreter (pip added to it if missing) and the recipe's metadata_env (no compiling).
     echo(f"{pkg.name}: fetching the {pkg.pin} sdist from the package index")
     if not proc.run([python, "-m", "pip", "--version"], timeout=60).ok:
-        proc.run([uv_exe(), "pip", "install", "--python", python, "pip"], env=uv_env(),
+        proc.run([uv.exe(), "pip", "install", "--python", python, "pip"], env=uv.env(),
                  timeout=600)
     out = target.parent / f"dl-{os.getpid()}"
     r = proc.run([python, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
                   "--no-binary", ":all:", f"{pkg.name}=={pkg.pin}", "-d", out],
-                 env={**os.environ, "FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"}, timeout=1800)
+                 env={**os.environ, **pkg.metadata_env}, timeout=1800)
     files = list(out.glob("*.tar.gz")) if out.exists() else []
     if not r.ok or not files:
         shutil.rmtree(out, ignore_errors=True)
@@ -184,7 +153,7 @@ class Plan:
 
     def lines(self) -> list[str]:
         p = self.package
-        out = [f"{p.name} {p.pin}",
+        out = [f"{p.name} {p.pin}" + (f" +{' +'.join(p.variants)}" if p.variants else ""),
                f"  source   {p.source.url or p.source.repo} ({p.source.digest})",
                "  patches  " + (", ".join(x.name for x in self.patches) or "none"),
                f"  torch    {self.torch['torch']} (CUDA {self.torch['cuda']}, "
@@ -196,21 +165,10 @@ class Plan:
                  if k in shown or k not in os.environ or os.environ[k] != v}
         out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
                                           if k not in ("PATH",)))
+        if p.build_options:
+            out.append("  options  --build-option=" + " ".join(p.build_options))
         out.append(f"  cache    {self.key}")
         return out
-
-
-_TORCH_PROBE = ("import json, sys, torch; print(json.dumps({'torch': torch.__version__, "
-                "'cuda': torch.version.cuda, 'abi': int(torch._C._GLIBCXX_USE_CXX11_ABI), "
-                "'tag': sys.implementation.cache_tag}))")
-
-
-def torch_facts(python: Path) -> dict:
-    r = proc.run([python, "-c", _TORCH_PROBE], timeout=300, cwd="/")
-    if not r.ok:
-        raise UserError(f"{python} cannot import torch: {r.tail(3)}",
-                        fix="build the environment first (`invoke env`)")
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def cuda_home(torch_cuda: str | None) -> tuple[Path | None, str | None]:
@@ -252,7 +210,7 @@ def cuda_home(torch_cuda: str | None) -> tuple[Path | None, str | None]:
 
 
 def max_jobs(gb_per_job: float) -> tuple[int, str]:
-    """From free memory, not from cores: nvcc jobs of flash-attn take several GB each."""
+    """From free memory, not from cores: one nvcc job can take several GiB."""
     if "MAX_JOBS" in os.environ:
         return int(os.environ["MAX_JOBS"]), "MAX_JOBS set"
     avail, source = resources.memory()
@@ -265,8 +223,8 @@ def max_jobs(gb_per_job: float) -> tuple[int, str]:
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
          facts: dict | None = None) -> Plan:
-    """`facts`: torch_facts(python) when the caller has them already (one torch import)."""
-    facts = facts or torch_facts(python)
+    """`facts`: probe.torch_facts(python) when the caller has them already (one torch import)."""
+    facts = facts or probe.torch_facts(python)
     series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
     build_env = {**os.environ, **pkg.switches,
                  "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -278,11 +236,11 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     build_env["MAX_JOBS"] = str(jobs)
     if not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
-    key_doc = {"source": pkg.source.digest, "patches": patches.digest(series),
+    key_doc = {"source": pkg.source.digest, "patches": digest.of_files(series),
                "torch": facts["torch"], "cuda": facts["cuda"], "python": facts["tag"],
                "cxx11_abi": facts["abi"], "archs": sorted(archs) if pkg.cuda else [],
-               "switches": pkg.switches}
-    key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:32]
+               "switches": pkg.switches, "build_options": list(pkg.build_options)}
+    key = digest.hexpart(digest.of(key_doc), 32)
     return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why)
 
 
@@ -301,7 +259,7 @@ class Result:
 
 
 def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
-                      patch_root: Path | None = None, echo=print) -> Result | Plan:
+                      patch_root: Path | None = None, echo=output.status) -> Result | Plan:
     t0 = time.monotonic()
     p = plan(pkg, python, archs, patch_root)
     for line in p.lines():
@@ -346,12 +304,11 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
             wheels = list(slot.glob("*.whl"))
     wheel = wheels[0]
     echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
-    r = proc.run([uv_exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
-                  wheel], env=uv_env(), timeout=1800)
+    r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
+                  wheel], env=uv.env(), timeout=1800)
     if not r.ok:
         raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
-    facts = env.probe(python, *pkg.modules)
-    missing = [m for m in pkg.modules if m not in facts["imported"]]
+    missing, facts = probe.missing_modules(python, pkg.modules)
     if missing:
         raise UserError(f"{pkg.name} installed without its compiled modules "
                         f"{', '.join(missing)}: " + "; ".join(facts["errors"])[-500:],
@@ -389,7 +346,7 @@ def _progress_line(name: str, done: int, total: int, elapsed: float) -> str:
     """'compiled 29/73 objects, 470 s, about 12 min left'.
 
     The guess is the rate so far; before a quarter of the objects it is mostly the ramp-up of
-    the parallel jobs (three times too long on the H200 flash-attn build), so none is given."""
+    the parallel jobs (three times too long on an H200 build of 73 objects), so none is given."""
     line = f"{name}: compiled {done}/{total} objects, {elapsed:.0f} s"
     if total / 4 <= done < total:
         left = elapsed / done * (total - done)
@@ -411,8 +368,11 @@ def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
             echo(_progress_line(p.package.name, int(m.group(1)), int(m.group(2)),
                                 time.monotonic() - t0))
 
-    r = proc.run([uv_exe(), "build", "--wheel", "--no-build-isolation", "--python", p.python,
-                  "--out-dir", out, work], env={**p.env, "UV_PYTHON_DOWNLOADS": "never"},
+    # switches a setup.py reads from sys.argv only: setuptools appends them to bdist_wheel's
+    options = (["--config-setting=--build-option=" + " ".join(p.package.build_options)]
+               if p.package.build_options else [])
+    r = proc.run([uv.exe(), "build", "--wheel", "--no-build-isolation", "--python", p.python,
+                  *options, "--out-dir", out, work], env={**p.env, "UV_PYTHON_DOWNLOADS": "never"},
                  timeout=None, log=log, stream=True, on_line=progress)
     wheels = list(out.glob("*.whl"))
     if not r.ok or not wheels:
@@ -421,22 +381,14 @@ def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
     return time.monotonic() - t0, wheels[0]
 
 
-def native_archs(python: Path) -> list[str]:
-    """The compute capabilities of the GPUs this environment sees (--arch native)."""
-    r = proc.run([python, "-c", "import torch; print(' '.join(sorted({'%d.%d' % "
-                  "torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())"
-                  "})))"], timeout=300, cwd="/")
-    archs = r.stdout.split() if r.ok else []
-    if not archs:
-        raise UserError("--arch native: no GPU visible to torch here",
-                        fix="name the archs (--arch 9.0) or build on a GPU node")
-    return archs
-
-
 def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:
+    """`all` (the profile's kernels) or one declared recipe, also one the profile does not pin
+    (then the error says which lines the profile needs)."""
     pkgs = packages(profile, archs)
     if which == "all":
         return list(pkgs.values())
+    recipes.get(which)  # an unknown name: the error lists the declared recipes
     if which not in pkgs:
-        raise UserError(f"unknown package {which!r}; choose {', '.join(pkgs)} or all")
+        raise UserError(f"profile {profile.name} pins no {which}",
+                        fix=f"add a [kernels.{which}] table to {profile.path}")
     return [pkgs[which]]

@@ -179,7 +179,7 @@ def cuda_toolkit(snap: Snapshot, profile: Profile) -> Finding:
     if nvcc.split(".")[0] != profile.cuda.split(".")[0]:
         return Finding(cid, "fail",
                        f"nvcc {nvcc} has another major version than the profile's CUDA "
-                       f"{profile.cuda}: flash-attn and apex builds will fail", evidence,
+                       f"{profile.cuda}: the kernel builds will fail", evidence,
                        fix=f"put a CUDA {profile.cuda} toolkit first on PATH (set CUDA_HOME), "
                            "or let `invoke env` install it with conda")
     if nvcc != profile.cuda:

@@ -1,19 +1,19 @@
 """What the front doors call: one function per command, each returning an exit code.
 
 `tasks.py` parses arguments and calls these; nothing here parses command lines. A `UserError`
-raised anywhere below is printed as one line plus its fix by `guarded`, with exit status 2.
+raised anywhere below is printed as `error:` plus its `hint:` by `guarded`, with exit status 2.
+Every line goes through `output`: status to stderr, results and the summary line to stdout.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.table import Table
-
-from . import REPO_ROOT, checks, profile, report, snapshot
+from . import REPO_ROOT, checks, output, profile, report, snapshot
 from .errors import UserError
 
 
@@ -23,19 +23,15 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
         try:
             return fn(*args, **kwargs)
         except UserError as e:
-            err = report.console(stderr=True)
-            err.print(f"[bold red]error[/]: {e.message}")
-            if e.fix:
-                err.print(f"  [dim]fix:[/] {e.fix}")
+            output.error(e.message, e.fix)
             return e.exit_code
         except KeyboardInterrupt:
-            report.console(stderr=True).print("[bold red]interrupted[/]")
+            output.error("interrupted")
             return 130
         except OSError as e:  # the last net: a path the user named cannot be used as asked
-            err = report.console(stderr=True)
-            err.print(f"[bold red]error[/]: {e.filename or 'a file'}: {e.strerror or e}")
-            err.print("  [dim]fix:[/] check that path (a directory where one is needed, "
-                      "writable, on a disk with space)")
+            output.error(f"{e.filename or 'a file'}: {e.strerror or e}",
+                         "check that path (a directory where one is needed, writable, on a "
+                         "disk with space)")
             return 2
 
     return wrapper
@@ -43,26 +39,22 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
 
 @guarded
 def profiles() -> int:
-    out = report.console()
     items = profile.load_all()
-    width = max((len(p.name) for p in items), default=0)
-    for p in items:
-        mark = "*" if p.is_default else " "
-        out.print(f"{mark} {p.name:<{width}}  python {p.python:<5} torch {p.torch:<7} "
-                  f"cuda {p.cuda:<5} megatron {p.megatron['tag']}")
-    out.print(f"[dim]{len(items)} profiles under envs/; * marks the default[/dim]")
+    output.table([("*" if p.is_default else " ", p.name, f"python {p.python}",
+                   f"torch {p.torch}", f"cuda {p.cuda}", f"megatron {p.megatron['tag']}")
+                  for p in items])
+    output.summary(f"{len(items)} profiles under envs/; * marks the default")
     profile.check_default(items)
     return 0
 
 
 @guarded
 def collect(out_dir: str) -> int:
-    out = report.console(stderr=True)
     path = Path(out_dir)
-    out.print(f"Collecting host facts into {path}")
-    snapshot.collect(path, echo=out.print)
-    out.print(f"[bold]snapshot written[/bold] to {path}; analyse it anywhere with "
-              f"`invoke check --snapshot {path}`")
+    output.status(f"Collecting host facts into {path}")
+    snapshot.collect(path)
+    output.summary(f"snapshot written to {path}; analyse it anywhere with "
+                   f"`invoke check --snapshot {path}`")
     return 0
 
 
@@ -89,30 +81,24 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     from . import env as env_mod
     from . import pipeline
 
-    out = report.console()
     prof = profile.load(profile_name)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
-                           env_mod.default_prefix(prof), echo=out.print,
+                           env_mod.default_prefix(prof),
                            adopt=Path(adopt).absolute() if adopt else None,
                            no_builds=no_builds, deep=deep)
     t0 = time.monotonic()
     rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
     if ctx.findings and not only:
-        report.print_findings(ctx.findings, f"[bold]check[/bold]: this host against {prof.name}")
-    style = {"done": "green", "up to date": "green", "skipped": "yellow", "failed": "bold red",
-             "not run": "dim", "would run": "cyan"}
-    table = Table(show_edge=False, box=None, pad_edge=False)
-    for col in ("step", "status", "seconds", "what it did / why"):
-        table.add_column(col, no_wrap=col != "what it did / why")
+        report.print_findings(ctx.findings, f"check: this host against {prof.name}")
+    output.table([(r.step, r.status, f"{r.seconds:.1f}", r.detail) for r in rows],
+                 status_col=1)
+    counts: dict[str, int] = {}
     for r in rows:
-        detail = r.detail if r.status != "failed" else f"[red]{r.detail}[/]"
-        table.add_row(r.step, f"[{style[r.status]}]{r.status}[/]", f"{r.seconds:.1f}", detail)
-    out.print(table)
-    counts = {s: n for s in style if (n := sum(r.status == s for r in rows))}
+        counts[r.status] = counts.get(r.status, 0) + 1
     verdict = "dry run" if dry_run else "ready" if ok else "stopped"
-    out.print(f"[bold]setup {verdict}[/bold]: {prof.name} at {ctx.prefix}; "
-              + ", ".join(f"{n} {s}" for s, n in counts.items())
-              + f"; {time.monotonic() - t0:.1f} s")
+    output.summary(f"setup {verdict}: {prof.name} at {ctx.prefix}; "
+                   + ", ".join(f"{n} {s}" for s, n in counts.items())
+                   + f"; {time.monotonic() - t0:.1f} s", status=verdict)
     return 0 if ok else 1
 
 
@@ -130,30 +116,27 @@ def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str
     """Write (or with check=True, verify) the locks of one profile, or of all with check."""
     from . import lock as lock_mod
 
-    out = report.console()
     if check:
         profs = [profile.load(profile_name)] if profile_name else profile.load_all()
         problems = [p for prof in profs for p in lock_mod.stale(prof)]
         if resolve and not problems:
-            err = report.console(stderr=True)
-            problems = [p for prof in profs
-                        for p in lock_mod.resolve_check(prof, python, echo=err.print)]
+            problems = [p for prof in profs for p in lock_mod.resolve_check(prof, python)]
         for p in problems:
-            out.print(f"[bold red]stale[/] {p}")
+            output.result(f"{output.paint('stale')} {p}")
         if problems:
-            out.print("fix: run `invoke lock --profile NAME` and commit the result")
+            output.hint("run `invoke lock --profile NAME` and commit the result")
             return 1
-        out.print(f"[green]fresh[/] locks of {len(profs)} profile(s) match their inputs"
-                  + (" and a new resolution" if resolve else ""))
+        output.summary(f"fresh locks of {len(profs)} profile(s) match their inputs"
+                       + (" and a new resolution" if resolve else ""), "fresh")
         return 0
     prof = profile.load(profile_name)
     env_file = prof.dir / lock_mod.ENV_FILE
     env_file.write_text(lock_mod.environment_yml(prof))
-    res = lock_mod.compile_lock(prof, python=python, upgrade=upgrade, echo=out.print)
-    out.print(f"[bold]locked[/] {prof.name}: {res.packages} packages, every file hashed -> "
-              f"{res.path.relative_to(REPO_ROOT)}")
+    res = lock_mod.compile_lock(prof, python=python, upgrade=upgrade)
     lock_mod.conda_lock(prof, solver=conda, lookup=Path(lookup) if lookup else None,
-                        channels=channels, echo=out.print)
+                        channels=channels)
+    output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
+                   f"{res.path.relative_to(REPO_ROOT)}")
     return 0
 
 
@@ -161,7 +144,7 @@ def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str
 def lock_diff(base: str | None = None) -> int:
     from . import lockdiff
 
-    print(lockdiff.markdown(lockdiff.diff_all(base)))
+    output.result(lockdiff.markdown(lockdiff.diff_all(base)))
     return 0
 
 
@@ -173,72 +156,105 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
     """Build (or verify) the profile's environment, or check an adopted one."""
     from . import env as env_mod
 
-    out = report.console()
     prof = profile.load(profile_name)
     if adopt:
         v = env_mod.adopt(prof, python, install_missing, find_links, no_index)
         f = v.facts
-        out.print(f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, "
-                  f"CUDA {f.get('torch_cuda')}, cuDNN {f.get('cudnn')}, NCCL {f.get('nccl')}")
-        for d in v.differences:
-            out.print(f"  [yellow]differs[/] {d}")
+        output.result(f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}"
+                      f", CUDA {f.get('torch_cuda')}, cuDNN {f.get('cudnn')}, NCCL "
+                      f"{f.get('nccl')}")
+        output.table([("", "differs", d) for d in v.differences], status_col=1)
         verdict = "matches" if v.ok else f"{len(v.differences)} difference(s) from"
-        out.print(f"[bold]env[/bold]: the environment {verdict} profile {prof.name}")
+        output.summary(f"env: the environment {verdict} profile {prof.name}", "matches")
         return 0 if v.ok else 1
     summary = env_mod.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
                             use_conda=use_conda, find_links=find_links, no_index=no_index,
-                            deep=deep, echo=out.print)
-    out.print(f"[bold]env[/bold] {summary.line()}")
+                            deep=deep)
+    output.summary(f"env {summary.line()}")
     return 0
+
+
+def _interpreter(prof: profile.Profile, prefix: str | None, python: str | None) -> Path:
+    from . import env as env_mod
+
+    py = Path(python).absolute() if python else env_mod.python_of(
+        Path(prefix) if prefix else env_mod.default_prefix(prof))
+    if not py.exists():
+        raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)")
+    return py
 
 
 @guarded
 def build(which: str = "all", profile_name: str | None = None, prefix: str | None = None,
           arch: str | None = None, dry_run: bool = False, cache_dir: str | None = None,
           python: str | None = None) -> int:
-    """Build, cache, install and verify flash-attn and/or apex for the profile's environment."""
-    import os
-
+    """Build, cache, install and verify one kernel recipe (or all the profile pins)."""
     from . import build as build_mod
-    from . import env as env_mod
+    from . import probe
 
-    out = report.console()
     if cache_dir:
         os.environ[build_mod.CACHE_DIR_ENV] = cache_dir
     prof = profile.load(profile_name)
-    py = Path(python) if python else env_mod.python_of(
-        Path(prefix) if prefix else env_mod.default_prefix(prof))
-    if not py.exists():
-        raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)")
-    archs = (build_mod.native_archs(py) if arch == "native" else
+    py = _interpreter(prof, prefix, python)
+    archs = (probe.native_archs(py) if arch == "native" else
              arch.split(",") if arch else prof.archs)
-    for pkg in build_mod.selected(prof, which, archs):
-        res = build_mod.build_and_install(pkg, py, archs, dry_run=dry_run, echo=out.print)
+    chosen = build_mod.selected(prof, which, archs)
+    for pkg in chosen:
+        res = build_mod.build_and_install(pkg, py, archs, dry_run=dry_run)
         if isinstance(res, build_mod.Result):
             how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
-            out.print(f"[bold]{pkg.name}[/bold]: {how}, installed and verified "
-                      f"({', '.join(res.modules)}) in {res.seconds:.1f} s")
+            output.summary(f"{pkg.name}: {how}, installed and verified "
+                           f"({', '.join(res.modules)}) in {res.seconds:.1f} s", "cache hit")
+    if dry_run:
+        output.summary(f"dry run: {len(chosen)} build plan(s) above, nothing built")
     return 0
 
 
 @guarded
 def build_check(profile_name: str | None = None, python: str | None = None) -> int:
-    """Do flash-attn's and apex's compiled modules import in the environment? (no building)"""
+    """Do the compiled modules of the profile's kernels import in the environment? (no build)"""
     from . import build as build_mod
-    from . import env as env_mod
+    from . import probe
 
     prof = profile.load(profile_name)
-    py = Path(python) if python else env_mod.python_of(env_mod.default_prefix(prof))
-    out = report.console()
-    bad = 0
+    py = _interpreter(prof, None, python)
+    rows, bad = [], 0
     for pkg in build_mod.packages(prof).values():
-        facts = env_mod.probe(py, *pkg.modules)
-        missing = [m for m in pkg.modules if m not in facts["imported"]]
+        missing, _facts = probe.missing_modules(py, pkg.modules)
         bad += bool(missing)
-        out.print(f"{pkg.name:<11} " + (f"[red]missing[/] {', '.join(missing)}" if missing else
-                                        f"[green]ok[/] {', '.join(pkg.modules)}"))
-    out.print(f"[bold]build_check[/bold]: {'fail' if bad else 'pass'} for {py}")
+        rows.append((pkg.name, "missing" if missing else "ok",
+                     ", ".join(missing or pkg.modules)))
+    output.table(rows, status_col=1)
+    verdict = "fail" if bad else "pass"
+    output.summary(f"build-check: {verdict} for {py}", verdict)
     return 1 if bad else 0
+
+
+@guarded
+def kernels(profile_name: str | None = None) -> int:
+    """The declared recipes, and what each profile pins of them (version or commit, variants)."""
+    from . import recipes
+
+    profs = [profile.load(profile_name)] if profile_name else profile.load_all()
+    rows = []
+    for r in recipes.declared().values():
+        rows.append((r.name, f"{r.source:<5}  {r.about}"))
+        if r.variants:
+            rows.append(("", "variants  " + ", ".join(v.name + ("*" if v.default else "")
+                                                      for v in r.variants)))
+        for p in profs:
+            pins = p.kernels.get(r.name)
+            if pins is None:
+                rows.append(("", f"{p.name}  not pinned"))
+                continue
+            pin = pins.get("version") or " @ ".join(filter(None, (pins.get("tag"),
+                                                                  pins["commit"][:12])))
+            chosen = pins.get("variants", r.default_variants)
+            rows.append(("", f"{p.name}  {pin}" + "".join(f" +{v}" for v in chosen)))
+    output.table(rows)
+    output.summary(f"{len(recipes.declared())} kernel recipes; * marks a default variant; "
+                   "`invoke build NAME` builds one")
+    return 0
 
 
 @guarded
@@ -267,7 +283,7 @@ def bug_report(profile_name: str | None = None, prefix: str | None = None,
     from . import env as env_mod
 
     prof = profile.load(profile_name)
-    report.console(stderr=True).print(f"Gathering a report for profile {prof.name} ...")
+    output.status(f"Gathering a report for profile {prof.name} ...")
     bug_report_mod.write(bug_report_mod.main(
         prof, Path(prefix).absolute() if prefix else env_mod.default_prefix(prof), as_json))
     return 0
@@ -289,7 +305,6 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
     from . import fleet
     from . import preflight as pf
 
-    err = report.console(stderr=True)
     try:
         slow = fleet.DEFAULT_SLOW if slow is None else float(slow)
         size = int(size)
@@ -307,12 +322,12 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
             REPO_ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-preflight")
         if local:
             pf.run_node(root, profile_name, python, health=gpu_health, size=size,
-                        echo=err.print)
+                        echo=output.status)
         else:
             code, expected = pf.launch(root, profile_name, python, health=gpu_health,
-                                       size=size, echo=lambda s: err.out(s.rstrip("\n")))
+                                       size=size, echo=lambda s: output.status(s.rstrip("\n")))
             if code:
-                err.print(f"[yellow]srun exited {code}[/]; analysing what the nodes wrote")
+                output.warning(f"srun exited {code}; analysing what the nodes wrote")
     nodes = fleet.load(root)
     if local:  # a run directory other nodes also write into: judge this node alone
         nodes = [n for n in nodes if n.host == pf.host_name()]
@@ -334,12 +349,13 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
     else:
         report.print_fleet(rep.nodes, rep.exclude)
     counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}
-    err.print(f"[bold]preflight[/bold]: {len(rep.nodes)} node(s) against {prof.name}: "
+    # on stderr: with --json, stdout is the document alone
+    output.status(f"preflight: {len(rep.nodes)} node(s) against {prof.name}: "
               + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
               + (f"; plot {png}" if drawn else "; no plot (matplotlib missing or no GPU "
                  "results)") + f"; results in {root}")
     if rep.exclude:
-        err.print(f"  [dim]hint:[/] srun/sbatch --exclude={','.join(rep.exclude)}")
+        output.hint(f"srun/sbatch --exclude={','.join(rep.exclude)}")
     if nccl and not (fleet_dir or local):  # only where this run launched the nodes itself
         import shlex
 
@@ -349,14 +365,15 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
         per_node = max((len(fleet.gpus(n)) for n in nodes if n.host in healthy), default=0)
         code = pf.verify_nccl(root, healthy, max(per_node, 1),
                               fingerprint.interpreter(prof, python), shlex.split(nccl_args),
-                              echo=lambda s: err.out(s.rstrip("\n")))
+                              echo=lambda s: output.status(s.rstrip("\n")))
         if code is not None:
-            err.print(f"[bold]verify_nccl[/bold]: {'pass' if code == 0 else 'fail'} across "
+            output.status(f"verify_nccl: {'pass' if code == 0 else 'fail'} across "
                       f"{len(healthy)} node(s); results in {root / 'nccl'}")
             if code:
                 return 2
     elif nccl:
-        err.print("verify_nccl: skipped: --nccl runs inside an allocation, after its preflight")
+        output.status("verify_nccl: skipped: --nccl runs inside an allocation, after its "
+                      "preflight")
     return rep.exit_code
 
 

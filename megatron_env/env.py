@@ -27,8 +27,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import REPO_ROOT, lock, manifest, proc, waiting
+from . import REPO_ROOT, digest, lock, manifest, output, proc, recipes, uv, waiting
 from .errors import UserError
+from .probe import probe
 from .profile import Profile
 
 ENV_ROOT = REPO_ROOT / ".megatron-env"
@@ -39,46 +40,9 @@ DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: 
 # Installed by the venv or conda machinery, not by the lock; never counted as "extra".
 TOOLING = {"pip", "setuptools", "wheel", "uv"}
 # What megatron-env itself installs on top of the lock (`invoke megatron`, `invoke build`).
-ON_TOP = {"megatron-core", "flash-attn", "apex"}
+MEGATRON = "megatron-core"
+ON_TOP = {MEGATRON, *recipes.declared()}
 
-_PROBE = r"""
-import json, os, site, sys, sysconfig
-from importlib import metadata
-sites = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
-out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
-       "dists": {}, "errors": [], "sites": sorted(p for p in sites if os.path.isdir(p))}
-for d in metadata.distributions():
-    name = (d.metadata["Name"] or "").lower().replace("_", "-")
-    if name:
-        out["dists"][name] = d.version
-out["imported"] = {}
-if "--no-torch" in sys.argv:
-    print(json.dumps(out))
-    raise SystemExit(0)
-try:
-    import torch
-    out["torch"] = torch.__version__
-    out["torch_cuda"] = torch.version.cuda
-    out["cxx11_abi"] = int(torch._C._GLIBCXX_USE_CXX11_ABI)  # with cache_tag: a kernel cache key
-    out["cache_tag"] = sys.implementation.cache_tag
-    try:
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception as e:
-        out["errors"].append("torch.cuda.nccl.version(): %s" % e)
-    try:
-        out["cudnn"] = torch.backends.cudnn.version()
-    except Exception as e:
-        out["errors"].append("torch.backends.cudnn.version(): %s" % e)
-except Exception as e:
-    out["errors"].append("import torch: %s: %s" % (type(e).__name__, e))
-import importlib
-for name in sys.argv[1:]:
-    try:
-        out["imported"][name] = getattr(importlib.import_module(name), "__file__", None)
-    except Exception as e:
-        out["errors"].append("import %s: %s: %s" % (name, type(e).__name__, e))
-print(json.dumps(out))
-"""
 
 
 def default_prefix(profile: Profile) -> Path:
@@ -87,12 +51,6 @@ def default_prefix(profile: Profile) -> Path:
 
 def python_of(prefix: Path) -> Path:
     return prefix / "bin" / "python"
-
-
-def file_digest(path: Path) -> str:
-    import hashlib
-
-    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def read_stamp(prefix: Path) -> dict | None:
@@ -133,16 +91,6 @@ class Verification:
 
     def text(self, kinds: set[str] | None = None) -> str:
         return "; ".join(d.text for d in self.differences if kinds is None or d.kind in kinds)
-
-
-def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
-    """What `python` has: distributions, and (unless torch=False) torch's facts and `imports`."""
-    args = [*imports] if torch else ["--no-torch"]
-    # run outside the checkout: "" on sys.path would show its own metadata as installed
-    r = proc.run([str(python), "-c", _PROBE, *args], timeout=600, cwd=tempfile.gettempdir())
-    if not r.ok:
-        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _names(items: list[str], most: int = 12) -> str:
@@ -231,7 +179,7 @@ def min_free_gb() -> float:
     return value
 
 
-def check_free_space(where: Path, echo=print) -> None:
+def check_free_space(where: Path, echo=output.status) -> None:
     need_gb = min_free_gb()
     free_gb = shutil.disk_usage(where).free / 2**30
     if free_gb < need_gb:
@@ -245,13 +193,13 @@ def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: b
                 log: Path, extra: tuple[str, ...] | list[str] = ()) -> None:
     # --link-mode copy: an environment never shares an inode with uv's cache, so a file edited
     # in place in one environment cannot change the cache and, through it, the next environment
-    argv = [lock.uv_exe(), "pip", "install", "--python", python, "--require-hashes",
+    argv = [uv.exe(), "pip", "install", "--python", python, "--require-hashes",
             "--no-deps", "--link-mode", "copy", "-r", lockfile, *extra]
     for f in find_links:
         argv += ["--find-links", f]
     if no_index:
         argv.append("--no-index")
-    r = proc.run(argv, env=lock.uv_env(), timeout=None, log=log, stream=True)
+    r = proc.run(argv, env=uv.env(), timeout=None, log=log, stream=True)
     if not r.ok:
         text = r.output
         cause = ("a downloaded file does not match the hash in the lock"
@@ -281,7 +229,7 @@ def _refuse(prefix: Path, profile: Profile) -> None:
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
           conda: str | None = None, use_conda: bool | None = None,
           find_links: list[str] | None = None, no_index: bool = False, deep: bool = False,
-          echo=print) -> Summary:
+          echo=output.status) -> Summary:
     """Create, check or repair the profile's environment at `prefix` (see the module docstring).
 
     deep: re-hash every installed file against its RECORD and import torch, instead of the
@@ -293,7 +241,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
     if not lockfile.exists():
         raise UserError(f"{lockfile} does not exist",
                         fix=f"run `invoke lock --profile {profile.name}`")
-    digest = file_digest(lockfile)
+    wanted = digest.of_file(lockfile)
     min_free_gb()  # a bad value is reported before anything is written
     _refuse(prefix, profile)
     store = prefix.with_name(prefix.name + ".d")
@@ -309,13 +257,13 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
                                f"(it holds {store / '.lock'})", echo):
             _refuse(prefix, profile)
             current = read_stamp(prefix) if prefix.exists() else None
-            if current and current.get("lock_digest") == digest:
+            if current and current.get("lock_digest") == wanted:
                 s = _warm(profile, prefix, lockfile, current, sources, deep, echo)
                 if s is not None:
                     s.seconds = time.monotonic() - t0
                     return s
             check_free_space(store, echo)
-            return _cold(profile, prefix, store, lockfile, digest, sources, t0, echo,
+            return _cold(profile, prefix, store, lockfile, wanted, sources, t0, echo,
                          python=python, conda=conda, use_conda=use_conda)
     except UserError:
         if made_store and not any(d.is_dir() for d in store.iterdir()):
@@ -331,7 +279,7 @@ class Sources:
     no_index: bool
 
 
-def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, digest: str,
+def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: str,
           sources: Sources, t0: float, echo, **how) -> Summary:
     keep = prefix.resolve() if prefix.is_symlink() else None
     for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
@@ -339,7 +287,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, digest: s
             shutil.rmtree(leftover, ignore_errors=True)
         elif leftover.name.startswith(".link-"):
             leftover.unlink(missing_ok=True)
-    target = store / f"{digest.split(':')[1][:16]}-{time.strftime('%Y%m%d%H%M%S')}"
+    target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
     mode = _create(profile, target, lockfile, find_links=sources.find_links,
                    no_index=sources.no_index, echo=echo, **how)
     try:
@@ -360,7 +308,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, digest: s
         raise UserError("the new environment does not match the lock: "
                         + v.text() + ". The previous one is unchanged.",
                         fix="re-run `invoke lock`, then `invoke env`")
-    m = _record(target, profile, digest, mode, v.facts)
+    m = _record(target, profile, wanted, mode, v.facts)
     _switch(prefix, target)
     if keep and keep != target and keep.parent == store:
         shutil.rmtree(keep, ignore_errors=True)
@@ -368,12 +316,13 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, digest: s
                    m["bytes"])
 
 
-def _record(target: Path, profile: Profile, digest: str, mode: str, facts: dict) -> dict:
+def _record(target: Path, profile: Profile, lock_digest: str, mode: str,
+            facts: dict) -> dict:
     """Write the manifest of a verified environment, then its stamp (which names the manifest)."""
     m = manifest.scan(facts["sites"])
     manifest_digest = manifest.save(m, target / MANIFEST)
     (target / STAMP).write_text(json.dumps(
-        {"profile": profile.name, "lock_digest": digest, "mode": mode,
+        {"profile": profile.name, "lock_digest": lock_digest, "mode": mode,
          "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
          "python": facts["python"], "torch": facts.get("torch"),
          "manifest": manifest_digest, "facts": facts}, indent=2) + "\n")
@@ -429,8 +378,9 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
     if outside:
         raise UserError(f"{', '.join(outside)} changed, and the lock does not install "
                         f"{'it' if len(outside) == 1 else 'them'}",
-                        fix="re-run the step that installed it (`invoke megatron` for "
-                            "megatron-core, `invoke build` for flash-attn and apex)")
+                        fix="re-run the step that installed it: " + ", ".join(
+                            "`invoke megatron`" if n == MEGATRON else f"`invoke build {n}`"
+                            for n in outside))
     echo(f"repairing {', '.join(names)}: reinstalling from {lockfile.name}, uv's cache entry "
          "refreshed")
     extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
@@ -469,8 +419,8 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, us
     else:
         exe, where = lock.find_python(profile.python, python)
         echo(f"uv: a venv from {exe} (found on {where})")
-        r = proc.run([lock.uv_exe(), "venv", "--python", exe, "--no-project", target],
-                     env=lock.uv_env(), timeout=300)
+        r = proc.run([uv.exe(), "venv", "--python", exe, "--no-project", target],
+                     env=uv.env(), timeout=300)
         if not r.ok:
             raise UserError(f"uv venv failed: {r.tail(5)}", fix="check the interpreter")
         mode = "uv"

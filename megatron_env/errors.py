@@ -19,4 +19,4 @@ class UserError(Exception):
         self.fix = fix
 
     def __str__(self) -> str:
-        return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message
+        return f"{self.message}\n  hint: {self.fix}" if self.fix else self.message

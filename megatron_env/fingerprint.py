@@ -1,8 +1,9 @@
 """A node's environment fingerprint: what must be the same on every node of one training job.
 
 Profile, lock digest, the interpreter's torch / CUDA / NCCL / cuDNN, the kernel cache keys that
-interpreter would look up (flash-attn, apex), and the Megatron commit with its patch digest. Two
-nodes with different fingerprints run different code; the fleet analysis names the odd one.
+interpreter would look up (one per kernel recipe), and the Megatron commit with its patch
+digest. Two nodes with different fingerprints run different code; the fleet analysis names the
+odd one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import build, env, lock, megatron, patches
+from . import build, digest, env, lock, megatron, probe
 from .errors import UserError
 from .profile import Profile
 
@@ -25,10 +26,10 @@ def collect(profile: Profile, python: Path) -> dict[str, Any]:
     lockfile = profile.dir / lock.LOCK_FILE
     doc: dict[str, Any] = {
         "profile": profile.name,
-        "lock_digest": env.file_digest(lockfile) if lockfile.is_file() else None,
+        "lock_digest": digest.of_file(lockfile) if lockfile.is_file() else None,
         "python": str(python),
         "megatron_commit": profile.megatron["commit"],
-        "megatron_patch_digest": patches.digest(megatron.patch_series(profile)),
+        "megatron_patch_digest": digest.of_files(megatron.patch_series(profile)),
         "megatron_installed": megatron.source_dir(profile).is_dir(),
         "kernel_cache_keys": {},
         "errors": [],
@@ -37,7 +38,7 @@ def collect(profile: Profile, python: Path) -> dict[str, Any]:
         doc["errors"].append(f"no interpreter at {python}")
         return doc
     try:
-        facts = env.probe(python)
+        facts = probe.probe(python)
     except UserError as e:
         doc["errors"].append(e.message)
         return doc
@@ -45,7 +46,7 @@ def collect(profile: Profile, python: Path) -> dict[str, Any]:
     doc["errors"] += facts.get("errors", [])
     if "torch" not in facts:
         return doc
-    # what build.torch_facts would report, from the one probe (importing torch takes seconds)
+    # what probe.torch_facts would report, from the one probe (importing torch takes seconds)
     torch = {"torch": facts["torch"], "cuda": facts.get("torch_cuda"),
              "abi": facts.get("cxx11_abi"), "tag": facts.get("cache_tag")}
     for pkg in build.packages(profile).values():

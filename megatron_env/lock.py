@@ -17,8 +17,6 @@ Derived, never written by hand:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shutil
@@ -27,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import proc
+from . import digest, output, proc, uv
 from .errors import UserError
 from .profile import Profile
 
@@ -71,11 +69,7 @@ def environment_yml(profile: Profile) -> str:
 def inputs_digest(profile: Profile) -> str:
     doc = {"format": FORMAT, "python": profile.python, "platform": PLATFORM,
            "requirements": requirements(profile), "constraints": constraints(profile)}
-    return "sha256:" + hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-
-
-def conda_digest(profile: Profile) -> str:
-    return "sha256:" + hashlib.sha256(environment_yml(profile).encode()).hexdigest()
+    return digest.of(doc)
 
 
 def header(profile: Profile, body: str) -> str:
@@ -107,12 +101,12 @@ def blocks(text: str) -> dict[str, str]:
 
 
 def _block_digest(block: str) -> str:
-    return hashlib.sha256(block.encode()).hexdigest()[:16]
+    return digest.hexpart(digest.of_bytes(block.encode()), 16)
 
 
 def body_digest(bs: dict[str, str]) -> str:
     text = "".join(f"{n} {_block_digest(b)}\n" for n, b in sorted(bs.items()))
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return digest.of_bytes(text.encode())
 
 
 def footer(body: str) -> str:
@@ -198,27 +192,6 @@ def find_python(version: str, explicit: str | None = None) -> tuple[str, str]:
                         f"python={version}) or pass --python PATH")
 
 
-# --- running uv ------------------------------------------------------------------------------
-
-
-def uv_exe() -> str:
-    exe = proc.which("uv")
-    if exe:
-        return exe
-    try:
-        from uv import find_uv_bin
-
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        raise UserError("uv is not installed", fix="python3 -m pip install uv") from None
-
-
-def uv_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["UV_PYTHON_DOWNLOADS"] = "never"
-    return env
-
-
 @dataclass
 class LockResult:
     path: Path
@@ -239,13 +212,13 @@ def _resolve(profile: Profile, exe: str, seed: Path | None,
         out = t / LOCK_FILE
         if seed is not None and seed.exists():  # uv keeps the pins of an existing output file
             shutil.copy(seed, out)
-        argv = [uv_exe(), "pip", "compile", t / "requirements.in", "-c", t / "constraints.txt",
+        argv = [uv.exe(), "pip", "compile", t / "requirements.in", "-c", t / "constraints.txt",
                 "--generate-hashes", "--no-header", "--python", exe,
                 "--python-version", profile.python, "--python-platform", PLATFORM,
                 "--no-annotate", "-o", out, "--quiet"]
         for name in upgrade or []:
             argv += ["--upgrade-package", name]
-        r = proc.run(argv, env=uv_env(), timeout=1800)
+        r = proc.run(argv, env=uv.env(), timeout=1800)
         if not r.ok:
             raise UserError(f"uv could not resolve profile {profile.name}:\n{r.tail(15)}",
                             fix="check the pins in the profile; for an unreachable index set "
@@ -254,7 +227,7 @@ def _resolve(profile: Profile, exe: str, seed: Path | None,
 
 
 def compile_lock(profile: Profile, *, python: str | None = None,
-                 upgrade: list[str] | None = None, echo=print) -> LockResult:
+                 upgrade: list[str] | None = None, echo=output.status) -> LockResult:
     """Resolve the profile into envs/<name>/requirements.lock (kept pins stay unless upgraded)."""
     exe, where = find_python(profile.python, python)
     echo(f"Resolving {profile.name} for Python {profile.python} with {exe} (found on {where})")
@@ -266,7 +239,8 @@ def compile_lock(profile: Profile, *, python: str | None = None,
     return LockResult(target, exe, where, len(parse_lock(target.read_text())))
 
 
-def resolve_check(profile: Profile, python: str | None = None, echo=print) -> list[str]:
+def resolve_check(profile: Profile, python: str | None = None,
+                  echo=output.status) -> list[str]:
     """Resolve again (network) with the committed lock's versions as constraints; every
     difference named. So a new release upstream is no difference; a pin that no longer
     satisfies the profile, or a hash the index does not serve, is."""
@@ -358,7 +332,7 @@ CHANNELS_ENV = "MEGATRON_ENV_CONDA_CHANNELS"  # comma-separated mirrors replacin
 
 
 def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | None = None,
-               channels: list[str] | None = None, echo=print) -> Path | None:
+               channels: list[str] | None = None, echo=output.status) -> Path | None:
     """Run conda-lock for linux-64; None (with one line saying why) when it cannot run here.
 
     `channels` (or $MEGATRON_ENV_CONDA_CHANNELS) replace the profile's channels, for mirrors and
@@ -391,7 +365,7 @@ def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | No
              f"MIRROR or set {CHANNELS_ENV}); log: {profile.dir / '.conda-lock.log'}; {last}")
         return None
     (profile.dir / ".conda-lock.log").unlink(missing_ok=True)
-    echo(f"[bold]locked[/] conda part of {profile.name} -> {out.name}")
+    echo(f"locked conda part of {profile.name} -> {out.name}")
     return out
 
 

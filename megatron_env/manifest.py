@@ -25,6 +25,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import digest
+
 FORMAT = 1
 CHUNK = 1 << 20
 
@@ -188,7 +190,7 @@ def save(manifest: dict, path: Path) -> str:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return digest.of_bytes(text.encode())
 
 
 def load(path: Path) -> dict | None:

@@ -14,9 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
-from . import env, patches, proc, sources
+from . import digest, env, output, patches, probe, proc, sources, uv
 from .errors import UserError
-from .lock import uv_env, uv_exe
 from .profile import Profile
 
 STAMP = ".megatron-env-source.json"
@@ -28,14 +27,15 @@ def patch_series(profile: Profile) -> list[Path]:
 
 
 def key(profile: Profile) -> str:
-    return f"{profile.megatron['commit'][:12]}-{patches.digest(patch_series(profile))[7:19]}"
+    series = digest.of_files(patch_series(profile))
+    return f"{profile.megatron['commit'][:12]}-{digest.hexpart(series, 12)}"
 
 
 def source_dir(profile: Profile) -> Path:
     return env.ENV_ROOT / f"{profile.name}.megatron" / key(profile)
 
 
-def prepare(profile: Profile, echo=print) -> Path:
+def prepare(profile: Profile, echo=output.status) -> Path:
     """The patched source tree of the profile's Megatron, made once per commit and patch series."""
     dest = source_dir(profile)
     if (dest / STAMP).exists():
@@ -57,21 +57,21 @@ def prepare(profile: Profile, echo=print) -> Path:
         echo(f"megatron: applied {p.name}")
     (staged / STAMP).write_text(json.dumps(
         {"tag": m["tag"], "commit": m["commit"], "patches": [p.name for p in series],
-         "patch_digest": patches.digest(series)}, indent=2) + "\n")
+         "patch_digest": digest.of_files(series)}, indent=2) + "\n")
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(staged, dest)
     return dest
 
 
-def install(profile: Profile, python: Path, src: Path, echo=print) -> dict:
+def install(profile: Profile, python: Path, src: Path, echo=output.status) -> dict:
     """Editable install of `src` for the interpreter `python`; returns the import check."""
     if not python.exists():
         raise UserError(f"no environment at {python}", fix="run `invoke env` first")
     bindir = python.parent
-    run_env = {**uv_env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    run_env = {**uv.env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     echo(f"megatron: installing {src.name} editable for {python} (no dependency resolution)")
-    r = proc.run([uv_exe(), "pip", "install", "--python", python, "--no-deps",
+    r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps",
                   "--no-build-isolation", "-e", src], env=run_env, timeout=3600,
                  log=src.parent / f"{src.name}.install.log")
     if not r.ok:
@@ -84,8 +84,7 @@ def install(profile: Profile, python: Path, src: Path, echo=print) -> dict:
 
 def check_import(python: Path) -> dict:
     """torch, megatron.core and its compiled dataset helpers import; returns the probe's facts."""
-    facts = env.probe(python, *MODULES)
-    missing = [m for m in MODULES if m not in facts["imported"]]
+    missing, facts = probe.missing_modules(python, MODULES)
     if missing or "torch" not in facts:
         raise UserError(f"{', '.join(missing) or 'torch'} does not import for {python}: "
                         + "; ".join(facts["errors"])[-600:], fix="re-run `invoke megatron`")
@@ -94,7 +93,7 @@ def check_import(python: Path) -> dict:
 
 def check_installed(python: Path, profile: Profile) -> None:
     """Quick: the environment still has this profile's Megatron checkout installed."""
-    facts = env.probe(python, torch=False)
+    facts = probe.probe(python, torch=False)
     if "megatron-core" not in facts["dists"] or not (source_dir(profile) / STAMP).exists():
         raise UserError(f"Megatron is no longer installed for {python}",
                         fix="re-run `invoke megatron`")

@@ -8,7 +8,6 @@ the caller's source is never left half-patched.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -23,13 +22,6 @@ PATCHES_DIR = REPO_ROOT / "patches"
 def series(package: str, pin: str, root: Path = PATCHES_DIR) -> list[Path]:
     d = root / package / pin
     return sorted(d.glob("[0-9][0-9][0-9][0-9]-*.patch")) if d.is_dir() else []
-
-
-def digest(patches: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in patches:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return "sha256:" + h.hexdigest()
 
 
 def header(patch: Path) -> str:

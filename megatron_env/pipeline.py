@@ -2,17 +2,22 @@
 
     check -> lock -> env -> sources -> patches -> builds -> megatron -> verify
 
-Each step has an input digest (its own inputs plus the digest of the step before it), so a
-changed pin re-runs the steps downstream of it and nothing else. A step that succeeded writes a
-stamp with its digest; on the next run a stamped step is only verified (seconds). A failed step
-stops the chain with its message, log tail and fix; the next run resumes there. Steps that need
+The host check comes first, as a precondition: its findings say which steps this machine
+cannot run. Then `decide` settles every step's action (run, verify, skip) and why, from stamps,
+input digests and findings, before anything runs; `execute` carries the decisions out and
+`--dry-run` prints them. Each step has an input digest (its own inputs plus the digest of the
+step before it), so a changed pin re-runs the steps downstream of it and nothing else. A step
+that succeeded writes a stamp with its digest; on the next run a stamped step is only verified
+(seconds); a re-check that finds a reason (the environment's manifest names a changed file) runs
+the step again, and a stamped step whose inputs that run changed (the verify step names the
+manifest a repair rewrote) runs too. A failed step stops the chain with its message, log tail
+and hint; the next run resumes there. Steps that need
 what this machine lacks (a GPU, the profile's CUDA toolkit) or that this version does not have
 yet are reported as skipped with the reason.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -20,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checks, env, lock, manifest, megatron, patches, waiting
+from . import build, checks, digest, env, lock, manifest, megatron, output, patches, report, waiting
 from .errors import UserError
 from .findings import Finding
 from .profile import Profile
@@ -32,11 +37,11 @@ STEPS = ["check", "lock", "env", "sources", "patches", "builds", "megatron", "ve
 class Context:
     profile: Profile
     prefix: Path
-    echo: Callable[..., None] = print
+    echo: Callable[..., None] = output.status
     findings: list[Finding] = field(default_factory=list)
     snapshot_dir: Path | None = None
     adopt: Path | None = None  # an existing interpreter to use instead of building one
-    no_builds: bool = False  # leave flash-attn and apex out (reported as skipped)
+    no_builds: bool = False  # leave the kernel builds out (reported as skipped)
     deep: bool = False  # re-hash every installed file and import again (--verify-deep)
 
     @property
@@ -57,27 +62,22 @@ class Row:
 
 
 def _digest(*parts: str) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-
-
-def _file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else "missing"
+    return digest.hexpart(digest.of(list(parts)), 16)
 
 
 # --- the steps: (inputs, run, skip-reason) ---------------------------------------------------
 
 
 def _check_run(ctx: Context) -> str:
-    ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
-    from .report import summary_line
-
+    """The host's findings are gathered before any step is decided (`run`); this reports them."""
     failed = [f.id for f in ctx.findings if f.status == "fail"]
-    return summary_line(ctx.findings) + (f" ({', '.join(failed)})" if failed else "")
+    return report.summary_line(ctx.findings) + (f" ({', '.join(failed)})" if failed else "")
 
 
 def _lock_inputs(ctx: Context) -> str:
     p = ctx.profile
-    return _digest(_file(p.path), _file(p.dir / lock.LOCK_FILE), _file(p.dir / lock.ENV_FILE))
+    return _digest(*(digest.of_file(f) for f in (p.path, p.dir / lock.LOCK_FILE,
+                                                  p.dir / lock.ENV_FILE)))
 
 
 def _lock_run(ctx: Context) -> str:
@@ -112,7 +112,7 @@ def _adopt(ctx: Context) -> str:
 
 
 def _env_inputs(ctx: Context) -> str:
-    return _digest(_file(ctx.profile.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
+    return _digest(digest.of_file(ctx.profile.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
 
 
 def _env_verify(ctx: Context) -> str | None:
@@ -147,29 +147,26 @@ def _builds_skip(ctx: Context) -> str | None:
     return _no_gpu_or_toolkit(ctx)
 
 
-def _kernel_packages(ctx: Context):
-    from . import build
-
-    return build.packages(ctx.profile).values()
+def _kernel_packages(ctx: Context) -> list[build.Package]:
+    return list(build.packages(ctx.profile).values())
 
 
 def _builds_inputs(ctx: Context) -> str:
+    """The resolved recipes (pins, variants, switches, modules), their patches, the lock."""
     p = ctx.profile
-    return _digest(json.dumps([p.flash_attn, p.apex, p.archs], sort_keys=True),
-                   *(patches.digest(patches.series(k.name, k.pin)) for k in _kernel_packages(ctx)),
-                   _file(p.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
+    kernels = [[k.name, k.pin, k.source.digest, k.switches, list(k.build_options),
+                list(k.modules), digest.of_files(patches.series(k.name, k.pin))]
+               for k in _kernel_packages(ctx)]
+    return _digest(json.dumps([kernels, p.archs], sort_keys=True),
+                   digest.of_file(p.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
 
 
 def _sources_run(ctx: Context) -> str:
-    from . import build
-
     return "; ".join(f"{k.name} {k.source.digest[:19]} at {build.fetch(k, ctx.python, ctx.echo)}"
                      for k in _kernel_packages(ctx))
 
 
 def _patches_run(ctx: Context) -> str:
-    from . import build
-
     done = []
     for k in _kernel_packages(ctx):
         series = patches.series(k.name, k.pin)
@@ -181,8 +178,6 @@ def _patches_run(ctx: Context) -> str:
 
 
 def _builds_run(ctx: Context) -> str:
-    from . import build
-
     out = []
     for k in _kernel_packages(ctx):
         r = build.build_and_install(k, ctx.python, ctx.profile.archs, echo=ctx.echo)
@@ -194,8 +189,8 @@ def _builds_run(ctx: Context) -> str:
 def _megatron_inputs(ctx: Context) -> str:
     m = ctx.profile.megatron
     series = megatron.patch_series(ctx.profile)
-    return _digest(m["repo"], m["tag"], m["commit"], patches.digest(series),
-                   _file(ctx.profile.dir / lock.LOCK_FILE))
+    return _digest(m["repo"], m["tag"], m["commit"], digest.of_files(series),
+                   digest.of_file(ctx.profile.dir / lock.LOCK_FILE))
 
 
 def _megatron_run(ctx: Context) -> str:
@@ -277,15 +272,105 @@ def _read(stamps: Path, step: str) -> dict | None:
         return None
 
 
+@dataclass
+class Decision:
+    """What one step will do and why, decided before anything runs."""
+
+    step: Step
+    action: str  # run, verify (stamped: quick re-check only), skip, unchosen
+    digest: str | None  # the step's input digest (None: no inputs, runs every time)
+    why: str
+    upstream: str = ""  # the chain's digest before this step (its digest is (upstream, inputs))
+
+
+def decide(ctx: Context, chosen: list[str]) -> list[Decision]:
+    """Each step's action from its stamp, its inputs' digest and the host's findings.
+
+    A step's digest covers its own inputs and the digests of the steps before it, so a changed
+    pin re-runs everything downstream. Unchosen steps pass on the digest of their stamp; a
+    skipped step passes nothing on (its inputs did not reach anything)."""
+    out: list[Decision] = []
+    upstream = ""
+    for step in steps():
+        stamp = _read(ctx.stamps, step.name)
+        if step.name not in chosen:
+            upstream = _digest(upstream, stamp["digest"] if stamp else "")
+            out.append(Decision(step, "unchosen", None, "not chosen"))
+            continue
+        reason = step.skip(ctx) if step.skip else None
+        if reason:
+            out.append(Decision(step, "skip", None, reason))
+            continue
+        before = upstream
+        d = _digest(upstream, step.inputs(ctx)) if step.inputs else None
+        upstream = _digest(upstream, d or "")
+        if d is None:
+            out.append(Decision(step, "run", None, "runs every time (host state)"))
+        elif stamp is not None and stamp["digest"] == d:
+            out.append(Decision(step, "verify", d, stamp.get("detail", ""), before))
+        else:
+            why = "no stamp" if stamp is None else "its inputs changed"
+            out.append(Decision(step, "run", d, why, before))
+    return out
+
+
+def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
+    """Carry the decisions out in order; the first failure stops the chain."""
+    rows: list[Row] = []
+    ok = True
+    for d in decisions:
+        name = d.step.name
+        if d.action == "unchosen":
+            continue
+        if not ok:
+            rows.append(Row(name, "not run", 0.0, "an earlier step failed"))
+            continue
+        if d.action == "skip":
+            rows.append(Row(name, "skipped", 0.0, d.why))
+            continue
+        t0 = time.monotonic()
+        try:
+            stamp_digest = d.digest
+            if d.action == "verify":
+                # an earlier step of this run may have changed this one's inputs (a repair
+                # rewrites the manifest the verify step names): decided again, it runs
+                now = _digest(d.upstream, d.step.inputs(ctx)) if d.step.inputs else d.digest
+                again = ("its inputs changed during this run" if now != d.digest
+                         else d.step.verify(ctx) if d.step.verify else None)
+                if not again:
+                    rows.append(Row(name, "up to date", time.monotonic() - t0, d.why))
+                    continue
+                ctx.echo(f"{name}: {again}; running it again")
+                stamp_digest = now
+            detail = d.step.run(ctx)
+            rows.append(Row(name, "done", time.monotonic() - t0, detail))
+            if stamp_digest is not None:
+                (ctx.stamps / f"{name}.json").write_text(json.dumps(
+                    {"digest": stamp_digest, "detail": detail,
+                     "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        except UserError as e:
+            (ctx.stamps / f"{name}.json").unlink(missing_ok=True)
+            rows.append(Row(name, "failed", time.monotonic() - t0,
+                            e.message + (f"\nhint: {e.fix}" if e.fix else "")))
+            ok = False
+    return rows, ok
+
+
+_PLANNED = {"run": "would run", "verify": "up to date", "skip": "skipped"}
+
+
 def run(ctx: Context, *, only: str | None = None, start: str | None = None,
         dry_run: bool = False) -> tuple[list[Row], bool]:
-    """Run the chain; returns the rows of the summary table and whether it ended well."""
+    """Check the host (a precondition: skip reasons come from its findings), decide every
+    step, then run them, or with dry_run only say what would run and why."""
     for name in (only, start):
         if name and name not in STEPS:
             raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}")
     chosen = [only] if only else STEPS[STEPS.index(start):] if start else STEPS
     if dry_run:  # a plan writes nothing (the prefix may be read-only)
-        return _chain(ctx, chosen, dry_run=True)
+        ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
+        return [Row(d.step.name, _PLANNED[d.action], 0.0, d.why)
+                for d in decide(ctx, chosen) if d.action != "unchosen"], True
     try:
         ctx.stamps.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -293,62 +378,5 @@ def run(ctx: Context, *, only: str | None = None, start: str | None = None,
                         fix="choose a writable --prefix") from None
     with waiting.exclusive(ctx.stamps / ".lock", "waiting: another run is working on the setup "
                            f"of {ctx.prefix} (it holds {ctx.stamps / '.lock'})", ctx.echo):
-        return _chain(ctx, chosen, dry_run=False)
-
-
-def _chain(ctx: Context, chosen: list[str], *, dry_run: bool) -> tuple[list[Row], bool]:
-    rows: list[Row] = []
-    upstream = ""
-    ok = True
-    for step in steps():
-        if step.name not in chosen:
-            stamp = _read(ctx.stamps, step.name)
-            upstream = _digest(upstream, stamp["digest"] if stamp else "")
-            continue
-        if not ok:
-            rows.append(Row(step.name, "not run", 0.0, "an earlier step failed"))
-            continue
-        t0 = time.monotonic()
-        try:
-            if step.name != "check" and not ctx.findings and "check" not in chosen:
-                _check_run(ctx)  # the skip reasons below need the host's facts
-            reason = step.skip(ctx) if step.skip else None
-            if reason:
-                rows.append(Row(step.name, "skipped", time.monotonic() - t0, reason))
-                continue
-            digest = _digest(upstream, step.inputs(ctx)) if step.inputs else None
-            stamp = _read(ctx.stamps, step.name)
-            fresh = digest is not None and stamp is not None and stamp["digest"] == digest
-            if dry_run:
-                status = "up to date" if fresh else "would run"
-                why = ("stamp matches its inputs" if fresh else "no stamp" if stamp is None
-                       or digest is None else "its inputs changed")
-                if digest is None:
-                    why = "runs every time (host state)"
-                rows.append(Row(step.name, status, 0.0, why))
-                upstream = _digest(upstream, digest or "")
-                if step.name == "check":
-                    _check_run(ctx)
-                continue
-            again = step.verify(ctx) if fresh and step.verify else None
-            if again:
-                ctx.echo(f"{step.name}: {again}; running it again")
-            if fresh and not again:
-                rows.append(Row(step.name, "up to date", time.monotonic() - t0,
-                                stamp.get("detail", "")))
-            else:
-                detail = step.run(ctx)
-                rows.append(Row(step.name, "done", time.monotonic() - t0, detail))
-                if digest is not None:
-                    (ctx.stamps / f"{step.name}.json").write_text(json.dumps(
-                        {"digest": digest, "detail": detail,
-                         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
-            upstream = _digest(upstream, digest or "")
-        except UserError as e:
-            if not dry_run:
-                (ctx.stamps / f"{step.name}.json").unlink(missing_ok=True)
-            rows.append(Row(step.name, "failed", time.monotonic() - t0,
-                            e.message + (f"\nfix: {e.fix}" if e.fix else "")))
-            ok = False
-    return rows, ok
-
+        ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
+        return execute(ctx, decide(ctx, chosen))

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import REPO_ROOT, checks, fingerprint, proc, profile, snapshot
+from . import REPO_ROOT, checks, fingerprint, output, proc, profile, snapshot
 from .errors import UserError
 
 OVERRIDE_ENV = "MEGATRON_ENV_PREFLIGHT_OVERRIDE"
@@ -207,12 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         run_node(Path(a.run_dir), a.profile, a.python, health=not a.no_gpu_health, size=a.size,
                  echo=lambda s: print(s, flush=True))
     except UserError as e:
-        print(f"{host_name()}: error: {e}", file=sys.stderr)
+        output.error(f"{host_name()}: {e.message}", e.fix)
         return 2
     except OSError as e:
-        print(f"{host_name()}: error: cannot write the results: {e}", file=sys.stderr)
-        print("  fix: give --run-dir a directory every node can write (a shared file system)",
-              file=sys.stderr)
+        output.error(f"{host_name()}: cannot write the results: {e}",
+                     "give --run-dir a directory every node can write (a shared file system)")
         return 2
     return 0
 

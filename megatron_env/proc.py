@@ -128,7 +128,8 @@ def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
                 fh.write(line)
                 fh.flush()
             if on_line is None:
-                print(line, end="", flush=True)
+                sys.stderr.write(line)  # progress of a tool: status, not a result
+                sys.stderr.flush()
             else:
                 on_line(line)
         rc = p.wait(timeout=timeout)

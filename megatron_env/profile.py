@@ -17,8 +17,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from . import REPO_ROOT
+from . import REPO_ROOT, recipes
 from .errors import UserError
+from .recipe import Recipe
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -75,7 +76,7 @@ class Field:
 
 
 # The whole grammar of a profile. A key not listed here is an error, not silently ignored.
-SCHEMA: dict[str, dict[str, Field] | Field] = {
+SCHEMA: dict[str, dict[str, Field] | Field | str] = {
     "description": Field(str),
     "default": Field(bool, required=False),
     "python": {"version": Field(str, _match(_MAJOR_MINOR, "a Python version such as 3.10"))},
@@ -90,22 +91,30 @@ SCHEMA: dict[str, dict[str, Field] | Field] = {
         "tag": Field(str),
         "commit": Field(str, _match(_HEX40, "a commit of 40 lowercase hex digits")),
     },
-    "flash_attn": {
-        "version": Field(str, _version),
-        "sha256": Field(str, _match(_HEX64, "a sha256 of 64 lowercase hex digits")),
-    },
-    "apex": {
-        "repo": Field(str, _url),
-        "commit": Field(str, _match(_HEX40, "a commit of 40 lowercase hex digits")),
-        "extensions": Field(list, _list_of(_match(_SWITCH, "a setup.py switch such as cuda_ext"))),
-        "modules": Field(list, _list_of(None)),
-    },
+    "kernels": "tables",  # [kernels.<recipe>]: see _kernel_schema
     "requirements": {"packages": Field(list, _list_of(None))},
     "conda": {
         "channels": Field(list, _list_of(None)),
         "packages": Field(list, _list_of(None)),
     },
 }
+
+
+def _one_of(names: list[str]) -> Callable[[str], str | None]:
+    return lambda v: None if v in names else f"one of {', '.join(names) or 'nothing'}"
+
+
+def _kernel_schema(r: Recipe) -> dict[str, Any]:
+    """The pins a [kernels.<name>] table must give, by the recipe's kind of source."""
+    common = {"variants": Field(list, _list_of(_one_of([v.name for v in r.variants])),
+                                required=False)}
+    if r.source == "sdist":
+        return {"version": Field(str, _version),
+                "sha256": Field(str, _match(_HEX64, "a sha256 of 64 lowercase hex digits")),
+                **common}
+    commit = _match(_HEX40, "a commit of 40 lowercase hex digits")
+    subs = {"submodules": {p: Field(str, commit) for p in r.submodules}} if r.submodules else {}
+    return {"commit": Field(str, commit), "tag": Field(str, required=False), **subs, **common}
 
 
 @dataclass(frozen=True)
@@ -157,12 +166,9 @@ class Profile:
         return dict(self.data["megatron"])
 
     @property
-    def flash_attn(self) -> dict[str, str]:
-        return dict(self.data["flash_attn"])
-
-    @property
-    def apex(self) -> dict[str, Any]:
-        return dict(self.data["apex"])
+    def kernels(self) -> dict[str, dict[str, Any]]:
+        """[kernels.<recipe>] tables: the kernel packages this profile builds, with their pins."""
+        return {k: dict(v) for k, v in self.data.get("kernels", {}).items()}
 
     @property
     def requirements(self) -> list[str]:
@@ -187,6 +193,9 @@ def _validate(data: dict[str, Any], schema: dict[str, Any], where: str, path: Pa
             fail(f"{where}{key}", f"one of the known keys ({known}); unknown key")
     for key, spec in schema.items():
         name = f"{where}{key}"
+        if spec == "tables":
+            _validate_kernels(data.get(key, {}), name, path, fail)
+            continue
         if isinstance(spec, dict):
             table = data.get(key)
             if not isinstance(table, dict):
@@ -205,6 +214,18 @@ def _validate(data: dict[str, Any], schema: dict[str, Any], where: str, path: Pa
             fail(name, f"a {spec.type.__name__}", value)
         if spec.check and (err := spec.check(value)):
             fail(name, err, value)
+
+
+def _validate_kernels(tables: Any, name: str, path: Path, fail) -> None:
+    if not isinstance(tables, dict):
+        fail(f"[{name}]", "a table of [kernels.<recipe>] tables", tables)
+    known = recipes.declared()
+    for kernel, table in tables.items():
+        if kernel not in known:
+            fail(f"[{name}.{kernel}]", f"a declared recipe ({', '.join(known)})")
+        if not isinstance(table, dict):
+            fail(f"[{name}.{kernel}]", "a table", table)
+        _validate(table, _kernel_schema(known[kernel]), f"{name}.{kernel}.", path)
 
 
 def load_file(path: Path) -> Profile:

@@ -1,4 +1,4 @@
-"""Render findings for people (an aligned table, colour only for status) and for machines (JSON)."""
+"""Render findings for people (aligned lines, colour only for status) and for machines (JSON)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,8 @@ import sys
 from collections import Counter
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
+from . import output
 from .findings import ORDER, Finding
-
-STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-
-
-def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def summary_line(findings: list[Finding]) -> str:
@@ -24,23 +16,19 @@ def summary_line(findings: list[Finding]) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in ("pass", "warn", "fail", "skip") if counts[s])
 
 
-def table(findings: list[Finding], title: str = "") -> Table:
-    t = Table(title=title or None, show_edge=False, box=None, pad_edge=False, expand=False)
-    t.add_column("check", no_wrap=True)
-    t.add_column("status", no_wrap=True)
-    t.add_column("summary")
+def rows(findings: list[Finding]) -> list[tuple[str, str, str]]:
+    """(id, status, summary) worst first; a failed or warned check's fix follows as `hint:`."""
+    out = []
     for f in sorted(findings, key=lambda f: ORDER[f.status]):
-        text = f.summary + (f"\n[dim]fix: {f.fix}[/dim]" if f.fix and f.status in
-                            ("fail", "warn") else "")
-        t.add_row(f.id, f"[{STYLE[f.status]}]{f.status}[/]", text)
-    return t
+        text = f.summary + (f"\nhint: {f.fix}" if f.fix and f.status in ("fail", "warn") else "")
+        out.append((f.id, f.status, text))
+    return out
 
 
-def print_findings(findings: list[Finding], header: str, out: Console | None = None) -> None:
-    out = out or console()
-    out.print(header)
-    out.print(table(findings))
-    out.print(f"[bold]{summary_line(findings)}[/bold]")
+def print_findings(findings: list[Finding], header: str) -> None:
+    output.result(header)
+    output.table(rows(findings), status_col=1, indent="  ")
+    output.summary(summary_line(findings), "fail")
 
 
 def to_json(findings: list[Finding], **extra: Any) -> str:
@@ -54,17 +42,14 @@ def emit_json(findings: list[Finding], **extra: Any) -> None:
     sys.stdout.write(to_json(findings, **extra) + "\n")
 
 
-def print_fleet(nodes, exclude: list[str], out: Console | None = None) -> None:
+def print_fleet(nodes, exclude: list[str]) -> None:
     """One row per node (fleet.NodeResult) with its worst findings, then the --exclude line."""
-    out = out or console()
-    t = Table(show_edge=False, box=None, pad_edge=False)
-    for col in ("host", "status", "worst findings"):
-        t.add_column(col, no_wrap=col != "worst findings")
+    rows = []
     for n in nodes:
         worst = [f for f in n.findings if f.status == n.status][:3]
         text = "\n".join(f"{f.id}: {f.summary.split(': ', 1)[-1]}" for f in worst)
-        t.add_row(n.host, f"[{STYLE[n.status]}]{n.status}[/]",
-                  f"{len(n.findings)} checks pass" if n.status == "pass" else text)
-    out.print(t)
+        rows.append((n.host, n.status,
+                     f"{len(n.findings)} checks pass" if n.status == "pass" else text))
+    output.table(rows, status_col=1)
     if exclude:
-        out.print(f"--exclude={','.join(exclude)}")
+        output.result(f"--exclude={','.join(exclude)}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import proc
+from . import output, proc
 from .errors import UserError
 
 # file name -> command. ulimit is a shell builtin, hence sh -c.
@@ -168,7 +168,7 @@ def nvml_facts() -> dict[str, Any]:
         nv.nvmlShutdown()
 
 
-def collect(out: Path, *, echo=print) -> Snapshot:
+def collect(out: Path, *, echo=output.status) -> Snapshot:
     """Record this host into `out` (created; existing files of the same names are replaced)."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file, not a directory",

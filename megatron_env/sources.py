@@ -7,13 +7,12 @@ MEGATRON_ENV_MIRROR_MEGATRON=/srv/git/Megatron-LM.git) replaces the profile's UR
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
 from pathlib import Path
 
-from . import REPO_ROOT, proc
+from . import REPO_ROOT, digest, output, proc
 from .errors import UserError
 
 CACHE_ENV = "MEGATRON_ENV_CACHE"
@@ -39,7 +38,7 @@ def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
     return r
 
 
-def mirror(name: str, url: str, echo=print) -> Path:
+def mirror(name: str, url: str, echo=output.status) -> Path:
     """A bare mirror of `url` under the cache, created or brought up to date (tags forced)."""
     url = repo_url(name, url)
     local = Path(url[len("file://"):] if url.startswith("file://") else url)
@@ -51,7 +50,7 @@ def mirror(name: str, url: str, echo=print) -> Path:
                         + (" (it is empty)" if not any(local.iterdir()) else ""),
                         fix=f"fill it with `git clone --mirror <upstream URL> {local}` on a "
                             "machine that can reach upstream, or point at another mirror")
-    key = hashlib.sha256(url.encode()).hexdigest()[:12]
+    key = digest.hexpart(digest.of_bytes(url.encode()), 12)
     path = cache_dir() / "git" / f"{name}-{key}.git"
     if path.exists():
         echo(f"{name}: updating the mirror of {url}")
@@ -80,7 +79,7 @@ def resolve(git_dir: Path, ref: str) -> str | None:
 
 
 def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
-             echo=print) -> Path:
+             echo=output.status) -> Path:
     """The tree of `commit` at `dest`, after checking that `tag` (when given) still points at it."""
     git_dir = mirror(name, url, echo=echo)
     at = resolve(git_dir, tag or commit)

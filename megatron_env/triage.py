@@ -362,7 +362,7 @@ def _cuda(ev: Events) -> list[Finding]:
                    "the GPU; `invoke preflight` on the host before it rejoins")
         elif "illegal memory access" in what or "illegal address" in what:
             fix = ("a kernel wrote out of bounds: rerun with CUDA_LAUNCH_BLOCKING=1 to name the "
-                   "kernel; kernels built for another torch/CUDA (flash-attn, apex) are a common "
+                   "kernel; compiled kernel packages built for another torch/CUDA are a common "
                    "cause: `invoke build-check`; if it moves between nodes, check Xid lines")
         else:
             fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import REPO_ROOT, proc
+from . import REPO_ROOT, output, proc
 from .errors import UserError
 
 SCRIPTS = {"verify_nccl": "verify_nccl.py", "verify_cuda": "gpu_health.py",
@@ -104,8 +104,9 @@ def run(name: str, args: list[str]) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = command(name, o, python, run_dir)
     (run_dir / "command.txt").write_text(shlex.join(argv) + "\n")
-    print(f"{name}: {shlex.join(argv)}", flush=True)
+    output.status(f"{name}: {shlex.join(argv)}")
     env = dict(os.environ)
     result = proc.run(argv, env=env, timeout=None, log=run_dir / f"{name}.log", stream=True)
-    print(f"{name}: {'passed' if result.ok else 'FAILED'}; results in {run_dir}")
+    verdict = "passed" if result.ok else "failed"
+    output.summary(f"{name}: {verdict}; results in {run_dir}", verdict)
     return result.returncode

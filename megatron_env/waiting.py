@@ -13,9 +13,11 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from . import output
+
 
 @contextmanager
-def exclusive(path: Path, waiting: str, echo=print) -> Iterator[None]:
+def exclusive(path: Path, waiting: str, echo=output.status) -> Iterator[None]:
     """Hold the lock file `path`; when another process holds it, echo `waiting`, then wait."""
     lock = FileLock(str(path))
     try:

@@ -24,7 +24,7 @@ def one_line_error(r, *words):
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
     errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and "  fix: " in r.stderr, r.stderr
+    assert len(errors) == 1 and "\nhint: " in r.stderr, r.stderr
     for w in words:
         assert w in r.stderr, r.stderr
 

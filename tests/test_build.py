@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import build
+from megatron_env import build, recipe, uv
 from megatron_env.errors import UserError
-from megatron_env.lock import uv_exe
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
@@ -73,16 +72,16 @@ def world(tmp_path_factory):
 def venv_seeing_torch(venv: Path) -> Path:
     """A venv with setuptools and wheel that also sees this interpreter's packages (torch),
     as a profile's environment would have torch: -> its python."""
-    subprocess.run([uv_exe(), "venv", "-q", "--python", sys.executable, venv], check=True)
+    subprocess.run([uv.exe(), "venv", "-q", "--python", sys.executable, venv], check=True)
     site = next(venv.glob("lib/python*/site-packages"))
     (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([uv_exe(), "pip", "install", "-q", "--python", venv / "bin" / "python",
+    subprocess.run([uv.exe(), "pip", "install", "-q", "--python", venv / "bin" / "python",
                     "setuptools", "wheel"], check=True)
     return venv / "bin" / "python"
 
 
 def package(world, sha=None):
-    return build.Package("tinyext", "1.0", build.Source(sha256=sha or world["sha"],
+    return recipe.Package("tinyext", "1.0", recipe.Source(sha256=sha or world["sha"],
                                                         url=str(world["sdist"])),
                          switches={"TINY_EXT": "1"}, modules=("tinyext._C",), cuda=False,
                          gb_per_job=1.0)
@@ -124,9 +123,9 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
 NODE = textwrap.dedent("""\
     import json, sys
     from pathlib import Path
-    from megatron_env import build
+    from megatron_env import build, recipe, uv
     w = json.loads(sys.argv[1])
-    pkg = build.Package("tinyext", "1.0", build.Source(sha256=w["sha"], url=w["sdist"]),
+    pkg = recipe.Package("tinyext", "1.0", recipe.Source(sha256=w["sha"], url=w["sdist"]),
                         switches={"TINY_EXT": "1"}, modules=("tinyext._C",), cuda=False,
                         gb_per_job=1.0)
     r = build.build_and_install(pkg, Path(sys.argv[2]), [], patch_root=Path(w["patches"]))
@@ -174,7 +173,7 @@ def test_compile_error_names_the_log_and_leaves_no_build_tree(world, tmp_path, m
 def test_python_only_build_is_a_failure(world, tmp_path, monkeypatch):
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
     pkg = package(world)
-    python_only = build.Package(pkg.name, pkg.pin, pkg.source, switches={}, modules=pkg.modules,
+    python_only = recipe.Package(pkg.name, pkg.pin, pkg.source, switches={}, modules=pkg.modules,
                                 cuda=False, gb_per_job=1.0)  # the switch never arrives
     with pytest.raises(UserError, match="the wheel has no compiled tinyext._C; it was not "
                                         "cached"):
@@ -220,10 +219,10 @@ def test_git_source_with_a_moved_tag_is_refused(tmp_path, monkeypatch):
     (work / "setup.py").write_text("# moved\n")
     subprocess.run([*git, "commit", "-qam", "two"], cwd=work, check=True)
     subprocess.run([*git, "tag", "25.09"], cwd=work, check=True)
-    pkg = build.Package("apex", pinned, build.Source(repo=str(work), commit=pinned, tag="25.09"))
+    pkg = recipe.Package("apex", pinned, recipe.Source(repo=str(work), commit=pinned, tag="25.09"))
     with pytest.raises(UserError, match="tag 25.09 now points at .* the profile pins " + pinned):
         build.fetch(pkg, Path(sys.executable), echo=lambda *_: None)
-    ok = build.Package("apex", pinned, build.Source(repo=str(work), commit=pinned))
+    ok = recipe.Package("apex", pinned, recipe.Source(repo=str(work), commit=pinned))
     tree = build.fetch(ok, Path(sys.executable), echo=lambda *_: None)
     assert (tree / "setup.py").read_text() == ""
 
@@ -251,8 +250,13 @@ def test_profile_packages_derive_switches_and_modules():
     assert pk["flash-attn"].source.sha256 == (
         "2e5b2bcff6d5cff40d494af91ecd1eb3c5b4520a6ce7a0a8b1f9c1ed129fb402")
     assert pk["apex"].switches == {"APEX_CPP_EXT": "1", "APEX_CUDA_EXT": "1",
-                                   "APEX_FAST_LAYER_NORM": "1"}
-    assert "fused_weight_gradient_mlp_cuda" in pk["apex"].modules
+                                   "APEX_FAST_LAYER_NORM": "1", "TORCH_CUDA_ARCH_LIST": "8.0;9.0"}
+    # what Megatron core_v0.4.0 imports from apex: the modules of the three variants it picks
+    assert pk["apex"].modules == (
+        "apex_C", "amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda",
+        "scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
+        "scaled_softmax_cuda", "fast_layer_norm")
+    assert pk["flash-attn"].modules == ("flash_attn_2_cuda",)
     hopper = build.packages(profile.load("core_v0.4.0-cu121"), ["9.0"])["flash-attn"]
     assert hopper.switches["FLASH_ATTN_CUDA_ARCHS"] == "90"
     # memory a compile job needs grows with the archs nvcc compiles at once (NVCC_THREADS=2)
@@ -301,3 +305,35 @@ def test_time_left_guess_on_the_real_h200_flash_attn_progress():
             assert 0.4 <= left / (end - t) <= 2.5, line
             guessed += 1
     assert guessed >= 30
+
+
+def test_switches_a_setup_py_reads_from_argv_arrive_as_build_options(world, tmp_path,
+                                                                     monkeypatch):
+    # apex before 2025-07 reads --cpp_ext/--cuda_ext from sys.argv only: a recipe passes such
+    # switches as the config setting --build-option, which setuptools appends to bdist_wheel.
+    monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
+    src = tmp_path / "tinyext-1.0"
+    with tarfile.open(world["sdist"]) as tar:
+        tar.extractall(tmp_path, filter="data")
+    (src / "setup.py").write_text(SETUP.replace(
+        'if os.environ.get("TINY_EXT") == "1" else []',
+        'if "--tiny_ext" in sys.argv else []\nif "--tiny_ext" in sys.argv:\n'
+        '    sys.argv.remove("--tiny_ext")').replace("import os", "import sys"))
+    sdist = tmp_path / "tinyext-argv.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(src, arcname="tinyext-1.0")
+    r = recipe.Recipe("tinyext", "a test recipe", "sdist", modules=("tinyext._C",),
+                      cuda=False, variants=(recipe.Variant("ext", "the C++ module",
+                                                           build_options=("--tiny_ext",)),))
+    monkeypatch.setenv(recipe.source_var("tinyext"), str(sdist))
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    pkg = recipe.resolve(r, {"version": "1.0", "sha256": sha, "variants": ["ext"]}, [])
+    said = []
+    res = build.build_and_install(pkg, world["python"], [], patch_root=world["patches"],
+                                  echo=said.append)
+    assert "tinyext._C" in res.modules and answer(world["python"]) == "42"
+    assert "  options  --build-option=--tiny_ext" in said
+    without = recipe.resolve(r, {"version": "1.0", "sha256": sha, "variants": []}, [])
+    with pytest.raises(UserError, match="the wheel has no compiled tinyext._C"):
+        build.build_and_install(without, world["python"], [], patch_root=world["patches"],
+                                echo=lambda *_: None)

@@ -44,7 +44,7 @@ def test_unreachable_channel_is_one_line_and_the_uv_lock_still_happens(tmp_path)
     r = invoke(repo, "lock", "--profile", "core_v0.4.0-cu121", "--conda", str(stub),
                "--channel", (tmp_path / "no-such-channel").as_uri())
     assert r.returncode == 0, r.stdout + r.stderr
-    failed = [line for line in r.stdout.splitlines() if "conda-lock failed" in line]
+    failed = [line for line in r.stderr.splitlines() if "conda-lock failed" in line]
     assert len(failed) == 1 and "--channel MIRROR" in failed[0]
     assert "locked core_v0.4.0-cu121: 39 packages" in r.stdout
     assert not (repo / "envs/core_v0.4.0-cu121/conda-lock.yml").exists()
@@ -54,4 +54,4 @@ def test_no_solver_is_one_line(tmp_path):
     repo = copy_repo(tmp_path)
     r = invoke(repo, "lock", "--profile", "core_v0.4.0-cu121", env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "conda-lock skipped: no conda, mamba or micromamba" in r.stdout
+    assert "conda-lock skipped: no conda, mamba or micromamba" in r.stderr

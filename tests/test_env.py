@@ -54,7 +54,7 @@ def test_build_verify_and_up_to_date(repo, wheelhouse):
     r = env(repo, wheelhouse)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "built at" in r.stdout and "CUDA 12.1" in r.stdout and "torch 2.1.0+cu121" in r.stdout
-    assert "found on" in r.stdout  # says which interpreter made the venv
+    assert "found on" in r.stderr  # says which interpreter made the venv
     prefix = prefix_of(repo)
     assert torch_facts(prefix) == "2.1.0+cu121 12.1"
     target = prefix.resolve()
@@ -161,7 +161,7 @@ def test_conda_path_builds_the_env_in_a_conda_prefix(wheelhouse, tmp_path, monke
     assert conda_lock is not None
     r = env(repo, wheelhouse, "--conda", str(stub))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "conda: installing conda-lock.yml" in r.stdout and "(conda)" in r.stdout
+    assert "conda: installing conda-lock.yml" in r.stderr and "(conda)" in r.stdout
     prefix = prefix_of(repo)
     assert (prefix / "conda-meta" / "cuda-nvcc-12.1.105-0.json").exists()
     nvcc = subprocess.run([prefix / "bin" / "nvcc"], capture_output=True, text=True)

@@ -189,13 +189,13 @@ def test_fingerprint_kernel_keys_are_the_build_plan_keys():
     the cache keys `invoke build` computes for this interpreter."""
     from pathlib import Path
 
-    from megatron_env import build, fingerprint
+    from megatron_env import build, fingerprint, probe
     from megatron_env.errors import UserError
 
     prof = profile.load(fb.PROFILE)
     fp = fingerprint.collect(prof, Path(sys.executable))
     assert fp["torch"] and fp["megatron_commit"] == prof.megatron["commit"]
-    facts = build.torch_facts(Path(sys.executable))  # what plan() would import torch for
+    facts = probe.torch_facts(Path(sys.executable))  # what plan() would import torch for
     for pkg in build.packages(prof).values():
         try:
             want = build.plan(pkg, Path(sys.executable), prof.archs, facts=facts).key

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import env, lock, manifest, profile
+from megatron_env import env, lock, manifest, profile, uv
 from megatron_env.errors import UserError
+from megatron_env.probe import probe
 
 PINS = {"six", "einops"}
 
@@ -20,8 +21,8 @@ def small_env(tmp_path):
     full = (profile.load("core_v0.4.0-cu121").dir / lock.LOCK_FILE).read_text()
     lockfile.write_text(lock.subset(full, PINS))
     venv = tmp_path / "venv"
-    r = env.proc.run([lock.uv_exe(), "venv", "-q", "--python", sys.executable, venv],
-                     env=lock.uv_env())
+    r = env.proc.run([uv.exe(), "venv", "-q", "--python", sys.executable, venv],
+                     env=uv.env())
     assert r.ok, r.output
     python = env.python_of(venv)
     env._uv_install(python, lockfile, [], False, tmp_path / "uv.log")
@@ -29,7 +30,7 @@ def small_env(tmp_path):
 
 
 def record(python):
-    return manifest.scan(env.probe(python, torch=False)["sites"])
+    return manifest.scan(probe(python, torch=False)["sites"])
 
 
 def einops_file(m):
@@ -103,8 +104,8 @@ def test_corrupt_uv_cache_entry_is_detected_and_refreshed(small_env, tmp_path):
     for p in cached:
         p.write_bytes(good + b"\n# corrupted in the cache\n")
     other = tmp_path / "other"
-    assert env.proc.run([lock.uv_exe(), "venv", "-q", "--python", sys.executable, other],
-                        env=lock.uv_env()).ok
+    assert env.proc.run([uv.exe(), "venv", "-q", "--python", sys.executable, other],
+                        env=uv.env()).ok
     env._uv_install(env.python_of(other), lockfile, [], False, tmp_path / "uv2.log")
     m = record(env.python_of(other))
     bad = manifest.hash_check(m)

@@ -36,7 +36,17 @@ def write_variant(tmp_path, old: str, new: str):
     ('min_driver = "530.30.02"', 'min_driver = "new"', "cuda.min_driver: expected a driver version"),
     ('archs = ["8.0", "9.0"]', 'archs = ["sm_90"]', "cuda.archs: expected a compute capability"),
     ('default = true', 'default = "yes"', "default: expected a bool"),
-    ("[apex]", "[apex\n", "not valid TOML"),
+    ("[kernels.apex]", "[kernels.apex\n", "not valid TOML"),
+    ("[kernels.apex]", "[kernels.apexx]\ncommit = 'x'\n[kernels.apex]",
+     "[kernels.apexx]: expected a declared recipe (apex, flash-attn)"),
+    ('variants = ["cpp_ext", "cuda_ext", "fast_layer_norm"]', 'variants = ["cuda"]',
+     "kernels.apex.variants: expected one of cpp_ext, cuda_ext, fast_layer_norm for every item "
+     "(got 'cuda')"),
+    ('sha256 = "2e5b2bcf', 'sha256 = "2E5B2BCF', "kernels.flash-attn.sha256: expected a sha256"),
+    ('commit = "52e18c894223800cb611682dce27d88050edf1de"', 'tag = "23.08"',
+     "kernels.apex.commit: expected a str (missing)"),
+    ('version = "2.5.8"', 'version = "2.5.8"\nrepo = "x"',
+     "kernels.flash-attn.repo: expected one of the known keys"),
 ])
 def test_bad_profiles_name_file_and_key(tmp_path, old, new, words):
     path = write_variant(tmp_path, old, new)
@@ -46,7 +56,7 @@ def test_bad_profiles_name_file_and_key(tmp_path, old, new, words):
 
 
 def test_toml_error_names_the_line(tmp_path):
-    path = write_variant(tmp_path, "[apex]", "[apex\n")
+    path = write_variant(tmp_path, "[kernels.apex]", "[kernels.apex\n")
     with pytest.raises(UserError, match=r"line \d+"):
         profile.load_file(path)
 

@@ -11,11 +11,11 @@ import textwrap
 import pytest
 
 from .conftest import kill_when_installing
+from .gitrepo import git, repo_with
 from .test_lock import copy_repo
 
 pytestmark = pytest.mark.slow
 PROFILE = "core_v0.4.0-cu121"
-GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
 
 FILES = {
     "megatron/core/__init__.py": "__version__ = '0.4.0'\n",
@@ -48,25 +48,15 @@ diff --git a/megatron/core/__init__.py b/megatron/core/__init__.py
 """
 
 
-def git(*args, cwd):
-    return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()
-
-
 @pytest.fixture
 def upstream(tmp_path):
     """A work tree with one commit tagged core_v0.4.0, and a bare repository made from it."""
     work = tmp_path / "megatron-work"
-    for rel, text in FILES.items():
-        (work / rel).parent.mkdir(parents=True, exist_ok=True)
-        (work / rel).write_text(text)
-    git("init", "-q", cwd=work)
-    git("add", "-A", cwd=work)
-    git("commit", "-qm", "megatron", cwd=work)
+    commit = repo_with(work, FILES, "megatron")
     git("tag", "core_v0.4.0", cwd=work)
     bare = tmp_path / "Megatron-LM.git"
     git("clone", "-q", "--bare", work, bare, cwd=tmp_path)
-    return work, bare, git("rev-parse", "HEAD", cwd=work)
+    return work, bare, commit
 
 
 @pytest.fixture

@@ -1,0 +1,135 @@
+"""Kernel recipes: what a compiled package needs to be fetched, built and proven, declared once.
+
+A recipe is a declaration, like a Spack `package.py`: `megatron_env/recipes/<name>.py` defines
+one `RECIPE = Recipe(...)`. It says what does not change from one profile to the next: where the
+source comes from, the switches the build reads and how they reach it (environment variables or
+`--build-option` config settings), the variable it reads the GPU archs from, the memory one
+compile job takes, the compiled modules that must import, its variants, and the GPU check that
+proves it computes what PyTorch computes. A profile's `[kernels.<name>]` table pins the source
+(sdist version + sha256, or git commit + optional tag + submodule commits) and picks variants;
+`resolve` joins the two into a `Package`, the one thing the generic build machinery reads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An optional part of a package (a setup.py switch): what it sets and what it must yield."""
+
+    name: str
+    about: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    build_options: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    default: bool = False  # built when the profile names no variants
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str  # the distribution; also patches/<name>/<pin>/ and the profile's [kernels.<name>]
+    about: str
+    source: Literal["sdist", "git"]
+    sdist: str = ""  # file name of a release's sdist, "{version}" filled in (sdist recipes)
+    repo: str = ""  # upstream repository (git recipes); MEGATRON_ENV_MIRROR_<NAME> replaces it
+    submodules: Mapping[str, str] = field(default_factory=dict)  # path -> repo; profile pins each
+    env: Mapping[str, str] = field(default_factory=dict)  # always in the build's environment
+    build_options: tuple[str, ...] = ()  # always passed as config setting --build-option
+    metadata_env: Mapping[str, str] = field(default_factory=dict)  # reading metadata, no compile
+    archs_var: str = ""  # where the build reads the archs (TORCH_CUDA_ARCH_LIST is always set)
+    archs_form: Literal["sm", "dotted"] = "sm"  # "80;90" or "8.0;9.0" in archs_var
+    nvcc_threads: int = 0  # NVCC_THREADS: archs one nvcc job compiles at once (0: not set)
+    gib_per_job: float = 2.0  # memory one compile job takes per arch it compiles at once
+    modules: tuple[str, ...] = ()  # compiled modules that must import, whatever the variants
+    variants: tuple[Variant, ...] = ()
+    gpu_check: str = ""  # the scripts/gpu_health.py result that proves it on a GPU
+    proves: str = ""  # what that check compares, in words
+    cuda: bool = True  # needs nvcc
+
+    def variant(self, name: str) -> Variant:
+        return next(v for v in self.variants if v.name == name)
+
+    @property
+    def default_variants(self) -> list[str]:
+        return [v.name for v in self.variants if v.default]
+
+
+@dataclass(frozen=True)
+class Source:
+    """An sdist (url or path + sha256) or a git repository at a commit (and optional tag), with
+    its submodules pinned as (path, repository, commit)."""
+
+    sha256: str | None = None
+    url: str | None = None
+    repo: str | None = None
+    commit: str | None = None
+    tag: str | None = None
+    submodules: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def digest(self) -> str:
+        if self.sha256:
+            return f"sha256:{self.sha256}"
+        return f"git:{self.commit}" + "".join(f"+{p}@{c}" for p, _r, c in self.submodules)
+
+
+@dataclass(frozen=True)
+class Package:
+    """A recipe resolved against a profile's pins and archs: what one build is given."""
+
+    name: str  # also the patches/<name>/ directory
+    pin: str  # version or commit: patches/<name>/<pin>/
+    source: Source
+    switches: dict[str, str] = field(default_factory=dict)  # build-time environment
+    modules: tuple[str, ...] = ()  # compiled modules that must import after install
+    cuda: bool = True  # needs nvcc
+    gb_per_job: float = 2.0  # memory one compile job can take
+    build_options: tuple[str, ...] = ()  # passed as config setting --build-option
+    metadata_env: dict[str, str] = field(default_factory=dict)
+    variants: tuple[str, ...] = ()
+
+
+def source_var(name: str) -> str:
+    """MEGATRON_ENV_SOURCE_<NAME>: a path or URL of the pinned sdist (an air-gapped site's copy)."""
+    return "MEGATRON_ENV_SOURCE_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def _archs_text(archs: list[str], form: str) -> str:
+    return ";".join(a.replace(".", "") if form == "sm" else a for a in archs)
+
+
+def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Package:
+    """The recipe with the profile's pins (a validated [kernels.<name>] table) and archs."""
+    chosen = [recipe.variant(n) for n in pins.get("variants", recipe.default_variants)]
+    env: dict[str, str] = dict(recipe.env)
+    options = list(recipe.build_options)
+    modules = list(recipe.modules)
+    for v in chosen:
+        env.update(v.env)
+        options += v.build_options
+        modules += [m for m in v.modules if m not in modules]
+    if recipe.archs_var:
+        env[recipe.archs_var] = _archs_text(archs, recipe.archs_form)
+    if recipe.nvcc_threads:
+        env["NVCC_THREADS"] = str(recipe.nvcc_threads)
+    at_once = max(1, min(recipe.nvcc_threads or 1, len(archs)))
+    if recipe.source == "sdist":
+        version = pins["version"]
+        url = os.environ.get(source_var(recipe.name), recipe.sdist.format(version=version))
+        source, pin = Source(sha256=pins["sha256"], url=url), version
+    else:
+        subs = tuple((path, repo, pins["submodules"][path])
+                     for path, repo in recipe.submodules.items())
+        source = Source(repo=recipe.repo, commit=pins["commit"], tag=pins.get("tag"),
+                        submodules=subs)
+        pin = pins["commit"]
+    return Package(recipe.name, pin, source, switches=env, modules=tuple(modules),
+                   cuda=recipe.cuda, gb_per_job=recipe.gib_per_job * at_once,
+                   build_options=tuple(options), metadata_env=dict(recipe.metadata_env),
+                   variants=tuple(v.name for v in chosen))

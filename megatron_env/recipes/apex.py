@@ -1,0 +1,33 @@
+"""apex: NVIDIA's fused CUDA kernels that Megatron imports (fused layer norm, amp_C, softmax).
+
+Its setup.py reads `--cpp_ext`, `--cuda_ext` ... from sys.argv, and from 2025-07 on also
+APEX_CPP_EXT=1-style variables; pins older than that get the variables from
+patches/apex/<commit>/0001-read-switches-from-environment.patch. pip >= 23.1 drops
+`--global-option` with only a warning, leaving a Python-only apex: hence the variables, and the
+check that every module of the chosen variants imports. Its CUDA/torch version check demands
+nvcc == torch.version.cuda exactly (patched for minor mismatches on old pins).
+"""
+
+from ..recipe import Recipe, Variant
+
+RECIPE = Recipe(
+    name="apex",
+    about="NVIDIA apex fused kernels (layer norm, amp_C, masked softmax, weight-gradient GEMM)",
+    source="git",
+    repo="https://github.com/NVIDIA/apex.git",
+    archs_var="TORCH_CUDA_ARCH_LIST",
+    archs_form="dotted",
+    gib_per_job=3.0,
+    variants=(
+        Variant("cpp_ext", "C++ helpers (flatten/unflatten)", env={"APEX_CPP_EXT": "1"},
+                modules=("apex_C",), default=True),
+        Variant("cuda_ext", "the fused CUDA kernels Megatron uses", env={"APEX_CUDA_EXT": "1"},
+                modules=("amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda",
+                         "scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
+                         "scaled_softmax_cuda"), default=True),
+        Variant("fast_layer_norm", "contrib FastLayerNorm (Megatron core_v0.4.0 imports it)",
+                env={"APEX_FAST_LAYER_NORM": "1"}, modules=("fast_layer_norm",)),
+    ),
+    gpu_check="apex",
+    proves="FusedLayerNorm matches torch.nn.functional.layer_norm",
+)

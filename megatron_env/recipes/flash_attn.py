@@ -1,0 +1,31 @@
+"""flash-attn: FlashAttention-2's CUDA kernels, built from the release sdist.
+
+Its setup.py compares its switches with == "TRUE"; without FLASH_ATTENTION_FORCE_BUILD it
+downloads a prebuilt wheel from GitHub releases instead of compiling (and before 2.5.9 an offline
+DNS failure crashes the build). It ignores TORCH_CUDA_ARCH_LIST: the archs come from
+FLASH_ATTN_CUDA_ARCHS (2.7.3 on; older pins get it from patches/flash-attn/<version>/). It has no
+pyproject.toml and imports torch in setup.py, so even reading its metadata needs
+FLASH_ATTENTION_SKIP_CUDA_BUILD.
+
+Memory: one nvcc job compiles up to NVCC_THREADS archs at once, ~5 GiB each: 13 jobs for sm_90
+alone peaked at 53 GiB together on an H200 node (bench/results/2026-12-02-h200-1gpu/flash-attn/
+mem.log); flash-attn's own setup.py assumes 9 GiB a job at 4 threads.
+"""
+
+from ..recipe import Recipe
+
+RECIPE = Recipe(
+    name="flash-attn",
+    about="FlashAttention-2 CUDA kernels (Megatron's --use-flash-attn)",
+    source="sdist",
+    sdist="flash_attn-{version}.tar.gz",
+    env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE"},  # never fetch a prebuilt wheel
+    metadata_env={"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"},
+    archs_var="FLASH_ATTN_CUDA_ARCHS",
+    archs_form="sm",
+    nvcc_threads=2,
+    gib_per_job=5.0,
+    modules=("flash_attn_2_cuda",),
+    gpu_check="flash_attn",
+    proves="causal bf16 forward and backward match torch's scaled_dot_product_attention",
+)
