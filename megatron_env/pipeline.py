@@ -330,23 +330,22 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
             continue
         t0 = time.monotonic()
         try:
-            stamp_digest = d.digest
+            # an earlier step of this run may have made this one's inputs (the env step writes
+            # the manifest the verify step names; a repair rewrites it): the stamp records
+            # them as they are now, and a stamped step whose inputs changed runs
+            now = _digest(d.upstream, d.step.inputs(ctx)) if d.step.inputs else None
             if d.action == "verify":
-                # an earlier step of this run may have changed this one's inputs (a repair
-                # rewrites the manifest the verify step names): decided again, it runs
-                now = _digest(d.upstream, d.step.inputs(ctx)) if d.step.inputs else d.digest
                 again = ("its inputs changed during this run" if now != d.digest
                          else d.step.verify(ctx) if d.step.verify else None)
                 if not again:
                     rows.append(Row(name, "up to date", time.monotonic() - t0, d.why))
                     continue
                 ctx.echo(f"{name}: {again}; running it again")
-                stamp_digest = now
             detail = d.step.run(ctx)
             rows.append(Row(name, "done", time.monotonic() - t0, detail))
-            if stamp_digest is not None:
+            if now is not None:
                 (ctx.stamps / f"{name}.json").write_text(json.dumps(
-                    {"digest": stamp_digest, "detail": detail,
+                    {"digest": now, "detail": detail,
                      "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
         except UserError as e:
             (ctx.stamps / f"{name}.json").unlink(missing_ok=True)
