@@ -36,12 +36,14 @@ def check(c, profile=None, snapshot=None, json=False):
             "only": "run this one step", "from": "start at this step",
             "adopt": "use this existing interpreter (an NGC container's python) as the env",
             "no_builds": "leave the kernel builds out",
+            "verify_deep": "re-hash every installed file against its RECORD and import again",
             "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)"},
       iterable=["bundle"])
 def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None, adopt=None,
-          no_builds=False, bundle=None):
+          no_builds=False, verify_deep=False, bundle=None):
     """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
-    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt, no_builds, bundle))
+    _done(commands.setup(profile, prefix, dry_run, only, from_, adopt, no_builds, verify_deep,
+                         bundle))
 
 
 @task(help={"profile": "profile name (default: the default profile)",
@@ -52,7 +54,9 @@ def megatron(c, profile=None, prefix=None):
 
 
 @task(help={"profile": "profile name (default: the default profile; with --check: all)",
-            "check": "exit 1 naming every lock that no longer matches its inputs (no network)",
+            "check": "exit 1 naming every lock that no longer matches its inputs or its seal "
+                     "(a pin or hash edited by hand); no network",
+            "resolve": "with --check: resolve again (network) and fail on any difference",
             "upgrade_package": "move this one pin to its newest allowed version (repeatable)",
             "python": "interpreter of the profile's Python version to resolve with",
             "conda": "conda/mamba/micromamba executable for conda-lock",
@@ -60,10 +64,10 @@ def megatron(c, profile=None, prefix=None):
             "pypi_to_conda_lookup_file": "local name-mapping file for conda-lock's pip section"},
       iterable=["upgrade_package", "channel"])
 def lock(c, profile=None, check=False, upgrade_package=None, python=None, conda=None,
-         channel=None, pypi_to_conda_lookup_file=None):
+         channel=None, pypi_to_conda_lookup_file=None, resolve=False):
     """Resolve a profile into hashed locks (requirements.lock, environment.yml, conda-lock.yml)."""
     _done(commands.lock(profile, check, upgrade_package, python, conda, channel,
-                        pypi_to_conda_lookup_file))
+                        pypi_to_conda_lookup_file, resolve))
 
 
 @task(name="lock-diff",
@@ -82,13 +86,15 @@ def lock_diff(c, base=None):
             "use_conda": "force the conda path (--no-use-conda forces uv)",
             "find_links": "a wheelhouse directory to install from (repeatable)",
             "no_index": "install only from --find-links",
+            "verify_deep": "re-hash every installed file against its RECORD and import again",
             "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)"},
       iterable=["find_links", "bundle"])
 def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=False,
-        conda=None, use_conda=None, find_links=None, no_index=False, bundle=None):
+        conda=None, use_conda=None, find_links=None, no_index=False, verify_deep=False,
+        bundle=None):
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
     _done(commands.env(profile, prefix, python, adopt, install_missing, conda, use_conda,
-                       find_links, no_index, bundle))
+                       find_links, no_index, verify_deep, bundle))
 
 
 @task(help={"what": "a kernel recipe (`invoke kernels` lists them) or all the profile pins",

@@ -11,7 +11,6 @@ a build that silently came out Python-only is a failure.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -23,8 +22,6 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from filelock import FileLock, Timeout
 
 from . import (
     digest,
@@ -39,6 +36,7 @@ from . import (
     resources,
     sources,
     uv,
+    waiting,
 )
 from . import jobs as jobs_mod
 from .errors import UserError
@@ -129,7 +127,9 @@ def _download(pkg: Package, python: Path, target: Path, echo) -> None:
             urllib.request.urlretrieve(url, target)
         except OSError as e:
             raise UserError(f"cannot download {url}: {e}",
-                            fix=f"set {source_var(pkg.name)} to a reachable copy") from None
+                            fix=f"set {source_var(pkg.name)} to a reachable copy, or pass "
+                                "--no-builds to `invoke setup` to go on without the kernels"
+                            ) from None
         return
     if Path(url).is_file():
         shutil.copy(url, target)
@@ -149,7 +149,8 @@ def _download(pkg: Package, python: Path, target: Path, echo) -> None:
     if not r.ok or not files:
         shutil.rmtree(out, ignore_errors=True)
         raise UserError(f"cannot fetch the {pkg.name} {pkg.pin} sdist: {r.tail(3)}",
-                        fix=f"set {source_var(pkg.name)} to the sdist's path or URL")
+                        fix=f"set {source_var(pkg.name)} to the sdist's path or URL, or pass "
+                            "--no-builds to `invoke setup` to go on without the kernels")
     shutil.move(files[0], target)
     shutil.rmtree(out, ignore_errors=True)
 
@@ -288,7 +289,8 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
     slot.parent.mkdir(parents=True, exist_ok=True)
     built_in = None
     log = None
-    with _turn(FileLock(str(slot) + ".lock"), pkg.name, echo):  # one builder per key
+    with waiting.exclusive(Path(str(slot) + ".lock"), f"{pkg.name}: another build of this key "
+                           f"is running ({slot}.lock); waiting for it", echo):  # one per key
         wheels = list(slot.glob("*.whl"))
         hit = bool(wheels)
         if not hit:
@@ -336,20 +338,6 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                             f"({log or slot / 'meta.json'}) for skipped extensions")
     return Result(pkg.name, wheel, hit, time.monotonic() - t0, built_in, log,
                   facts["imported"])
-
-
-@contextlib.contextmanager
-def _turn(lock: FileLock, name: str, echo):
-    """Hold the cache key's lock; say so when another node or process is building it."""
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        echo(f"{name}: another build of this key is running ({lock.lock_file}); waiting for it")
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _sweep(key: str) -> None:

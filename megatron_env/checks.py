@@ -46,21 +46,34 @@ def evaluate(profile: Profile, snapshot_dir: Path | None = None) -> list[Finding
         return run_all(collect(Path(tmp), echo=lambda *_: None), profile)
 
 
+class Unparsed(Finding):
+    """A finding about an input that could not be parsed (its type is its kind)."""
+
+
 def run_all(snap: Snapshot, profile: Profile) -> list[Finding]:
-    out = []
+    out: list[Finding] = []
     for check_id, fn in CHECKS:
         try:
             out.append(fn(snap, profile))
         except ParseError as e:
-            out.append(Finding(check_id, "warn", f"could not parse the input: {e}",
-                               fix="re-collect the snapshot with `invoke collect`"))
+            out.append(Unparsed(check_id, "warn", f"could not parse the input: {e}",
+                                fix="re-collect the snapshot with `invoke collect`"))
+    unparsed = [f for f in out if isinstance(f, Unparsed)]
+    if unparsed and all(isinstance(f, Unparsed) or f.status == "skip" for f in out):
+        out.insert(0, Finding("snapshot", "fail",
+                              f"nothing in {snap.path} could be parsed ({len(unparsed)} check(s) "
+                              "found only unrecognisable input)",
+                              [f"{f.id}: {f.summary}" for f in unparsed[:4]],
+                              "collect the snapshot again on the node with "
+                              "`invoke collect --out DIR`"))
     return out
 
 
 def _unparseable(check_id: str, name: str, err: ParseError) -> Finding:
-    return Finding(check_id, "warn", f"{name} could not be parsed: {err}",
-                   evidence=[f"file: {name}"],
-                   fix=f"re-run the command behind {name} on the node, or `invoke collect` again")
+    return Unparsed(check_id, "warn", f"{name} could not be parsed: {err}",
+                    evidence=[f"file: {name}"],
+                    fix=f"re-run the command behind {name} on the node, or `invoke collect` "
+                        "again")
 
 
 def _parsed(snap: Snapshot, cid: str, name: str, parser, missing: str):
@@ -373,6 +386,8 @@ def _ifname_matches(spec: str, names: list[str]) -> list[str]:
 def nccl_env(snap: Snapshot, profile: Profile) -> Finding:
     cid = "nccl.env"
     env = snap.env()
+    if not env and (snap.text("env.txt") or "").strip():
+        return _unparseable(cid, "env.txt", ParseError("no KEY=VALUE line"))
     nccl = {k: v for k, v in env.items() if k.startswith("NCCL_")}
     problems: list[tuple[str, str]] = []
     ifaces_text = snap.text("ip-br-addr.txt")

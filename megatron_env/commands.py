@@ -28,6 +28,11 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
         except KeyboardInterrupt:
             output.error("interrupted")
             return 130
+        except OSError as e:  # the last net: a path the user named cannot be used as asked
+            output.error(f"{e.filename or 'a file'}: {e.strerror or e}",
+                         "check that path (a directory where one is needed, writable, on a "
+                         "disk with space)")
+            return 2
 
     return wrapper
 
@@ -39,6 +44,7 @@ def profiles() -> int:
                    f"torch {p.torch}", f"cuda {p.cuda}", f"megatron {p.megatron['tag']}")
                   for p in items])
     output.summary(f"{len(items)} profiles under envs/; * marks the default")
+    profile.check_default(items)
     return 0
 
 
@@ -70,7 +76,7 @@ def check(profile_name: str | None = None, snapshot_dir: str | None = None,
 @guarded
 def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: bool = False,
           only: str | None = None, start: str | None = None, adopt: str | None = None,
-          no_builds: bool = False, bundle: list[str] | None = None) -> int:
+          no_builds: bool = False, deep: bool = False, bundle: list[str] | None = None) -> int:
     """The whole chain (see megatron_env.pipeline); one summary table at the end."""
     from . import env as env_mod
     from . import pipeline
@@ -80,7 +86,7 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
                            env_mod.default_prefix(prof),
                            adopt=Path(adopt).absolute() if adopt else None,
-                           no_builds=no_builds)
+                           no_builds=no_builds, deep=deep)
     t0 = time.monotonic()
     rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
     if ctx.findings and not only:
@@ -107,19 +113,22 @@ def verify(name: str, args: list[str]) -> int:
 @guarded
 def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str] | None = None,
          python: str | None = None, conda: str | None = None, channels: list[str] | None = None,
-         lookup: str | None = None) -> int:
+         lookup: str | None = None, resolve: bool = False) -> int:
     """Write (or with check=True, verify) the locks of one profile, or of all with check."""
     from . import lock as lock_mod
 
     if check:
         profs = [profile.load(profile_name)] if profile_name else profile.load_all()
         problems = [p for prof in profs for p in lock_mod.stale(prof)]
+        if resolve and not problems:
+            problems = [p for prof in profs for p in lock_mod.resolve_check(prof, python)]
         for p in problems:
             output.result(f"{output.paint('stale')} {p}")
         if problems:
             output.hint("run `invoke lock --profile NAME` and commit the result")
             return 1
-        output.summary(f"fresh locks of {len(profs)} profile(s) match their inputs", "fresh")
+        output.summary(f"fresh locks of {len(profs)} profile(s) match their inputs"
+                       + (" and a new resolution" if resolve else ""), "fresh")
         return 0
     prof = profile.load(profile_name)
     env_file = prof.dir / lock_mod.ENV_FILE
@@ -144,7 +153,7 @@ def lock_diff(base: str | None = None) -> int:
 def env(profile_name: str | None = None, prefix: str | None = None, python: str | None = None,
         adopt: bool = False, install_missing: bool = False, conda: str | None = None,
         use_conda: bool | None = None, find_links: list[str] | None = None,
-        no_index: bool = False, bundle: list[str] | None = None) -> int:
+        no_index: bool = False, deep: bool = False, bundle: list[str] | None = None) -> int:
     """Build (or verify) the profile's environment, or check an adopted one."""
     import sys
 
@@ -164,7 +173,8 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
         output.summary(f"env: the environment {verdict} profile {prof.name}", "matches")
         return 0 if v.ok else 1
     summary = env_mod.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
-                            use_conda=use_conda, find_links=find_links, no_index=no_index)
+                            use_conda=use_conda, find_links=find_links, no_index=no_index,
+                            deep=deep)
     output.summary(f"env {summary.line()}")
     return 0
 

@@ -18,7 +18,6 @@ Three ways in:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -28,21 +27,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import FileLock
-
-from . import REPO_ROOT, digest, lock, output, proc, uv
+from . import REPO_ROOT, digest, lock, manifest, output, proc, recipes, uv, waiting
 from .errors import UserError
 from .probe import probe
 from .profile import Profile
 
 ENV_ROOT = REPO_ROOT / ".megatron-env"
 STAMP = ".megatron-env.json"
+MANIFEST = ".megatron-env-manifest.json"  # every installed file; see megatron_env.manifest
 MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"
 DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: ~5-6 GiB
 # Installed by the venv or conda machinery, not by the lock; never counted as "extra".
 TOOLING = {"pip", "setuptools", "wheel", "uv"}
-# What megatron-env itself installs on top of the lock (`invoke megatron`, editable).
-ON_TOP = {"megatron-core"}
+# What megatron-env itself installs on top of the lock (`invoke megatron`, `invoke build`).
+MEGATRON = "megatron-core"
+ON_TOP = {MEGATRON, *recipes.declared()}
 
 
 
@@ -64,15 +63,34 @@ def read_stamp(prefix: Path) -> dict | None:
 # --- verification ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """One way an environment differs from its profile and lock. Callers decide by `kind`
+    (missing, version, extra: the lock's packages; python, torch, torch-cuda, torch-import,
+    nccl: the stack itself), never by the wording of `text`."""
+
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+STACK = {"python", "torch", "torch-cuda", "torch-import"}  # what an adopted env must match
+
+
 @dataclass
 class Verification:
     facts: dict
-    differences: list[str] = field(default_factory=list)
+    differences: list[Mismatch] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.differences
+
+    def text(self, kinds: set[str] | None = None) -> str:
+        return "; ".join(d.text for d in self.differences if kinds is None or d.kind in kinds)
 
 
 def _names(items: list[str], most: int = 12) -> str:
@@ -91,33 +109,36 @@ def verify(python: Path | str, profile: Profile, lockfile: Path,
     pins = lock.parse_lock(lockfile.read_text())
     have = facts["dists"]
     v = Verification(facts)
+
+    def differ(kind: str, text: str) -> None:
+        v.differences.append(Mismatch(kind, text))
+
     v.missing = sorted(n for n in pins if n not in have)
     if v.missing:
-        v.differences.append(f"missing from the environment: {_names(v.missing)}")
+        differ("missing", f"missing from the environment: {_names(v.missing)}")
     wrong = [f"{n} {have[n]} (lock {pins[n]})" for n in sorted(pins)
              if n in have and have[n] != pins[n]]
     if wrong:
-        v.differences.append(f"{len(wrong)} other versions than the lock: {_names(wrong)}")
+        differ("version", f"{len(wrong)} other versions than the lock: {_names(wrong)}")
     extra = sorted(n for n in have if n not in pins and n not in TOOLING | ON_TOP)
     if extra:
-        v.differences.append(f"{len(extra)} not in the lock: {_names(extra)}")
+        differ("extra", f"{len(extra)} not in the lock: {_names(extra)}")
     if not facts["python"].startswith(profile.python + "."):
-        v.differences.append(f"Python {facts['python']}, profile wants {profile.python}")
+        differ("python", f"Python {facts['python']}, profile wants {profile.python}")
     torch = facts.get("torch")
     if quick:
         return v
     if torch is None:
-        v.differences.append("torch does not import: " + "; ".join(facts["errors"]))
-    else:
-        if torch.split("+")[0] != profile.torch:
-            v.differences.append(f"torch {torch}, profile wants {profile.torch}")
-        if facts.get("torch_cuda") != profile.cuda:
-            v.differences.append(f"torch.version.cuda is {facts.get('torch_cuda')}, "
-                                 f"profile wants {profile.cuda}")
-        nccl_pin = next((ver for n, ver in pins.items() if n.startswith("nvidia-nccl-")), None)
-        if nccl_pin and facts.get("nccl") and facts["nccl"] != nccl_pin:
-            v.differences.append(f"torch.cuda.nccl.version() is {facts['nccl']}, lock has "
-                                 f"{nccl_pin}")
+        differ("torch-import", "torch does not import: " + "; ".join(facts["errors"]))
+        return v
+    if torch.split("+")[0] != profile.torch:
+        differ("torch", f"torch {torch}, profile wants {profile.torch}")
+    if facts.get("torch_cuda") != profile.cuda:
+        differ("torch-cuda", f"torch.version.cuda is {facts.get('torch_cuda')}, profile wants "
+                             f"{profile.cuda}")
+    nccl_pin = next((ver for n, ver in pins.items() if n.startswith("nvidia-nccl-")), None)
+    if nccl_pin and facts.get("nccl") and facts["nccl"] != nccl_pin:
+        differ("nccl", f"torch.cuda.nccl.version() is {facts['nccl']}, lock has {nccl_pin}")
     return v
 
 
@@ -129,30 +150,37 @@ class Summary:
     profile: str
     prefix: Path
     mode: str
-    action: str  # "built", "up to date", "adopted"
+    action: str  # "built", "up to date", "repaired", "verified"
     seconds: float
     facts: dict
+    size: int = 0  # bytes installed, from the manifest (walking 20,000 files costs seconds)
 
     def line(self) -> str:
         f = self.facts
-        size = dir_size(self.prefix) if self.mode != "adopt" else 0
+        size = self.size
         return (f"{self.profile}: {self.action} at {self.prefix} ({self.mode}); Python "
                 f"{f.get('python')}, torch {f.get('torch')}, CUDA {f.get('torch_cuda')}, "
                 f"NCCL {f.get('nccl', '?')}, {len(f.get('dists', {}))} packages"
                 + (f", {size / 2**30:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
 
 
-def dir_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path.resolve()):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_size
-    return total
+def min_free_gb() -> float:
+    raw = os.environ.get(MIN_FREE_ENV)
+    if raw is None:
+        return DEFAULT_MIN_FREE_GB
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise UserError(f"{MIN_FREE_ENV}={raw!r} is not a number of GiB",
+                        fix=f"set {MIN_FREE_ENV} to a number such as {DEFAULT_MIN_FREE_GB:g}, "
+                            "or unset it")
+    return value
 
 
 def check_free_space(where: Path, echo=output.status) -> None:
-    need_gb = float(os.environ.get(MIN_FREE_ENV, DEFAULT_MIN_FREE_GB))
+    need_gb = min_free_gb()
     free_gb = shutil.disk_usage(where).free / 2**30
     if free_gb < need_gb:
         raise UserError(
@@ -162,9 +190,11 @@ def check_free_space(where: Path, echo=output.status) -> None:
 
 
 def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: bool,
-                log: Path) -> None:
+                log: Path, extra: tuple[str, ...] | list[str] = ()) -> None:
+    # --link-mode copy: an environment never shares an inode with uv's cache, so a file edited
+    # in place in one environment cannot change the cache and, through it, the next environment
     argv = [uv.exe(), "pip", "install", "--python", python, "--require-hashes",
-            "--no-deps", "-r", lockfile]
+            "--no-deps", "--link-mode", "copy", "-r", lockfile, *extra]
     for f in find_links:
         argv += ["--find-links", f]
     if no_index:
@@ -180,11 +210,31 @@ def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: b
                             f"original files; full log: {log}")
 
 
+def _refuse(prefix: Path, profile: Profile) -> None:
+    """Refuse a prefix that is not (or not yet) this profile's environment, before any write."""
+    if prefix.exists() and not prefix.is_dir():
+        raise UserError(f"{prefix} is a file, not an environment directory",
+                        fix="choose another --prefix, or remove the file")
+    current = read_stamp(prefix) if prefix.exists() else None
+    foreign = prefix.exists() and not prefix.is_symlink() and any(prefix.iterdir())
+    if foreign and current is None:
+        raise UserError(f"{prefix} exists and is not an environment made by megatron-env",
+                        fix="choose another --prefix, or remove it")
+    if current and current.get("profile") != profile.name:
+        raise UserError(f"{prefix} holds the environment of profile "
+                        f"{current.get('profile')}, not {profile.name}",
+                        fix="pass another --prefix for this profile")
+
+
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
           conda: str | None = None, use_conda: bool | None = None,
-          find_links: list[str] | None = None, no_index: bool = False,
+          find_links: list[str] | None = None, no_index: bool = False, deep: bool = False,
           echo=output.status) -> Summary:
-    """Create or verify the profile's environment at `prefix` (see the module docstring)."""
+    """Create, check or repair the profile's environment at `prefix` (see the module docstring).
+
+    deep: re-hash every installed file against its RECORD and import torch, instead of the
+    stat-only check of the manifest.
+    """
     t0 = time.monotonic()
     prefix = Path(prefix or default_prefix(profile)).absolute()
     lockfile = profile.dir / lock.LOCK_FILE
@@ -192,49 +242,159 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
         raise UserError(f"{lockfile} does not exist",
                         fix=f"run `invoke lock --profile {profile.name}`")
     wanted = digest.of_file(lockfile)
+    min_free_gb()  # a bad value is reported before anything is written
+    _refuse(prefix, profile)
     store = prefix.with_name(prefix.name + ".d")
-    store.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(store / ".lock")):
-        current = read_stamp(prefix) if prefix.exists() else None
-        foreign = prefix.exists() and not prefix.is_symlink() and any(prefix.iterdir())
-        if foreign and current is None:
-            raise UserError(f"{prefix} exists and is not an environment made by megatron-env",
-                            fix="choose another --prefix, or remove it")
-        if current and current.get("profile") != profile.name:
-            raise UserError(f"{prefix} holds the environment of profile "
-                            f"{current.get('profile')}, not {profile.name}",
-                            fix="pass another --prefix for this profile")
-        if current and current.get("lock_digest") == wanted:
-            v = verify(python_of(prefix), profile, lockfile, quick=True)
-            if v.ok:
-                return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date",
-                               time.monotonic() - t0, v.facts)
-            echo(f"{prefix} no longer matches its lock ({'; '.join(v.differences)}); rebuilding")
-        check_free_space(store, echo)
-        keep = prefix.resolve() if prefix.is_symlink() else None
-        for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
-            if leftover.is_dir() and leftover != keep:
-                shutil.rmtree(leftover, ignore_errors=True)
-            elif leftover.name.startswith(".link-"):
-                leftover.unlink(missing_ok=True)
-        target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
-        mode = _create(profile, target, lockfile, python=python, conda=conda,
-                       use_conda=use_conda, find_links=find_links or [], no_index=no_index,
-                       echo=echo)
+    made_store = not store.exists()
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {store}: {e.strerror}",
+                        fix="choose a writable --prefix") from None
+    sources = Sources(find_links or [], no_index)
+    try:
+        with waiting.exclusive(store / ".lock", f"waiting: another run is working on {prefix} "
+                               f"(it holds {store / '.lock'})", echo):
+            _refuse(prefix, profile)
+            current = read_stamp(prefix) if prefix.exists() else None
+            if current and current.get("lock_digest") == wanted:
+                s = _warm(profile, prefix, lockfile, current, sources, deep, echo)
+                if s is not None:
+                    s.seconds = time.monotonic() - t0
+                    return s
+            check_free_space(store, echo)
+            return _cold(profile, prefix, store, lockfile, wanted, sources, t0, echo,
+                         python=python, conda=conda, use_conda=use_conda)
+    except UserError:
+        if made_store and not any(d.is_dir() for d in store.iterdir()):
+            shutil.rmtree(store, ignore_errors=True)  # a refused first run leaves nothing
+        raise
+
+
+@dataclass
+class Sources:
+    """Where packages come from (for a build and for a repair alike)."""
+
+    find_links: list[str]
+    no_index: bool
+
+
+def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: str,
+          sources: Sources, t0: float, echo, **how) -> Summary:
+    keep = prefix.resolve() if prefix.is_symlink() else None
+    for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
+        if leftover.is_dir() and leftover != keep:
+            shutil.rmtree(leftover, ignore_errors=True)
+        elif leftover.name.startswith(".link-"):
+            leftover.unlink(missing_ok=True)
+    target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
+    mode = _create(profile, target, lockfile, find_links=sources.find_links,
+                   no_index=sources.no_index, echo=echo, **how)
+    try:
+        facts = probe(python_of(target), torch=False)
+        bad = manifest.hash_check(manifest.scan(facts["sites"]))
+        if bad:  # the wheels' hashes were checked: what differs came out of uv's cache
+            echo("installed files differ from the RECORD their wheels ship (a corrupt uv cache "
+                 "entry):")
+            for line in manifest.summarize(bad):
+                echo(f"  {line}")
+            repair(python_of(target), lockfile, manifest.packages(bad), sources, echo)
         v = verify(python_of(target), profile, lockfile)
-        if not v.ok:
-            shutil.rmtree(target, ignore_errors=True)
-            raise UserError("the new environment does not match the lock: "
-                            + "; ".join(v.differences) + ". The previous one is unchanged.",
-                            fix="re-run `invoke lock`, then `invoke env`")
-        (target / STAMP).write_text(json.dumps(
-            {"profile": profile.name, "lock_digest": wanted, "mode": mode,
-             "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-             "python": v.facts["python"], "torch": v.facts.get("torch")}, indent=2) + "\n")
-        _switch(prefix, target)
-        if keep and keep != target and keep.parent == store:
-            shutil.rmtree(keep, ignore_errors=True)
-        return Summary(profile.name, prefix, mode, "built", time.monotonic() - t0, v.facts)
+    except UserError:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    if not v.ok:
+        shutil.rmtree(target, ignore_errors=True)
+        raise UserError("the new environment does not match the lock: "
+                        + v.text() + ". The previous one is unchanged.",
+                        fix="re-run `invoke lock`, then `invoke env`")
+    m = _record(target, profile, wanted, mode, v.facts)
+    _switch(prefix, target)
+    if keep and keep != target and keep.parent == store:
+        shutil.rmtree(keep, ignore_errors=True)
+    return Summary(profile.name, prefix, mode, "built", time.monotonic() - t0, v.facts,
+                   m["bytes"])
+
+
+def _record(target: Path, profile: Profile, lock_digest: str, mode: str,
+            facts: dict) -> dict:
+    """Write the manifest of a verified environment, then its stamp (which names the manifest)."""
+    m = manifest.scan(facts["sites"])
+    manifest_digest = manifest.save(m, target / MANIFEST)
+    (target / STAMP).write_text(json.dumps(
+        {"profile": profile.name, "lock_digest": lock_digest, "mode": mode,
+         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+         "python": facts["python"], "torch": facts.get("torch"),
+         "manifest": manifest_digest, "facts": facts}, indent=2) + "\n")
+    return m
+
+
+def changes(prefix: Path) -> list[manifest.Difference] | None:
+    """What changed in the environment since its build, by stat alone (None: no manifest)."""
+    m = manifest.load(prefix / MANIFEST)
+    return None if m is None else manifest.stat_check(m, ignore_extra=TOOLING | ON_TOP)
+
+
+def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources: Sources,
+          deep: bool, echo) -> Summary | None:
+    """Check an environment built from this very lock; repair what changed. None: rebuild it."""
+    python = python_of(prefix.resolve())  # the manifest names files by their real paths
+    m = manifest.load(prefix / MANIFEST)
+    diffs: list[manifest.Difference] = []
+    if m is not None:
+        diffs = changes(prefix) or []
+        extra = [d for d in diffs if d.kind == "extra"]
+        if extra:
+            echo(f"{prefix} has packages its lock does not: "
+                 f"{_names(manifest.packages(extra))}; rebuilding")
+            return None
+        if deep:
+            seen = {d.file for d in diffs}
+            diffs += [d for d in manifest.hash_check(m) if d.file not in seen]
+        if not diffs and not deep:
+            return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date", 0.0,
+                           current.get("facts") or {}, m["bytes"])
+    if diffs:
+        echo(f"{prefix} differs from what its build installed:")
+        for line in manifest.summarize(diffs):
+            echo(f"  {line}")
+        repair(python, lockfile, manifest.packages(diffs), sources, echo)
+    v = verify(python, profile, lockfile)
+    if not v.ok:
+        echo(f"{prefix} no longer matches its lock ({v.text()}); rebuilding")
+        return None
+    m = _record(prefix.resolve(), profile, current["lock_digest"], current.get("mode", "uv"),
+                v.facts)
+    return Summary(profile.name, prefix, current.get("mode", "uv"),
+                   "repaired" if diffs else "verified", 0.0, v.facts, m["bytes"])
+
+
+def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, echo) -> None:
+    """Reinstall `names` from the lock, with uv's cache entries of them refreshed from the
+    package source (an entry edited in place would otherwise be installed again), then prove
+    every reinstalled file against its wheel's RECORD."""
+    pins = lock.parse_lock(lockfile.read_text())
+    outside = [n for n in names if n not in pins]
+    if outside:
+        raise UserError(f"{', '.join(outside)} changed, and the lock does not install "
+                        f"{'it' if len(outside) == 1 else 'them'}",
+                        fix="re-run the step that installed it: " + ", ".join(
+                            "`invoke megatron`" if n == MEGATRON else f"`invoke build {n}`"
+                            for n in outside))
+    echo(f"repairing {', '.join(names)}: reinstalling from {lockfile.name}, uv's cache entry "
+         "refreshed")
+    extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
+    with tempfile.TemporaryDirectory() as tmp:
+        subset = Path(tmp) / "repair.txt"
+        subset.write_text(lock.subset(lockfile.read_text(), set(names)))
+        _uv_install(python, subset, sources.find_links, sources.no_index, Path(tmp) / "uv.log",
+                    extra)
+    bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
+    if bad:
+        raise UserError("reinstalling from the lock still gives files that differ from their "
+                        "wheel's RECORD: " + "; ".join(manifest.summarize(bad)),
+                        fix=f"run `uv cache clean {' '.join(names)}` and check the package "
+                            "source (index, mirror or --find-links)")
 
 
 def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
@@ -297,19 +457,9 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
     lockfile = profile.dir / lock.LOCK_FILE
     v = verify(exe, profile, lockfile)
     if install_missing and v.missing:
-        text = lockfile.read_text()
-        keep = set(v.missing)
-        blocks = [b for b in text.split("\n") if b]
-        chosen, take = [], False
-        for line in blocks:
-            if not line.startswith((" ", "#")):
-                name = line.split("==")[0].lower().replace("_", "-")
-                take = name in keep
-            if take:
-                chosen.append(line)
         with tempfile.TemporaryDirectory() as tmp:
             subset = Path(tmp) / "missing.txt"
-            subset.write_text("\n".join(chosen) + "\n")
+            subset.write_text(lock.subset(lockfile.read_text(), set(v.missing)))
             _uv_install(Path(exe), subset, find_links or [], no_index, Path(tmp) / "uv.log")
         v = verify(exe, profile, lockfile)
     return v

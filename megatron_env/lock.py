@@ -4,7 +4,9 @@ The lock is uv's hashed requirements format, not uv.lock: it names no index, so 
 installs from PyPI, a mirror or a local wheelhouse chosen at install time, while the hashes pin
 every byte. Its header records a digest of the inputs it was made from (the profile's pip-relevant
 pins and the constraints derived from them), so `invoke lock --check` can tell a stale lock from
-a fresh one without the network.
+a fresh one without the network; and a digest of its body, with a short digest per package in
+its footer (the seal), so a pin or a hash edited by hand fails the same check, naming the
+package. `invoke lock --check --resolve` goes further: it resolves again and compares.
 
 Derived, never written by hand:
 - the requirements: torch from [torch], the rest from [requirements];
@@ -35,6 +37,8 @@ PLATFORM = "x86_64-manylinux_2_28"
 # Packages whose version is the CUDA toolkit's own version (12.1.105 for CUDA 12.1).
 CUDA_VERSIONED = ["cuda-runtime", "cuda-nvrtc", "cuda-cupti", "nvjitlink", "nvtx", "cuda-nvcc"]
 _DIGEST = re.compile(r"^# inputs-digest: (sha256:[0-9a-f]{64})$", re.M)
+_BODY_DIGEST = re.compile(r"^# body-digest: (sha256:[0-9a-f]{64})$", re.M)
+_SEALED = re.compile(r"^# sealed (\S+)==(\S+) ([0-9a-f]{16})$", re.M)
 
 
 def requirements(profile: Profile) -> list[str]:
@@ -68,13 +72,86 @@ def inputs_digest(profile: Profile) -> str:
     return digest.of(doc)
 
 
-def header(profile: Profile) -> str:
+def header(profile: Profile, body: str) -> str:
     return (f"# megatron-env lock for profile {profile.name}: Python {profile.python}, "
             f"linux x86_64 ({PLATFORM}).\n"
             f"# Regenerate with `invoke lock --profile {profile.name}`; do not edit by hand.\n"
             f"# Install from any index or wheelhouse with hashes required, e.g.\n"
             f"#   uv pip install --require-hashes -r {LOCK_FILE}\n"
-            f"# inputs-digest: {inputs_digest(profile)}\n")
+            f"# inputs-digest: {inputs_digest(profile)}\n"
+            f"# body-digest: {body_digest(blocks(body))}\n")
+
+
+# --- the seal: what the body held when `invoke lock` wrote it ------------------------------
+
+
+def blocks(text: str) -> dict[str, str]:
+    """name -> its block (the pin line and its --hash lines, whitespace normalized)."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if not line.startswith(" "):
+            name = line.split("==")[0].strip().lower().replace("_", "-")
+            out[name] = []
+        if name is not None:
+            out[name].append(" ".join(line.replace("\\", " ").split()))
+    return {n: "\n".join(lines) for n, lines in out.items()}
+
+
+def _block_digest(block: str) -> str:
+    return digest.hexpart(digest.of_bytes(block.encode()), 16)
+
+
+def body_digest(bs: dict[str, str]) -> str:
+    text = "".join(f"{n} {_block_digest(b)}\n" for n, b in sorted(bs.items()))
+    return digest.of_bytes(text.encode())
+
+
+def footer(body: str) -> str:
+    pins = parse_lock(body)
+    return ("# The seal: one digest per package, so `invoke lock --check` names a hand edit.\n"
+            + "".join(f"# sealed {n}=={pins[n]} {_block_digest(b)}\n"
+                      for n, b in sorted(blocks(body).items())))
+
+
+def seal(profile: Profile, body: str) -> str:
+    """The lock file: header (inputs and body digests), the body uv wrote, the seal."""
+    body = body.split("\n# The seal:")[0].rstrip("\n") + "\n"
+    return header(profile, body) + body + footer(body)
+
+
+def compare(have: dict[str, str], ref: dict[str, str]) -> list[tuple[str, str]]:
+    """(name, kind) for each package of two {name: block} maps that differs: kind "only-have",
+    "only-ref" or "changed"."""
+    out = []
+    for name in sorted(set(have) | set(ref)):
+        kind = ("only-have" if name not in ref else "only-ref" if name not in have
+                else "changed" if have[name] != ref[name] else None)
+        if kind:
+            out.append((name, kind))
+    return out
+
+
+def hand_edits(path: Path) -> list[str]:
+    """Packages whose pin or hashes differ from what the lock's seal recorded (empty: none)."""
+    text = path.read_text()
+    got = blocks(text)
+    sealed = {m.group(1): (m.group(2), m.group(3)) for m in _SEALED.finditer(text)}
+    recorded = _BODY_DIGEST.search(text)
+    if not sealed or recorded is None:
+        return [f"{path}: has no seal (body-digest and sealed lines): made by an older "
+                "`invoke lock` or edited by hand"]
+    what = {"only-have": "added by hand (not in the lock's seal)",
+            "only-ref": "removed by hand (sealed as {pin})",
+            "changed": "pin or --hash edited by hand (sealed as {pin})"}
+    now = {n: _block_digest(b) for n, b in got.items()}
+    out = [f"{path}: {name}: " + what[kind].format(pin=f"{name}=={sealed[name][0]}")
+           for name, kind in compare(now, {n: d for n, (_v, d) in sealed.items()})]
+    if not out and recorded.group(1) != body_digest(got):
+        out.append(f"{path}: body-digest does not match its body: the seal was edited by hand")
+    return out
 
 
 # --- finding an interpreter ------------------------------------------------------------------
@@ -123,19 +200,18 @@ class LockResult:
     packages: int
 
 
-def compile_lock(profile: Profile, *, python: str | None = None,
-                 upgrade: list[str] | None = None, echo=output.status) -> LockResult:
-    """Resolve the profile into envs/<name>/requirements.lock (kept pins stay unless upgraded)."""
-    exe, where = find_python(profile.python, python)
-    echo(f"Resolving {profile.name} for Python {profile.python} with {exe} (found on {where})")
-    target = profile.dir / LOCK_FILE
+def _resolve(profile: Profile, exe: str, seed: Path | None,
+             upgrade: list[str] | None = None, pinned: dict[str, str] | None = None) -> str:
+    """uv's hashed resolution of the profile (the pins of `seed`, a lock, kept unless upgraded;
+    `pinned` versions as constraints: their hashes then come from the index, not from a seed)."""
     with tempfile.TemporaryDirectory(prefix="megatron-env-lock-") as tmp:
         t = Path(tmp)
         (t / "requirements.in").write_text("\n".join(requirements(profile)) + "\n")
-        (t / "constraints.txt").write_text("\n".join(constraints(profile)) + "\n")
+        extra = [f"{n}=={v}" for n, v in sorted((pinned or {}).items())]
+        (t / "constraints.txt").write_text("\n".join(constraints(profile) + extra) + "\n")
         out = t / LOCK_FILE
-        if target.exists():  # uv keeps the pins of an existing output file
-            shutil.copy(target, out)
+        if seed is not None and seed.exists():  # uv keeps the pins of an existing output file
+            shutil.copy(seed, out)
         argv = [uv.exe(), "pip", "compile", t / "requirements.in", "-c", t / "constraints.txt",
                 "--generate-hashes", "--no-header", "--python", exe,
                 "--python-version", profile.python, "--python-platform", PLATFORM,
@@ -147,11 +223,43 @@ def compile_lock(profile: Profile, *, python: str | None = None,
             raise UserError(f"uv could not resolve profile {profile.name}:\n{r.tail(15)}",
                             fix="check the pins in the profile; for an unreachable index set "
                                 "UV_INDEX_URL / UV_DEFAULT_INDEX to a mirror")
-        body = out.read_text()
+        return out.read_text()
+
+
+def compile_lock(profile: Profile, *, python: str | None = None,
+                 upgrade: list[str] | None = None, echo=output.status) -> LockResult:
+    """Resolve the profile into envs/<name>/requirements.lock (kept pins stay unless upgraded)."""
+    exe, where = find_python(profile.python, python)
+    echo(f"Resolving {profile.name} for Python {profile.python} with {exe} (found on {where})")
+    target = profile.dir / LOCK_FILE
+    body = _resolve(profile, exe, target, upgrade)
     tmp_target = target.with_suffix(".lock.tmp")
-    tmp_target.write_text(header(profile) + body)
+    tmp_target.write_text(seal(profile, body))
     os.replace(tmp_target, target)  # a reader never sees half a lock
     return LockResult(target, exe, where, len(parse_lock(target.read_text())))
+
+
+def resolve_check(profile: Profile, python: str | None = None,
+                  echo=output.status) -> list[str]:
+    """Resolve again (network) with the committed lock's versions as constraints; every
+    difference named. So a new release upstream is no difference; a pin that no longer
+    satisfies the profile, or a hash the index does not serve, is."""
+    path = profile.dir / LOCK_FILE
+    exe, _ = find_python(profile.python, python)
+    echo(f"Resolving {profile.name} again with {exe} to compare with {path.name}")
+    fresh = blocks(_resolve(profile, exe, None, pinned=parse_lock(path.read_text())))
+    have = blocks(path.read_text())
+    out = []
+    for name, kind in compare(have, fresh):
+        if kind == "only-ref":
+            out.append(f"{path}: {name}: missing (a resolution now includes it)")
+        elif kind == "only-have":
+            out.append(f"{path}: {name}: not part of a resolution of the profile")
+        else:
+            a, b = fresh[name].splitlines()[0], have[name].splitlines()[0]
+            out.append(f"{path}: {name}: " + (f"pinned {b}, a resolution gives {a}" if a != b
+                                              else "its hashes differ from the index's files"))
+    return out
 
 
 # Every wheel tag a glibc 2.28 x86_64 system runs (PLATFORM): pip takes --platform literally, and
@@ -176,15 +284,8 @@ def download_wheels(lockfile: Path, dest: Path, python: str, on_line=None) -> pr
 
 def parse_hashes(text: str) -> dict[str, set[str]]:
     """name -> the sha256 digests the lock allows for it (one per file: wheels, sdist)."""
-    out: dict[str, set[str]] = {}
-    name = None
-    for line in text.splitlines():
-        if m := re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", line):
-            name = m.group(1).lower().replace("_", "-")
-            out.setdefault(name, set())
-        if name:
-            out[name].update(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
-    return out
+    return {n: set(re.findall(r"--hash=sha256:([0-9a-f]{64})", b))
+            for n, b in blocks(text).items()}
 
 
 def parse_lock(text: str) -> dict[str, str]:
@@ -193,6 +294,17 @@ def parse_lock(text: str) -> dict[str, str]:
     for m in re.finditer(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", text, re.M):
         out[m.group(1).lower().replace("_", "-")] = m.group(2)
     return out
+
+
+def subset(text: str, names: set[str]) -> str:
+    """The blocks (pin line and its --hash lines) of the packages `names`, as a lock of its own."""
+    chosen, take = [], False
+    for line in text.splitlines():
+        if line and not line.startswith((" ", "#")):
+            take = line.split("==")[0].lower().replace("_", "-") in names
+        if take and line:
+            chosen.append(line)
+    return "\n".join(chosen) + "\n"
 
 
 def recorded_digest(path: Path) -> str | None:
@@ -211,6 +323,8 @@ def stale(profile: Profile) -> list[str]:
         problems.append(f"{lock}: missing or has no inputs-digest line")
     elif got != inputs_digest(profile):
         problems.append(f"{lock}: made from other inputs than {profile.path} now holds")
+    else:
+        problems += hand_edits(lock)
     env = profile.dir / ENV_FILE
     if not env.exists() or env.read_text() != environment_yml(profile):
         problems.append(f"{env}: differs from what {profile.path} generates")

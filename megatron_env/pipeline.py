@@ -8,8 +8,10 @@ input digests and findings, before anything runs; `execute` carries the decision
 `--dry-run` prints them. Each step has an input digest (its own inputs plus the digest of the
 step before it), so a changed pin re-runs the steps downstream of it and nothing else. A step
 that succeeded writes a stamp with its digest; on the next run a stamped step is only verified
-(seconds). A failed step stops the chain with its message, log tail and hint; the next run
-resumes there. Steps that need
+(seconds); a re-check that finds a reason (the environment's manifest names a changed file) runs
+the step again, and a stamped step whose inputs that run changed (the verify step names the
+manifest a repair rewrote) runs too. A failed step stops the chain with its message, log tail
+and hint; the next run resumes there. Steps that need
 what this machine lacks (a GPU, the profile's CUDA toolkit) or that this version does not have
 yet are reported as skipped with the reason.
 """
@@ -23,9 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from filelock import FileLock
-
-from . import build, checks, digest, env, lock, megatron, output, patches, report
+from . import build, checks, digest, env, lock, manifest, megatron, output, patches, report, waiting
 from .errors import UserError
 from .findings import Finding
 from .profile import Profile
@@ -42,6 +42,7 @@ class Context:
     snapshot_dir: Path | None = None
     adopt: Path | None = None  # an existing interpreter to use instead of building one
     no_builds: bool = False  # leave the kernel builds out (reported as skipped)
+    deep: bool = False  # re-hash every installed file and import again (--verify-deep)
 
     @property
     def stamps(self) -> Path:
@@ -90,7 +91,7 @@ def _lock_run(ctx: Context) -> str:
 def _env_run(ctx: Context) -> str:
     if ctx.adopt:
         return _adopt(ctx)
-    s = env.build(ctx.profile, ctx.prefix, echo=ctx.echo)
+    s = env.build(ctx.profile, ctx.prefix, deep=ctx.deep, echo=ctx.echo)
     return f"{s.action}: Python {s.facts['python']}, torch {s.facts.get('torch')}, CUDA " \
            f"{s.facts.get('torch_cuda')}, {len(s.facts['dists'])} packages"
 
@@ -100,13 +101,11 @@ def _adopt(ctx: Context) -> str:
     from the lock (an NGC container has its own), and each difference is listed."""
     v = env.verify(ctx.adopt, ctx.profile, ctx.profile.dir / lock.LOCK_FILE)
     f = v.facts
-    fatal = [d for d in v.differences if d.startswith(("Python ", "torch "))]
-    if fatal:
-        raise UserError(f"{ctx.adopt} cannot serve profile {ctx.profile.name}: "
-                        + "; ".join(fatal),
+    if fatal := v.text(env.STACK):
+        raise UserError(f"{ctx.adopt} cannot serve profile {ctx.profile.name}: {fatal}",
                         fix="adopt an environment with the profile's Python, torch and CUDA, "
                             "or build one (without --adopt)")
-    others = "; ".join(v.differences) or "none"
+    others = v.text() or "none"
     return (f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, CUDA "
             f"{f.get('torch_cuda')}, NCCL {f.get('nccl')}, cuDNN {f.get('cudnn')}; "
             f"other differences from the lock: {others}")
@@ -116,13 +115,17 @@ def _env_inputs(ctx: Context) -> str:
     return _digest(digest.of_file(ctx.profile.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
 
 
-def _env_verify(ctx: Context) -> None:
+def _env_verify(ctx: Context) -> str | None:
+    """The manifest's stat check: why the env step must run again (it then repairs what changed
+    from the lock), or None when every installed file is as the build left it."""
     if ctx.adopt:
-        return
-    v = env.verify(ctx.python, ctx.profile, ctx.profile.dir / lock.LOCK_FILE, quick=True)
-    if not v.ok:
-        raise UserError("the environment no longer matches its lock: " + "; ".join(v.differences),
-                        fix=f"run `invoke env --profile {ctx.profile.name}`")
+        return None
+    if ctx.deep:
+        return "--verify-deep given"
+    diffs = env.changes(ctx.prefix)
+    if diffs is None:
+        return "the environment has no manifest yet"
+    return f"changed since its build: {'; '.join(manifest.summarize(diffs))}" if diffs else None
 
 
 def _no_gpu_or_toolkit(ctx: Context) -> str | None:
@@ -198,8 +201,41 @@ def _megatron_run(ctx: Context) -> str:
            f"{n} patch(es), installed editable with its dataset helpers"
 
 
+ADOPTED_MANIFEST = "adopted-manifest.json"
+
+
+def _verify_inputs(ctx: Context) -> str:
+    """What the imports were proven for: the built environment's manifest (a repair writes a new
+    one), or the adopted interpreter (whose own manifest `_verify_again` checks)."""
+    if ctx.adopt:
+        return _digest(str(ctx.adopt))
+    return _digest((env.read_stamp(ctx.prefix) or {}).get("manifest", ""))
+
+
+def _verify_again(ctx: Context) -> str | None:
+    """Why the imports must be proven again (None: nothing changed since they were)."""
+    if ctx.deep:
+        return "--verify-deep given"
+    if not ctx.adopt:
+        return None  # the env step has checked the manifest that this step's digest names
+    m = manifest.load(ctx.stamps / ADOPTED_MANIFEST)
+    if m is None:
+        return "no manifest of the adopted environment"
+    diffs = manifest.stat_check(m)
+    return ("the adopted environment changed: " + "; ".join(manifest.summarize(diffs))
+            if diffs else None)
+
+
 def _verify_run(ctx: Context) -> str:
     facts = megatron.check_import(ctx.python)
+    if ctx.adopt:
+        if ctx.deep and (m := manifest.load(ctx.stamps / ADOPTED_MANIFEST)):
+            bad = manifest.hash_check(m)
+            if bad:
+                raise UserError(f"files of {ctx.adopt}'s environment differ from their wheels' "
+                                "RECORD: " + "; ".join(manifest.summarize(bad)),
+                                fix="reinstall those packages in the adopted environment")
+        manifest.save(manifest.scan(facts["sites"]), ctx.stamps / ADOPTED_MANIFEST)
     where = Path(facts["imported"]["megatron.core"]).parent.parent.parent.name
     return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
            f"megatron.core from {where} and its dataset helpers: ok"
@@ -211,7 +247,8 @@ class Step:
     run: Callable[[Context], str]
     inputs: Callable[[Context], str] | None = None  # None: always runs (cheap, host state)
     skip: Callable[[Context], str | None] | None = None
-    verify: Callable[[Context], object] | None = None  # quick re-check of a stamped step
+    # quick re-check of a stamped step: raises when broken; a returned text says why it runs again
+    verify: Callable[[Context], str | None] | None = None
 
 
 def steps() -> list[Step]:
@@ -224,7 +261,7 @@ def steps() -> list[Step]:
         Step("builds", _builds_run, _builds_inputs, skip=_builds_skip),
         Step("megatron", _megatron_run, _megatron_inputs,
              verify=lambda c: megatron.check_installed(c.python, c.profile)),
-        Step("verify", _verify_run),
+        Step("verify", _verify_run, _verify_inputs, verify=_verify_again),
     ]
 
 
@@ -243,6 +280,7 @@ class Decision:
     action: str  # run, verify (stamped: quick re-check only), skip, unchosen
     digest: str | None  # the step's input digest (None: no inputs, runs every time)
     why: str
+    upstream: str = ""  # the chain's digest before this step (its digest is (upstream, inputs))
 
 
 def decide(ctx: Context, chosen: list[str]) -> list[Decision]:
@@ -263,15 +301,16 @@ def decide(ctx: Context, chosen: list[str]) -> list[Decision]:
         if reason:
             out.append(Decision(step, "skip", None, reason))
             continue
+        before = upstream
         d = _digest(upstream, step.inputs(ctx)) if step.inputs else None
         upstream = _digest(upstream, d or "")
         if d is None:
             out.append(Decision(step, "run", None, "runs every time (host state)"))
         elif stamp is not None and stamp["digest"] == d:
-            out.append(Decision(step, "verify", d, stamp.get("detail", "")))
+            out.append(Decision(step, "verify", d, stamp.get("detail", ""), before))
         else:
             why = "no stamp" if stamp is None else "its inputs changed"
-            out.append(Decision(step, "run", d, why))
+            out.append(Decision(step, "run", d, why, before))
     return out
 
 
@@ -291,16 +330,22 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
             continue
         t0 = time.monotonic()
         try:
+            # an earlier step of this run may have made this one's inputs (the env step writes
+            # the manifest the verify step names; a repair rewrites it): the stamp records
+            # them as they are now, and a stamped step whose inputs changed runs
+            now = _digest(d.upstream, d.step.inputs(ctx)) if d.step.inputs else None
             if d.action == "verify":
-                if d.step.verify:
-                    d.step.verify(ctx)
-                rows.append(Row(name, "up to date", time.monotonic() - t0, d.why))
-                continue
+                again = ("its inputs changed during this run" if now != d.digest
+                         else d.step.verify(ctx) if d.step.verify else None)
+                if not again:
+                    rows.append(Row(name, "up to date", time.monotonic() - t0, d.why))
+                    continue
+                ctx.echo(f"{name}: {again}; running it again")
             detail = d.step.run(ctx)
             rows.append(Row(name, "done", time.monotonic() - t0, detail))
-            if d.digest is not None:
+            if now is not None:
                 (ctx.stamps / f"{name}.json").write_text(json.dumps(
-                    {"digest": d.digest, "detail": detail,
+                    {"digest": now, "detail": detail,
                      "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
         except UserError as e:
             (ctx.stamps / f"{name}.json").unlink(missing_ok=True)
@@ -321,11 +366,16 @@ def run(ctx: Context, *, only: str | None = None, start: str | None = None,
         if name and name not in STEPS:
             raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}")
     chosen = [only] if only else STEPS[STEPS.index(start):] if start else STEPS
-    ctx.stamps.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(ctx.stamps / ".lock")):
+    if dry_run:  # a plan writes nothing (the prefix may be read-only)
         ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
-        decisions = decide(ctx, chosen)
-        if dry_run:
-            return [Row(d.step.name, _PLANNED[d.action], 0.0, d.why) for d in decisions
-                    if d.action != "unchosen"], True
-        return execute(ctx, decisions)
+        return [Row(d.step.name, _PLANNED[d.action], 0.0, d.why)
+                for d in decide(ctx, chosen) if d.action != "unchosen"], True
+    try:
+        ctx.stamps.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {ctx.stamps}: {e.strerror}",
+                        fix="choose a writable --prefix") from None
+    with waiting.exclusive(ctx.stamps / ".lock", "waiting: another run is working on the setup "
+                           f"of {ctx.prefix} (it holds {ctx.stamps / '.lock'})", ctx.echo):
+        ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
+        return execute(ctx, decide(ctx, chosen))

@@ -16,10 +16,11 @@ from . import proc
 from .errors import UserError
 
 _PROBE = r"""
-import json, sys
+import json, os, site, sys, sysconfig
 from importlib import metadata
+sites = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
-       "dists": {}, "errors": []}
+       "dists": {}, "errors": [], "sites": sorted(p for p in sites if os.path.isdir(p))}
 for d in metadata.distributions():
     name = (d.metadata["Name"] or "").lower().replace("_", "-")
     if name:
@@ -54,7 +55,8 @@ print(json.dumps(out))
 """
 
 def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
-    """What `python` has: distributions, and (unless torch=False) torch's facts and `imports`."""
+    """What `python` has: distributions, its site-packages directories (where a manifest looks
+    for RECORDs), and (unless torch=False) torch's facts and `imports`."""
     args = [*imports] if torch else ["--no-torch"]
     # run outside the checkout: "" on sys.path would show its own metadata as installed
     r = proc.run([str(python), "-c", _PROBE, *args], timeout=600, cwd=tempfile.gettempdir())

@@ -96,12 +96,23 @@ def run(
     return result
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask Linux to send SIGTERM to this child when its parent dies, even of SIGKILL: a killed
+    `invoke`/`nox` must not leave a build or a torchrun (with its ranks) running on the node."""
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
     lines: list[str] = []
     fh = log.open("w") if log is not None else None
     try:
         p = subprocess.Popen(
             args,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             cwd=cwd,
             env=dict(env) if env is not None else None,
             stdout=subprocess.PIPE,

@@ -209,6 +209,9 @@ def _validate(data: dict[str, Any], schema: dict[str, Any], where: str, path: Pa
                 fail(name, f"a {spec.type.__name__} (missing)")
             continue
         value = data[key]
+        if spec.type is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+            fail(name, "a string in quotes, e.g. \"3.10\" (TOML reads an unquoted 3.10 as the "
+                       f"number {value!r})")
         if not isinstance(value, spec.type) or (spec.type is not bool and isinstance(value, bool)):
             fail(name, f"a {spec.type.__name__}", value)
         if spec.check and (err := spec.check(value)):
@@ -252,20 +255,26 @@ def load(name: str | None = None, envs_dir: Path = ENVS_DIR) -> Profile:
         return load_file(Path(name))
     known = names(envs_dir)
     if name is None:
-        defaults = [p for p in (load_file(envs_dir / n / PROFILE_FILE) for n in known)
-                    if p.is_default]
-        if len(defaults) != 1:
-            raise UserError(
-                f"{len(defaults)} profiles under {envs_dir} say default = true; exactly one must",
-                fix="pass --profile NAME, or mark one profile as the default",
-            )
-        return defaults[0]
+        items = [load_file(envs_dir / n / PROFILE_FILE) for n in known]
+        check_default(items, envs_dir)
+        return next(p for p in items if p.is_default)
     if name not in known:
         raise UserError(
             f"unknown profile {name!r}; known profiles: {', '.join(known) or 'none'}",
             fix="pass one of the known names to --profile (invoke profiles lists them)",
         )
     return load_file(envs_dir / name / PROFILE_FILE)
+
+
+def check_default(items: list[Profile], envs_dir: Path = ENVS_DIR) -> None:
+    """Exactly one profile may say default = true (commands without --profile use it)."""
+    defaults = [p.name for p in items if p.is_default]
+    if items and len(defaults) != 1:
+        raise UserError(
+            f"{len(defaults)} profiles under {envs_dir} say default = true"
+            + (f" ({', '.join(defaults)})" if defaults else "") + "; exactly one must",
+            fix="set default = true in one profile.toml and remove it from the others",
+        )
 
 
 def load_all(envs_dir: Path = ENVS_DIR) -> list[Profile]:

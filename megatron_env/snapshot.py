@@ -170,7 +170,14 @@ def nvml_facts() -> dict[str, Any]:
 
 def collect(out: Path, *, echo=output.status) -> Snapshot:
     """Record this host into `out` (created; existing files of the same names are replaced)."""
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file, not a directory",
+                        fix="pass --out a directory (new or existing) for the snapshot")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {out}: {e.strerror}",
+                        fix="pass --out a directory you can write") from None
     files: dict[str, dict[str, Any]] = {}
     for name, argv in COMMANDS.items():
         if name == "nvcc-version.txt":

@@ -41,6 +41,15 @@ def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
 def mirror(name: str, url: str, echo=output.status) -> Path:
     """A bare mirror of `url` under the cache, created or brought up to date (tags forced)."""
     url = repo_url(name, url)
+    local = Path(url[len("file://"):] if url.startswith("file://") else url)
+    if url.startswith(("/", "file://")) and local.is_dir() and not (
+            (local / "HEAD").exists() or (local / ".git").exists()):
+        where = (f"{mirror_var(name)}={url}" if os.environ.get(mirror_var(name))
+                 else f"the {name} repository {url}")
+        raise UserError(f"{where} is a directory but not a git repository"
+                        + (" (it is empty)" if not any(local.iterdir()) else ""),
+                        fix=f"fill it with `git clone --mirror <upstream URL> {local}` on a "
+                            "machine that can reach upstream, or point at another mirror")
     key = digest.hexpart(digest.of_bytes(url.encode()), 12)
     path = cache_dir() / "git" / f"{name}-{key}.git"
     if path.exists():

@@ -25,16 +25,28 @@ from pathlib import Path
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense, datasheet
 
 
-def layer_spec():
-    """TE layers when Transformer Engine imports, Megatron's local ones otherwise."""
-    from megatron.core.models.gpt import gpt_layer_specs as specs
+def te_status() -> tuple[bool, str | None]:
+    """(usable, error): Transformer Engine absent is (False, None); installed but broken is
+    (False, the import error), which a person must see: it silently costs TE's fused kernels."""
+    import importlib.util
 
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False, None
     try:
         import transformer_engine  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any failure of an installed TE is reported
+        return False, f"{type(e).__name__}: {e}"
+    return True, None
 
-        return specs.get_gpt_layer_with_transformer_engine_spec(), "transformer_engine"
-    except Exception:  # noqa: BLE001 - TE is optional; any import failure means "not usable"
-        return specs.get_gpt_layer_local_spec(), "local"
+
+def layer_spec():
+    """(spec, name, TE error): TE layers when Transformer Engine imports, else the local ones."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    usable, error = te_status()
+    if usable:
+        return specs.get_gpt_layer_with_transformer_engine_spec(), "transformer_engine", None
+    return specs.get_gpt_layer_local_spec(), "local", error
 
 
 def main(argv=None) -> int:
@@ -92,7 +104,11 @@ def main(argv=None) -> int:
         use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0,
     )
-    spec, spec_name = layer_spec()
+    spec, spec_name, te_error = layer_spec()
+    if te_error and rank == 0:
+        print(f"warning: Transformer Engine is installed but does not import ({te_error}); "
+              "training with Megatron's local layers. fix: reinstall transformer-engine for "
+              "this torch and CUDA", file=sys.stderr)
     model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=args.vocab,
                      max_sequence_length=args.seq,
                      pre_process=ps.is_pipeline_first_stage(),
@@ -163,7 +179,7 @@ def main(argv=None) -> int:
         "status": "pass" if passed else "fail",
         "megatron_core": getattr(megatron.core, "__version__", "unknown"),
         "megatron_path": str(Path(megatron.core.__file__).parent),
-        "layer_spec": spec_name, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "layer_spec": spec_name, "transformer_engine_error": te_error, "torch": torch.__version__, "cuda": torch.version.cuda,
         "gpu": gpu, "world_size": world, "tp": args.tp, "pp": args.pp, "dp": dp,
         "model": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
                   "seq": args.seq, "vocab": args.vocab, "params_approx": n_params},

@@ -396,6 +396,42 @@ def check_correctness(torch, dist, device, rank: int, n: int) -> dict:
     return res
 
 
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+HOST_BYTES = 64
+
+
+def gather_correctness(torch, dist, device, rank: int, n: int, mine: dict) -> list[dict]:
+    """Every rank's correctness and host name, gathered through tensors: object collectives need
+    numpy (torch alone has none) and pickle, and this must run wherever torch runs."""
+    codes = [1 if mine.get(op) is True else -1 if isinstance(mine.get(op), str) else 0
+             for op in OPS]
+    host = list(socket.gethostname().encode()[:HOST_BYTES])
+    row = torch.tensor(codes + host + [0] * (HOST_BYTES - len(host)), dtype=torch.int32,
+                       device=device)
+    rows = [torch.empty_like(row) for _ in range(n)]
+    dist.all_gather(rows, row)
+    out = []
+    for r, t in enumerate(rows):
+        values = [int(v) for v in t.tolist()]
+        entry = {"rank": r, "host": bytes(b for b in values[len(OPS):] if b).decode(errors="replace")}
+        for op, code in zip(OPS, values[: len(OPS)], strict=True):
+            if op in mine:
+                entry[op] = (mine[op] if r == rank else "unsupported") if code == -1 else code == 1
+        out.append(entry)
+    return out
+
+
+def all_gather_flat(dist, out, part, n: int) -> None:
+    """all_gather into one flat tensor; gloo before torch 2.2 lacks _allgather_base, so the
+    list form (views of `out`) stands in for it there."""
+    try:
+        dist.all_gather_into_tensor(out, part)
+    except (RuntimeError, AttributeError) as e:
+        if "_allgather_base" not in str(e) and not isinstance(e, AttributeError):
+            raise
+        dist.all_gather(list(out.chunk(n)), part)
+
+
 def time_op(torch, dist, device, op: str, nbytes: int, n: int, warmup: int, iters: int) -> float:
     """Seconds per call, the slowest rank's mean (as nccl-tests reports)."""
     elems = max(nbytes // 4, n)
@@ -409,7 +445,7 @@ def time_op(torch, dist, device, op: str, nbytes: int, n: int, warmup: int, iter
         part = x[: elems // n]
 
         def call():
-            dist.all_gather_into_tensor(out, part)
+            all_gather_flat(dist, out, part, n)
     elif op == "reduce_scatter":
         out = torch.empty(elems // n, device=device, dtype=torch.float32)
 
@@ -525,6 +561,11 @@ def main(argv=None) -> int:
             print(f"error: cannot read {args.analyze_log}: {e.strerror}", file=sys.stderr)
             return 2
         a = analyze_log(text)
+        if not any(a[k] for k in ("nccl_versions", "hosts", "networks", "transports", "warnings",
+                                  "plugins", "nranks", "ib_missing")):
+            print(f"error: {args.analyze_log} holds no NCCL line; fix: pass the output of a run "
+                  "with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE names where it goes)", file=sys.stderr)
+            return 2
         fs = log_findings(a)
         if args.json:
             print(json.dumps({"analysis": a, "findings": fs}, indent=2))
@@ -549,8 +590,7 @@ def main(argv=None) -> int:
     dist.init_process_group(backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(minutes=10))
     correctness = check_correctness(torch, dist, device, rank, world)
-    all_correct: list = [None] * world
-    dist.all_gather_object(all_correct, {"rank": rank, "host": socket.gethostname(), **correctness})
+    all_correct = gather_correctness(torch, dist, device, rank, world, correctness)
     sizes = size_sweep(args.sizes or ("1M:4G" if backend == "nccl" else "1K:4M"))
     ops = [o for o in args.ops.split(",") if o]
     results = []
@@ -561,7 +601,9 @@ def main(argv=None) -> int:
             seconds = time_op(torch, dist, device, op, nbytes, world, args.warmup, args.iters)
             algbw = nbytes / seconds / 1e9
             results.append({"op": op, "bytes": nbytes, "time_us": seconds * 1e6,
-                            "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world)})
+                            "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world),
+                            # one rank moves no data between ranks: a "bandwidth" of a no-op
+                            "meaningful": world > 1})
     topo = local_topology(torch, backend, world, local_world)
     dist.barrier()
     dist.destroy_process_group()
@@ -591,8 +633,13 @@ def main(argv=None) -> int:
 
     print(f"{'op':<15}{'bytes':>12}{'time_us':>12}{'algbw GB/s':>12}{'busbw GB/s':>12}")
     for r in results:
-        print(f"{r['op']:<15}{r['bytes']:>12}{r['time_us']:>12.1f}{r['algbw_gbps']:>12.2f}"
-              f"{r['busbw_gbps']:>12.2f}")
+        bw = (f"{r['algbw_gbps']:>12.2f}{r['busbw_gbps']:>12.2f}" if r["meaningful"]
+              else f"{'n/a':>12}{'n/a':>12}")
+        print(f"{r['op']:<15}{r['bytes']:>12}{r['time_us']:>12.1f}{bw}")
+    if world < 2:
+        print("note: one rank: no data crosses a link, so there is no bandwidth to measure "
+              "(results.json keeps the raw figures, marked \"meaningful\": false); run with "
+              "--nproc_per_node >= 2")
     print()
     print_log_findings(findings)
     worst = "fail" if any(f["status"] == "fail" for f in findings) else "pass"

@@ -5,7 +5,9 @@ Heavy: downloads the lock's wheels once (about 2.6 GB) into a wheelhouse, which 
 only package source (`--no-index --find-links`), as on an air-gapped cluster.
 """
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -115,6 +117,7 @@ def test_two_runs_at_once_one_builds_the_other_waits(repo, wheelhouse):
     assert [p.returncode for p in procs] == [0, 0], outs
     assert sorted("built at" in o for o in outs) == [False, True]
     assert any("up to date" in o for o in outs)
+    assert any("waiting: another run is working on" in o for o in outs)
 
 
 def test_refusals(repo, wheelhouse):
@@ -164,3 +167,72 @@ def test_conda_path_builds_the_env_in_a_conda_prefix(wheelhouse, tmp_path, monke
     nvcc = subprocess.run([prefix / "bin" / "nvcc"], capture_output=True, text=True)
     assert "release 12.1" in nvcc.stdout
     assert torch_facts(prefix) == "2.1.0+cu121 12.1"
+
+
+def site_packages(repo):
+    return next(prefix_of(repo).resolve().glob("lib/python3.10/site-packages"))
+
+
+def test_environment_shares_no_inode_with_uv_cache(repo, wheelhouse):
+    """uv's link mode is copy: an edit in the environment cannot reach the cache (or, through
+    it, the next environment built from it)."""
+    torch_init = site_packages(repo) / "torch" / "__init__.py"
+    assert torch_init.stat().st_nlink == 1
+    assert (prefix_of(repo).resolve() / ".megatron-env-manifest.json").is_file()
+
+
+@pytest.mark.parametrize("damage", ["delete-package", "replace-file", "break-torch"])
+def test_warm_run_names_and_repairs_what_changed(repo, wheelhouse, damage):
+    assert env(repo, wheelhouse).returncode == 0  # built from the lock as it is now
+    site = site_packages(repo)
+    if damage == "delete-package":
+        shutil.rmtree(site / "einops")
+        words, probe = "einops: missing", "import einops"
+    elif damage == "replace-file":
+        f = site / "six.py"
+        tmp = f.with_name("six.py.new")
+        tmp.write_text(f.read_text().replace("PY3 = ", "PY3 = not "))
+        os.replace(tmp, f)
+        words, probe = f"six: changed {f}", "import six; assert six.PY3"
+    else:
+        f = site / "torch" / "__init__.py"
+        with open(f, "a") as fh:  # in place: same inode
+            fh.write("\nraise ImportError('broken on purpose')\n")
+        words, probe = "torch: changed", "import torch"
+    r = env(repo, wheelhouse)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    flat = " ".join(r.stderr.split())  # what differs is progress: stderr; the result: stdout
+    assert words in flat and "repaired at" in r.stdout, flat[-2000:] + r.stdout[-1000:]
+    assert "up to date" not in r.stdout
+    assert subprocess.run([prefix_of(repo) / "bin" / "python", "-c", probe], cwd="/").returncode == 0
+    again = env(repo, wheelhouse)
+    assert again.returncode == 0 and "up to date" in again.stdout
+
+
+def test_verify_deep_finds_an_edit_that_stat_cannot_see(repo, wheelhouse):
+    assert env(repo, wheelhouse).returncode == 0
+    f = site_packages(repo) / "einops" / "einops.py"
+    st = f.stat()
+    data = bytearray(f.read_bytes())
+    data[0:1] = b"#" if data[0:1] != b"#" else b" "
+    with open(f, "r+b") as fh:
+        fh.write(data)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert "up to date" in env(repo, wheelhouse).stdout  # size, mtime and inode all unchanged
+    deep = env(repo, wheelhouse, "--verify-deep")
+    assert deep.returncode == 0, deep.stdout[-3000:] + deep.stderr[-2000:]
+    flat = " ".join(deep.stderr.split())
+    assert f"einops: hash {f}" in flat and "repaired at" in deep.stdout
+    clean = env(repo, wheelhouse, "--verify-deep")
+    assert clean.returncode == 0 and "verified at" in clean.stdout
+
+
+def test_verify_nccl_on_torch_210_gloo_without_numpy(repo, wheelhouse, tmp_path):
+    """The default profile's torch 2.1.0: its gloo has no _allgather_base, and numpy is hidden."""
+    from .test_verify_nccl import run_gloo
+
+    r = run_gloo(prefix_of(repo) / "bin" / "python", tmp_path / "run", 2, 29547)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["results"] and all(c["all_gather"] is True for c in doc["correctness"])
+    assert {row["op"] for row in doc["results"]} >= {"all_reduce", "all_gather", "broadcast"}

@@ -39,7 +39,8 @@ def test_current_lock_pins_the_cuda_130_stack():
 @pytest.mark.parametrize("prof", [DEFAULT, CURRENT], ids=lambda p: p.name)
 def test_every_file_is_hashed_and_no_index_is_named(prof):
     text = (prof.dir / lock.LOCK_FILE).read_text()
-    entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 5)[-1].strip())
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    entries = re.split(r"\n(?=[A-Za-z0-9])", body.strip())
     assert len(entries) == len(pins(prof))
     for entry in entries:
         assert "--hash=sha256:" in entry, entry
@@ -114,3 +115,40 @@ def test_missing_interpreter_is_one_clear_error(tmp_path):
 
     with pytest.raises(UserError, match="never downloads one"):
         lock.find_python("3.99")
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda t: t.replace("einops==0.8.2", "einops==0.8.1"), "einops: pin or --hash edited by hand"),
+    (lambda t: re.sub(r"(six==1\.17\.0 \\\n    --hash=sha256:)(.)", lambda m: m.group(1) + ("0" if m.group(2) != "0" else "1"), t),
+     "six: pin or --hash edited by hand"),
+    (lambda t: t.replace("einops==0.8.2 \\", "einops==0.8.2 \\\n    --hash=sha256:" + "ab" * 32 + " \\"),
+     "einops: pin or --hash edited by hand"),
+])
+def test_check_names_a_hand_edited_pin_or_hash(tmp_path, edit, words):
+    repo = copy_repo(tmp_path)
+    f = repo / "envs" / "core_v0.4.0-cu121" / "requirements.lock"
+    text = f.read_text()
+    f.write_text(edit(text))
+    assert f.read_text() != text
+    r = invoke(repo, "lock", "--check")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "envs/core_v0.4.0-cu121/requirements.lock" in r.stdout and words in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_check_resolve_agrees_with_the_committed_lock_and_names_a_resealed_hash(tmp_path):
+    """Real resolution against the package index: a hash edited by hand and resealed (so the
+    offline check passes) is a difference from what the index serves."""
+    repo = copy_repo(tmp_path)
+    ok = invoke(repo, "lock", "--check", "--resolve", "--profile", "core_v0.4.0-cu121")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "and a new resolution" in ok.stdout
+    f = repo / "envs" / "core_v0.4.0-cu121" / "requirements.lock"
+    text = re.sub(r"(six==1\.17\.0 \\\n    --hash=sha256:)[0-9a-f]{64}", lambda m: m.group(1) + "cd" * 32, f.read_text())
+    prof = profile.load("core_v0.4.0-cu121")
+    body = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("#"))
+    f.write_text(lock.seal(prof, body))
+    assert invoke(repo, "lock", "--check", "--profile", "core_v0.4.0-cu121").returncode == 0
+    bad = invoke(repo, "lock", "--check", "--resolve", "--profile", "core_v0.4.0-cu121")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "requirements.lock: six: its hashes differ from the index's files" in bad.stdout

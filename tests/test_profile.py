@@ -31,7 +31,7 @@ def write_variant(tmp_path, old: str, new: str):
     ('commit = "38879f8b3f0edc4ed4f50ac2f3271010b12c549f"', 'commit = "38879f8"',
      "megatron.commit: expected a commit of 40 lowercase hex digits, got '38879f8'"),
     ('version = "2.1.0"', 'version = "two.one"', "torch.version: expected a version"),
-    ('version = "3.10"', "version = 3.10", "python.version: expected a str, got 3.1"),
+    ('version = "3.10"', "version = 3.10", "python.version: expected a string in quotes, e.g. \"3.10\""),
     ("[torch]", "colour = 'red'\n[torch]", "cuda.colour: expected one of the known keys"),
     ('min_driver = "530.30.02"', 'min_driver = "new"', "cuda.min_driver: expected a driver version"),
     ('archs = ["8.0", "9.0"]', 'archs = ["sm_90"]', "cuda.archs: expected a compute capability"),

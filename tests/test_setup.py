@@ -3,6 +3,7 @@ for Megatron-LM upstream: tag checks, patches, stamps, a kill mid-step, changed 
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -110,6 +111,7 @@ def test_setup_end_to_end_then_up_to_date_then_downstream_only(repo, wheelhouse)
     assert again.returncode == 0
     s = statuses(again.stdout)
     assert s["lock"] == s["env"] == s["megatron"] == "up to date"
+    assert s["verify"] == "up to date"  # nothing changed: megatron.core is not imported again
     # a changed pin (the patch series) re-runs only what is downstream of it
     series = repo / "patches" / "megatron" / "core_v0.4.0"
     (series / "0001-mark-patched.patch").write_text(PATCH.format(n=2))
@@ -123,6 +125,16 @@ def test_setup_end_to_end_then_up_to_date_then_downstream_only(repo, wheelhouse)
     out = subprocess.run([python(repo), "-c", "import megatron.core as m; print(m.PATCHED)"],
                          capture_output=True, text=True, cwd="/")
     assert out.stdout.strip() == "2"
+    # a package deleted from the environment: named, reinstalled from the lock, imports proven
+    site = next((repo / ".megatron-env" / PROFILE).resolve().glob("lib/python3.10/site-packages"))
+    shutil.rmtree(site / "einops")
+    fourth = setup(repo, wheelhouse)
+    s = statuses(fourth.stdout)
+    assert fourth.returncode == 0 and (s["env"], s["megatron"], s["verify"]) == (
+        "done", "up to date", "done"), fourth.stdout[-3000:]
+    assert "einops: missing" in " ".join(fourth.stderr.split())  # progress goes to stderr
+    assert "repaired" in fourth.stdout
+    assert subprocess.run([python(repo), "-c", "import einops"], cwd="/").returncode == 0
 
 
 def test_moved_tag_is_refused_with_both_shas(repo, upstream, wheelhouse):

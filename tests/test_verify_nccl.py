@@ -167,3 +167,50 @@ def test_slurm_variables_two_tasks_gloo(tmp_path):
     assert doc["topology"]["world_size"] == 2 and doc["topology"]["local_world_size"] == 2
     assert [c["rank"] for c in doc["correctness"]] == [0, 1]
     assert all(c["all_reduce"] is True for c in doc["correctness"])
+
+
+# numpy made unavailable the way Python spells it (a None entry in sys.modules): the program must
+# run where torch is the only package, as its docstring promises.
+WITHOUT_NUMPY = ("import runpy, sys; sys.modules['numpy'] = None; sys.argv = sys.argv[1:]; "
+                 "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def run_gloo(python, out, nproc, port, *extra, timeout=300):
+    """verify_nccl.py under torchrun with gloo, numpy unavailable in every rank."""
+    wrapper = out.parent / f"no-numpy-{nproc}.py"
+    wrapper.write_text(WITHOUT_NUMPY.replace("; ", "\n"))
+    return subprocess.run([str(python), "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                           f"--master_port={port}", str(wrapper), str(SCRIPT), "--backend", "gloo",
+                           "--sizes", "4K:16K", "--iters", "2", "--warmup", "1", "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=timeout, cwd=out.parent)
+
+
+def test_gloo_with_torch_alone_no_numpy(tmp_path):
+    pytest.importorskip("torch")
+    r = run_gloo(sys.executable, tmp_path / "run", 2, 29541)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [c["rank"] for c in doc["correctness"]] == [0, 1]
+    assert all(c["all_reduce"] is True and c["all_gather"] is True for c in doc["correctness"])
+    assert {row["op"] for row in doc["results"]} >= {"all_reduce", "all_gather", "broadcast"}
+    assert all(row["meaningful"] for row in doc["results"])
+
+
+def test_one_rank_marks_bandwidth_as_not_meaningful(tmp_path):
+    pytest.importorskip("torch")
+    r = run_gloo(sys.executable, tmp_path / "run", 1, 29543)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["results"] and not any(row["meaningful"] for row in doc["results"])
+    assert "one rank: no data crosses a link" in r.stdout
+    table = [line for line in r.stdout.splitlines() if line.startswith(("all_reduce", "broadcast"))]
+    assert table and all(line.split()[-2:] == ["n/a", "n/a"] for line in table)
+
+
+@pytest.mark.parametrize("text", ["", "garbage without the magic word\n\x00\x01binary"])
+def test_analyze_log_without_nccl_lines_is_bad_usage(tmp_path, text):
+    log = tmp_path / "empty.log"
+    log.write_text(text)
+    r = subprocess.run([sys.executable, SCRIPT, "--analyze-log", str(log)], capture_output=True, text=True)
+    assert r.returncode == 2 and "holds no NCCL line" in r.stderr and "NCCL_DEBUG=INFO" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""

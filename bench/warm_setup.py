@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Benchmark: a warm `invoke setup` (nothing changed since the last run), with the manifest's
+stat check that proves every installed file is still what the build left.
+
+One untimed `invoke setup` first (it must end "ready": build the environment before, this only
+re-runs it); then --repeat timed runs, each a fresh process as a user would start it, with the
+per-step seconds from its summary table; then the stat check alone, in process, over the
+manifest it reads; and one `--verify-deep` run (every file re-hashed, imports proven) for scale.
+
+    python bench/warm_setup.py --profile core_v0.4.0-cu121 [--prefix DIR] [--repeat 5]
+    python bench/warm_setup.py --profile core_v0.19.0-cu130 --adopt /opt/torch/.venv/bin/python3
+
+Extra arguments for `invoke setup` (for example --no-builds) follow `--`. JSON on stdout, and
+into --out when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from megatron_env import env, manifest, pipeline, profile  # noqa: E402
+
+ROW = re.compile(r"^(\w+)\s+(done|up to date|skipped|failed|not run)\s+([\d.]+)\b", re.M)
+
+
+def setup(args: list[str]) -> tuple[float, dict, str]:
+    """(wall seconds, {step: [status, seconds]}, output) of one `invoke setup` process."""
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "invoke", "setup", *args], cwd=ROOT,
+                       capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"})
+    seconds = time.perf_counter() - t0
+    steps = {m.group(1): [m.group(2), float(m.group(3))] for m in ROW.finditer(r.stdout)}
+    if r.returncode:
+        raise SystemExit(f"invoke setup {' '.join(args)} failed (exit {r.returncode}):\n"
+                         f"{r.stdout[-3000:]}{r.stderr[-2000:]}")
+    return seconds, steps, r.stdout
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--profile", default=None)
+    p.add_argument("--prefix", default=None, help="the environment (default: the profile's)")
+    p.add_argument("--adopt", default=None, help="an existing interpreter, as `invoke setup`")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("rest", nargs="*", help="after --: more `invoke setup` arguments")
+    a = p.parse_args()
+
+    prof = profile.load(a.profile)
+    prefix = Path(a.prefix).absolute() if a.prefix else env.default_prefix(prof)
+    args = ["--profile", prof.name, "--prefix", str(prefix), *a.rest]
+    if a.adopt:
+        args += ["--adopt", a.adopt]
+    setup(args)  # warm-up: must already be set up, so this one only re-checks
+    runs = []
+    for _ in range(a.repeat):
+        seconds, steps, _out = setup(args)
+        runs.append({"seconds": round(seconds, 3), "steps": steps})
+    walls = [r["seconds"] for r in runs]
+
+    where = (prefix.with_name(prefix.name + ".setup") / pipeline.ADOPTED_MANIFEST if a.adopt
+             else prefix / env.MANIFEST)
+    t0 = time.perf_counter()
+    m = manifest.load(where)
+    loaded = time.perf_counter() - t0
+    if m is None:
+        raise SystemExit(f"no manifest at {where}: run `invoke setup` with this version first")
+    t0 = time.perf_counter()
+    diffs = manifest.stat_check(m, ignore_extra=set() if a.adopt else env.TOOLING | env.ON_TOP)
+    checked = time.perf_counter() - t0
+    deep_seconds, deep_steps, _ = setup([*args, "--verify-deep"])
+
+    doc = {
+        "benchmark": "warm_setup",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                 "python": platform.python_version()},
+        "profile": prof.name, "prefix": str(prefix), "adopt": a.adopt,
+        "command": ["invoke", "setup", *args],
+        "repeat": a.repeat,
+        "warm_setup_seconds": {"median": statistics.median(walls), "min": min(walls),
+                               "max": max(walls)},
+        "runs": runs,
+        "stat_check": {"files": sum(len(d["files"]) for d in m["dists"].values()),
+                       "packages": len(m["dists"]), "bytes": m["bytes"],
+                       "load_seconds": round(loaded, 4), "check_seconds": round(checked, 4),
+                       "differences": len(diffs)},
+        "verify_deep": {"seconds": round(deep_seconds, 3), "steps": deep_steps},
+    }
+    text = json.dumps(doc, indent=2) + "\n"
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
