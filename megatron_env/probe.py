@@ -16,10 +16,10 @@ from . import proc
 from .errors import UserError
 
 _PROBE = r"""
-import json, sys
+import json, sys, sysconfig
 from importlib import metadata
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
-       "dists": {}, "errors": []}
+       "platlib": sysconfig.get_path("platlib"), "dists": {}, "errors": []}
 for d in metadata.distributions():
     name = (d.metadata["Name"] or "").lower().replace("_", "-")
     if name:
@@ -70,9 +70,9 @@ def missing_modules(python: Path | str,
     return [m for m in modules if m not in facts["imported"]], facts
 
 
-_TORCH = ("import json, sys, torch; print(json.dumps({'torch': torch.__version__, "
+_TORCH = ("import json, sys, sysconfig, torch; print(json.dumps({'torch': torch.__version__, "
           "'cuda': torch.version.cuda, 'abi': int(torch._C._GLIBCXX_USE_CXX11_ABI), "
-          "'tag': sys.implementation.cache_tag}))")
+          "'tag': sys.implementation.cache_tag, 'platlib': sysconfig.get_path('platlib')}))")
 
 
 def torch_facts(python: Path) -> dict:
