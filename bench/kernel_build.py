@@ -10,8 +10,10 @@ and the machine (GPU, driver, torch, CUDA, NCCL, cores, free memory) into OUT/ke
 
 With --full (flash-attn) the same again for every head dim and dtype (the profile's variant
 replaced by "all", as upstream builds): the variant's speed-up, measured. On a GPU, the installed
-build is checked against torch's SDPA (scripts/gpu_health.py, forward and backward) and a call
-with a head dim the variant left out must raise the variant's RuntimeError.
+build is checked by the recipe's gpu_check in scripts/gpu_health.py (flash-attn against torch's
+SDPA, forward and backward; transformer-engine's Linear and LayerNormLinear against fp32
+PyTorch), recorded as gpu.check; for flash-attn a call with a head dim the variant left out must
+raise the variant's RuntimeError.
 
     python bench/kernel_build.py flash-attn --profile core_v0.19.0-cu130 \\
         --python /opt/torch/.venv/bin/python3 --out bench/results/<date>-<gpu>/flash-attn
@@ -35,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from megatron_env import parsers  # noqa: E402
+from megatron_env import parsers, recipes  # noqa: E402
 from megatron_env.resources import cores, mem_available, memory  # noqa: E402
 
 # Kernels outside the profile's variant (head dim 64, fp16): each call must raise the
@@ -186,9 +188,9 @@ def all_kernels_profile(name: str | None, where: Path) -> str:
     return str(dest)
 
 
-def gpu_checks(python: str, out: Path) -> dict:
-    """On a GPU: scripts/gpu_health.py (flash-attn against SDPA, forward and backward) and
-    the probe for a head dim the variant left out."""
+def gpu_checks(python: str, out: Path, check: str, outside_variant: bool) -> dict:
+    """On a GPU: scripts/gpu_health.py (the recipe's gpu_check, e.g. flash-attn against SDPA,
+    forward and backward) and, for flash-attn, the probe for a head dim the variant left out."""
     r = subprocess.run([python, str(ROOT / "scripts" / "gpu_health.py"), "--size", "4096",
                         "--out", str(out / "gpu_health")], capture_output=True, text=True)
     (out / "gpu_health.txt").write_text(r.stdout + r.stderr)
@@ -196,6 +198,9 @@ def gpu_checks(python: str, out: Path) -> dict:
     res = out / "gpu_health" / "results.json"
     if res.exists():
         found["kernels"] = json.loads(res.read_text())["gpus"][0]["kernels"]
+        found["check"] = {"name": check, **found["kernels"].get(check, {"status": "absent"})}
+    if not outside_variant:
+        return found
     r = subprocess.run([python, "-c", NOT_BUILT_PROBE], capture_output=True, text=True)
     found["outside_variant"] = (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode
                                  == 0 and r.stdout.strip() else {"crashed": r.returncode,
@@ -205,7 +210,7 @@ def gpu_checks(python: str, out: Path) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("package", choices=["flash-attn", "apex"])
+    p.add_argument("package", choices=list(recipes.declared()))
     p.add_argument("--profile")
     p.add_argument("--python", required=True, help="the environment to build for")
     p.add_argument("--out", type=Path, required=True)
@@ -222,8 +227,9 @@ def main() -> int:
         "variant", argv + (["--profile", a.profile] if a.profile else []), a.out, a.python)
     ok = result["variant"]["cold"]["rc"] == 0 and result["variant"].get(
         "cache_hit", {}).get("was_hit")
-    if ok and a.package == "flash-attn" and not a.no_gpu_check:
-        result["gpu"] = gpu_checks(a.python, a.out)
+    if ok and not a.no_gpu_check:
+        result["gpu"] = gpu_checks(a.python, a.out, recipes.get(a.package).gpu_check,
+                                   outside_variant=a.package == "flash-attn")
     if a.full and a.package == "flash-attn":
         with tempfile.TemporaryDirectory() as envs:
             full = all_kernels_profile(a.profile, Path(envs))

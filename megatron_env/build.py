@@ -229,6 +229,22 @@ def cuda_home(torch_cuda: str | None) -> tuple[Path | None, str | None]:
             "and set CUDA_HOME")
 
 
+def site_paths(pkg: Package, platlib: str | None) -> dict[str, str]:
+    """The recipe's site_paths made absolute in the target environment, in front of the
+    caller's value: a build that wants torch's own cuDNN/NCCL headers (nvidia-* wheels), not
+    whatever a node has on its default include path."""
+    out = {}
+    for var, rel in pkg.site_paths.items():
+        dirs = [Path(platlib or "") / r for r in rel]
+        if absent := [str(d) for d in dirs if not platlib or not d.is_dir()]:
+            raise UserError(f"{pkg.name} builds against {', '.join(rel)} of the environment's "
+                            f"site-packages; not there: {', '.join(absent)}",
+                            fix="install torch with its CUDA wheels (nvidia-*) in the environment "
+                                "(`invoke env`), or build in the environment that has them")
+        out[var] = os.pathsep.join([*map(str, dirs), *filter(None, [os.environ.get(var)])])
+    return out
+
+
 def max_jobs(gb_per_job: float, parallel_var: str = "") -> jobs_mod.Jobs:
     """From free memory, not from cores: one nvcc job can take several GiB. A package that
     builds several extensions at once gets both numbers (see jobs.derive)."""
@@ -248,6 +264,7 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
         home, _release = cuda_home(facts["cuda"])
         build_env["CUDA_HOME"] = str(home)
         build_env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+    build_env.update(site_paths(pkg, facts.get("platlib")))
     derived = max_jobs(pkg.gb_per_job, pkg.parallel_var)
     jobs, why = derived.max_jobs, derived.why
     build_env["MAX_JOBS"] = str(jobs)
@@ -304,7 +321,7 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                 for x in p.patches:
                     echo(f"{pkg.name}: applied {x.name}")
                 built_in, wheel = _compile(p, work, log, echo)
-                if absent := _not_in_wheel(wheel, pkg.modules):
+                if absent := _not_in_wheel(wheel, pkg.wheel_libraries):
                     raise UserError(
                         f"{pkg.name}: the wheel has no compiled {', '.join(absent)}; it was "
                         "not cached", fix="a Python-only build is not a build: check the build "
@@ -348,13 +365,12 @@ def _sweep(key: str) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _not_in_wheel(wheel: Path, modules: tuple[str, ...]) -> list[str]:
-    """The modules without a shared library in the wheel (a.b -> a/b.<abi tag>.so)."""
+def _not_in_wheel(wheel: Path, libraries: tuple[str, ...]) -> list[str]:
+    """The libraries (a/b) without a shared object in the wheel (a/b.<abi tag>.so, a/b.so)."""
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
-    return [m for m in modules
-            if not any(n.startswith(m.replace(".", "/") + ".") and n.endswith(".so")
-                       for n in names)]
+    return [lib for lib in libraries
+            if not any(n.startswith(lib + ".") and n.endswith(".so") for n in names)]
 
 
 def _keep_ninja_logs(work: Path, dest: Path) -> dict:

@@ -48,7 +48,8 @@ def collect(profile: Profile, python: Path) -> dict[str, Any]:
         return doc
     # what probe.torch_facts would report, from the one probe (importing torch takes seconds)
     torch = {"torch": facts["torch"], "cuda": facts.get("torch_cuda"),
-             "abi": facts.get("cxx11_abi"), "tag": facts.get("cache_tag")}
+             "abi": facts.get("cxx11_abi"), "tag": facts.get("cache_tag"),
+             "platlib": facts.get("platlib")}
     for pkg in build.packages(profile).values():
         try:
             doc["kernel_cache_keys"][pkg.name] = build.plan(pkg, python, profile.archs,

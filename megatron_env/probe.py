@@ -20,7 +20,8 @@ import json, os, site, sys, sysconfig
 from importlib import metadata
 sites = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
-       "dists": {}, "errors": [], "sites": sorted(p for p in sites if os.path.isdir(p))}
+       "dists": {}, "errors": [], "platlib": sysconfig.get_path("platlib"),
+       "sites": sorted(p for p in sites if os.path.isdir(p))}
 for d in metadata.distributions():
     name = (d.metadata["Name"] or "").lower().replace("_", "-")
     if name:
@@ -72,9 +73,9 @@ def missing_modules(python: Path | str,
     return [m for m in modules if m not in facts["imported"]], facts
 
 
-_TORCH = ("import json, sys, torch; print(json.dumps({'torch': torch.__version__, "
+_TORCH = ("import json, sys, sysconfig, torch; print(json.dumps({'torch': torch.__version__, "
           "'cuda': torch.version.cuda, 'abi': int(torch._C._GLIBCXX_USE_CXX11_ABI), "
-          "'tag': sys.implementation.cache_tag}))")
+          "'tag': sys.implementation.cache_tag, 'platlib': sysconfig.get_path('platlib')}))")
 
 
 def torch_facts(python: Path) -> dict:

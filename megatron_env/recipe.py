@@ -60,6 +60,11 @@ class Recipe:
     nvcc_threads: int = 0  # NVCC_THREADS: archs one nvcc job compiles at once (0: not set)
     gib_per_job: float = 2.0  # memory one compile job takes per arch it compiles at once
     modules: tuple[str, ...] = ()  # compiled modules that must import, whatever the variants
+    libraries: tuple[str, ...] = ()  # the wheel's shared objects (a/b: a/b.*.so) when they are
+    #                                  not where the modules' names put them
+    site_paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # VAR -> dirs
+    #          relative to the target environment's site-packages (its nvidia-* wheels), joined
+    #          with os.pathsep in front of the caller's VAR: headers a build takes from torch's
     variants: tuple[Variant, ...] = ()
     choices: tuple[Choice, ...] = ()
     parallel_var: str = ""  # builds N extensions at once when this variable says N
@@ -109,6 +114,13 @@ class Package:
     metadata_env: dict[str, str] = field(default_factory=dict)
     variants: tuple[str, ...] = ()
     parallel_var: str = ""  # builds its extensions N at a time when this variable says N
+    libraries: tuple[str, ...] = ()  # shared objects the wheel must hold (default: the modules)
+    site_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def wheel_libraries(self) -> tuple[str, ...]:
+        """a.b -> a/b (a/b.<abi tag>.so in the wheel)."""
+        return self.libraries or tuple(m.replace(".", "/") for m in self.modules)
 
 
 def source_var(name: str) -> str:
@@ -154,4 +166,5 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
                    cuda=recipe.cuda, gb_per_job=recipe.gib_per_job * at_once,
                    build_options=tuple(options), metadata_env=dict(recipe.metadata_env),
                    variants=tuple(v.name for v in chosen) + tuple(picked),
-                   parallel_var=recipe.parallel_var)
+                   parallel_var=recipe.parallel_var, libraries=recipe.libraries,
+                   site_paths=dict(recipe.site_paths))

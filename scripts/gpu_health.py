@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """gpu_health.py - is every GPU of this node as fast as its model should be, and do the kernels
-that were built for it (flash-attn, apex) compute what plain PyTorch computes?
+that were built for it (flash-attn, apex, Transformer Engine) compute what PyTorch computes?
 
     python gpu_health.py [--out runs/gpu_health] [--size 8192]
     torchrun --nproc_per_node=8 gpu_health.py          # one process per GPU, same results
 
 Per GPU: bf16 GEMM TFLOP/s (random inputs, median of timed runs with CUDA events), device-to-
 device copy bandwidth (bytes read + written), and when importable flash-attn's causal forward
-against torch's scaled_dot_product_attention and apex's FusedLayerNorm against torch.layer_norm.
+against torch's scaled_dot_product_attention, apex's FusedLayerNorm against torch.layer_norm, and
+Transformer Engine's bf16 Linear and LayerNormLinear, forward and backward, against fp32 PyTorch.
 Results are judged against expectations per GPU model; JSON out, findings in the shape of
 `invoke check`.
 """
@@ -114,7 +115,66 @@ def kernel_checks(torch, dev) -> dict:
         ln = FusedLayerNorm(4096).to(dev)
         err = rel_err(torch, ln(x), torch.nn.functional.layer_norm(x, (4096,)))
         out["apex"] = {"status": "pass" if err < 1e-5 else "fail", "rel_err": err}
+    out["transformer_engine"] = te_check(torch, dev)
     return out
+
+
+def te_check(torch, dev, tokens=2048, hidden=4096, features=4096) -> dict:
+    """te.Linear and te.LayerNormLinear in bf16, forward and backward, against fp32 PyTorch on
+    the same bf16 values (LayerNorm gamma/beta and the bias non-trivial, so their gradients
+    count). rel err < 1e-2 for every output and gradient (bf16 keeps 8 bits: 3.9e-3 a value).
+
+    Absent is a skip; installed but not importing is a failure: `import transformer_engine`
+    swallows the PyTorch part's ImportError, so the PyTorch part itself is imported."""
+    import importlib.util
+    import math
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        return {"status": "skip", "why": "transformer_engine not installed"}
+    try:
+        import transformer_engine
+        import transformer_engine.pytorch as te
+    except Exception as e:  # noqa: BLE001 - installed but broken: the failure says how
+        return {"status": "fail", "why": f"transformer_engine.pytorch does not import: "
+                                         f"{type(e).__name__}: {e}"}
+    F, bf16 = torch.nn.functional, torch.bfloat16
+    torch.manual_seed(0)
+    errs = {}
+
+    def compare(name, module, ref_fn, params):
+        x = torch.randn(tokens, hidden, device=dev, dtype=bf16, requires_grad=True)
+        dy = torch.randn(tokens, features, device=dev, dtype=bf16)
+        y = module(x)
+        grads = torch.autograd.grad(y, [x, *params], dy)
+        x32 = x.detach().float().requires_grad_()
+        p32 = [q.detach().float().requires_grad_() for q in params]
+        y32 = ref_fn(x32, *p32)
+        refs = torch.autograd.grad(y32, [x32, *p32], dy.float())
+        errs[f"{name}.out"] = rel_err(torch, y, y32)
+        for label, g, r in zip(["dgrad", *(f"grad{i}" for i in range(len(params)))], grads, refs,
+                               strict=True):
+            errs[f"{name}.{label}"] = rel_err(torch, g, r)
+
+    lin = te.Linear(hidden, features, bias=True, params_dtype=bf16, device=dev)
+    lnl = te.LayerNormLinear(hidden, features, eps=1e-5, bias=True, params_dtype=bf16,
+                             device=dev)
+    with torch.no_grad():
+        lin.bias.copy_(0.1 * torch.randn(features, device=dev))
+        lnl.layer_norm_weight.copy_(1 + 0.1 * torch.randn(hidden, device=dev))
+        lnl.layer_norm_bias.copy_(0.1 * torch.randn(hidden, device=dev))
+        lnl.bias.copy_(0.1 * torch.randn(features, device=dev))
+    compare("Linear", lin, F.linear, [lin.weight, lin.bias])
+    compare("LayerNormLinear", lnl,
+            lambda x, g, b, w, c: F.linear(F.layer_norm(x, (hidden,), g, b, 1e-5), w, c),
+            [lnl.layer_norm_weight, lnl.layer_norm_bias, lnl.weight, lnl.bias])
+    worst = max(errs.values())
+    # NaN compares false with any tolerance: a non-finite error is a failure, named as such
+    finite = all(math.isfinite(e) for e in errs.values())
+    return {"status": "pass" if finite and worst < 1e-2 else "fail",
+            "version": getattr(transformer_engine, "__version__", None),
+            "rel_err": max(e for k, e in errs.items() if k.endswith(".out")),
+            "grad_rel_err": max(e for k, e in errs.items() if not k.endswith(".out")),
+            "errors": errs, "finite": finite}
 
 
 def judge(rep: dict) -> list[dict]:
@@ -140,6 +200,10 @@ def judge(rep: dict) -> list[dict]:
     for name, k in rep["kernels"].items():
         if k["status"] == "skip":
             fs.append(finding(f"kernel.{name}", "skip", f"{gpu}: {name}: {k['why']}"))
+            continue
+        if "rel_err" not in k:  # it could not even run
+            fs.append(finding(f"kernel.{name}", "fail", f"{gpu}: {name}: {k['why']}",
+                              fix=f"rebuild and reinstall {name} (invoke build)"))
             continue
         errs = f"rel err {k['rel_err']:.1e}" + (
             f", gradients {k['grad_rel_err']:.1e}" if "grad_rel_err" in k else "")

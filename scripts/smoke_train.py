@@ -6,7 +6,8 @@
     torchrun --nproc_per_node=2 smoke_train.py                     # data parallel
 
 Builds a small GPT with megatron.core (whatever version is importable: the profile's tag), with
-Transformer Engine layers when TE imports and Megatron's local layers otherwise, and trains it on
+Transformer Engine layers (fp8 off) when TE is usable and Megatron's local layers otherwise, or
+as --layer-spec says (transformer_engine: TE or fail, never a fallback), and trains it on
 a fixed synthetic batch through Megatron's own forward/backward schedule (pipelined when --pp > 1)
 with Adam. The run passes when the loss falls to at most half of its first value. Reports
 tokens/s, step time and model FLOPs utilisation; JSON out.
@@ -39,14 +40,33 @@ def te_status() -> tuple[bool, str | None]:
     return True, None
 
 
-def layer_spec():
-    """(spec, name, TE error): TE layers when Transformer Engine imports, else the local ones."""
+def te_usable() -> str | None:
+    """None when Megatron can build Transformer Engine layers here, else why not.
+
+    `import transformer_engine` alone proves nothing: its __init__ swallows the ImportError of
+    the PyTorch part (pydantic missing, a library not found). Megatron imports the PyTorch part
+    and silently falls back to a mock when that fails, so both are asked."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+        from megatron.core.extensions import transformer_engine as mte
+    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"; say which
+        return f"{type(e).__name__}: {e}"
+    return None if getattr(mte, "HAVE_TE", False) else "megatron.core says HAVE_TE = False"
+
+
+def layer_spec(choice: str):
+    """(spec, name, why): Megatron's TE spec or its local one, as --layer-spec asks.
+
+    auto takes TE when it is usable, local otherwise; transformer_engine fails (no fallback)
+    when TE is not usable, so a run that was meant to prove TE cannot pass on local layers."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    usable, error = te_status()
-    if usable:
-        return specs.get_gpt_layer_with_transformer_engine_spec(), "transformer_engine", None
-    return specs.get_gpt_layer_local_spec(), "local", error
+    why = te_usable() if choice != "local" else "--layer-spec local"
+    if why is None:
+        return specs.get_gpt_layer_with_transformer_engine_spec(), "transformer_engine", ""
+    if choice == "transformer_engine":
+        return None, "transformer_engine", why
+    return specs.get_gpt_layer_local_spec(), "local", why
 
 
 def main(argv=None) -> int:
@@ -62,6 +82,9 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--microbatches", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--layer-spec", choices=("auto", "transformer_engine", "local"),
+                   default="auto", help="Megatron's TE layers (fp8 off), its local ones, or TE "
+                                        "when usable (default)")
     p.add_argument("--out", default="runs/smoke_train")
     args = p.parse_args(argv)
 
@@ -84,6 +107,13 @@ def main(argv=None) -> int:
         print(json.dumps({"status": "fail", "error": "no CUDA GPU", "fix": "run on a GPU node"}))
         return 1
 
+    spec, spec_name, spec_why = layer_spec(args.layer_spec)
+    if spec is None:
+        print(json.dumps({"status": "fail", "layer_spec": spec_name,
+                          "error": f"--layer-spec transformer_engine: TE not usable: {spec_why}",
+                          "fix": "build and install it: invoke build transformer-engine"}))
+        return 1
+
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -103,8 +133,8 @@ def main(argv=None) -> int:
         tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
         use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0,
-    )
-    spec, spec_name, te_error = layer_spec()
+    )  # fp8 left unset: TE layers compute in bf16
+    te_error = te_status()[1] if spec_name == "local" and args.layer_spec == "auto" else None
     if te_error and rank == 0:
         print(f"warning: Transformer Engine is installed but does not import ({te_error}); "
               "training with Megatron's local layers. fix: reinstall transformer-engine for "
@@ -179,7 +209,8 @@ def main(argv=None) -> int:
         "status": "pass" if passed else "fail",
         "megatron_core": getattr(megatron.core, "__version__", "unknown"),
         "megatron_path": str(Path(megatron.core.__file__).parent),
-        "layer_spec": spec_name, "transformer_engine_error": te_error, "torch": torch.__version__, "cuda": torch.version.cuda,
+        "layer_spec": spec_name, "layer_spec_asked": args.layer_spec,
+        "layer_spec_why": spec_why, "fp8": config.fp8, "torch": torch.__version__, "cuda": torch.version.cuda,
         "gpu": gpu, "world_size": world, "tp": args.tp, "pp": args.pp, "dp": dp,
         "model": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
                   "seq": args.seq, "vocab": args.vocab, "params_approx": n_params},

@@ -38,7 +38,8 @@ def write_variant(tmp_path, old: str, new: str):
     ('default = true', 'default = "yes"', "default: expected a bool"),
     ("[kernels.apex]", "[kernels.apex\n", "not valid TOML"),
     ("[kernels.apex]", "[kernels.apexx]\ncommit = 'x'\n[kernels.apex]",
-     "[kernels.apexx]: expected a declared recipe (apex, flash-attn)"),
+     "[kernels.apexx]: expected a declared recipe (apex, flash-attn, "
+     "transformer-engine)"),
     ('variants = ["cpp_ext", "cuda_ext", "fast_layer_norm"]', 'variants = ["cuda"]',
      "kernels.apex.variants: expected one of cpp_ext, cuda_ext, fast_layer_norm for every item "
      "(got 'cuda')"),

@@ -2,6 +2,7 @@
 and fetched with pinned submodules (real git, local repositories)."""
 
 import re
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,105 @@ def test_choices_take_listed_values_only(tmp_path):
     assert (p.switches, p.variants) == ({"TINY_SIZES": "1,3"}, ("sizes=1,3",))
 
 
+TE_COMMIT = "4329ff84bfbdaa778a33cba02a15fb0807c64689"
+TE_SUBMODULES = {"3rdparty/cutlass": "57e3cfb47a2d9e0d46eb6335c3dc411498efa198",
+                 "3rdparty/cudnn-frontend": "e46d7082450264ce05cf898f8740011c4896f817"}
+
+
+def test_transformer_engine_resolves_with_pinned_submodules():
+    te = build.packages(profile.load("core_v0.19.0-cu130"))["transformer-engine"]
+    assert (te.pin, te.source.tag) == (TE_COMMIT, "v2.17.1")
+    assert te.source.submodules == tuple((p, f"https://github.com/NVIDIA/{p.split('/')[1]}.git",
+                                          c) for p, c in TE_SUBMODULES.items())
+    assert te.source.digest == f"git:{TE_COMMIT}" + "".join(f"+{p}@{c}"
+                                                            for p, c in TE_SUBMODULES.items())
+    assert te.switches == {"NVTE_FRAMEWORK": "pytorch", "NVTE_WITH_NCCL_EP": "0",
+                           "NVTE_NO_LOCAL_VERSION": "1",
+                           "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1", "NVTE_CUDA_ARCHS": "90"}
+    assert te.modules == ("transformer_engine.pytorch", "transformer_engine_torch")
+    # both shared objects sit inside the package, not where the module names would put them
+    assert te.wheel_libraries == ("transformer_engine/libtransformer_engine",
+                                  "transformer_engine/transformer_engine_torch")
+    assert te.gb_per_job == 4.0
+    assert "transformer-engine" not in build.packages(profile.load("core_v0.4.0-cu121"))
+
+
+def test_wheel_check_looks_for_the_declared_libraries(tmp_path):
+    te = build.packages(profile.load("core_v0.19.0-cu130"))["transformer-engine"]
+    wheel = tmp_path / "transformer_engine-2.17.1-cp312-cp312-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("transformer_engine/__init__.py", "")
+        z.writestr("transformer_engine/libtransformer_engine.so", "")
+        z.writestr("transformer_engine/pytorch/__init__.py", "")
+    assert build._not_in_wheel(wheel, te.wheel_libraries) == [
+        "transformer_engine/transformer_engine_torch"]
+    with zipfile.ZipFile(wheel, "a") as z:
+        z.writestr("transformer_engine/transformer_engine_torch.cpython-312-x86_64-linux-gnu.so",
+                   "")
+    assert build._not_in_wheel(wheel, te.wheel_libraries) == []
+
+
+def _toolkit(root: Path) -> Path:
+    """A CUDA home whose nvcc prints what the H200 node's nvcc 13.0 printed."""
+    release = Path(__file__).parent / "fixtures" / "h200-live" / "nvcc-version.txt"
+    (root / "bin").mkdir(parents=True)
+    (root / "include").mkdir()
+    (root / "include" / "cuda_runtime.h").write_text("")
+    (root / "bin" / "nvcc").write_text(f"#!/bin/sh\ncat '{release}'\n")
+    (root / "bin" / "nvcc").chmod(0o755)
+    return root
+
+
+def test_transformer_engine_plan_takes_headers_from_the_environments_wheels(tmp_path,
+                                                                          monkeypatch):
+    te = build.packages(profile.load("core_v0.19.0-cu130"))["transformer-engine"]
+    monkeypatch.setenv("CUDA_HOME", str(_toolkit(tmp_path / "cuda-13.0")))
+    monkeypatch.setenv("MAX_JOBS", "16")
+    monkeypatch.setenv("CPATH", "/opt/site/include")
+    keys = []
+    for env in ("a", "b"):
+        site = tmp_path / env / "site-packages"
+        for d in ("nvidia/cudnn/include", "nvidia/nccl/include"):
+            (site / d).mkdir(parents=True)
+        facts = {"torch": "2.11.0+cu130", "cuda": "13.0", "abi": 1, "tag": "cpython-312",
+                 "platlib": str(site)}
+        p = build.plan(te, Path("/nonexistent/python"), ["9.0"], facts=facts)
+        assert p.env["CPATH"] == (f"{site}/nvidia/cudnn/include:{site}/nvidia/nccl/include:"
+                                  "/opt/site/include")
+        assert p.env["CUDNN_PATH"] == f"{site}/nvidia/cudnn"
+        assert (p.env["NVTE_CUDA_ARCHS"], p.env["TORCH_CUDA_ARCH_LIST"]) == ("90", "9.0")
+        assert p.env["CUDA_HOME"] == str(tmp_path / "cuda-13.0")
+        flags = next(line for line in p.lines() if line.startswith("  flags"))
+        assert f"CUDNN_PATH={site}/nvidia/cudnn" in flags and "NVTE_WITH_NCCL_EP=0" in flags
+        keys.append(p.key)
+    # where the environment lives is not an input of the wheel: one key for both
+    assert keys[0] == keys[1] and keys[0].startswith("transformer-engine-")
+    archs = ["9.0", "10.0"]
+    both = build.packages(profile.load("core_v0.19.0-cu130"), archs)["transformer-engine"]
+    other = build.plan(both, Path("/nonexistent/python"), archs, facts=facts)
+    assert other.env["NVTE_CUDA_ARCHS"] == "90;100" and other.key != keys[0]
+    (site / "nvidia/nccl/include").rmdir()
+    with pytest.raises(UserError, match=r"transformer-engine builds against nvidia/cudnn/include, "
+                                        r"nvidia/nccl/include .*not there: .*b/site-packages/"
+                                        r"nvidia/nccl/include\n"):
+        build.plan(te, Path("/nonexistent/python"), ["9.0"], facts=facts)
+
+
+def test_transformer_engine_table_must_pin_every_submodule(tmp_path):
+    src = (profile.ENVS_DIR / "core_v0.19.0-cu130" / "profile.toml").read_text()
+    (tmp_path / "p").mkdir()
+    path = tmp_path / "p" / "profile.toml"
+    line = f'"3rdparty/cudnn-frontend" = "{TE_SUBMODULES["3rdparty/cudnn-frontend"]}"'
+    assert line in src
+    path.write_text(src.replace(line, ""))
+    with pytest.raises(UserError, match=r"kernels.transformer-engine.submodules.3rdparty/"
+                                        r"cudnn-frontend"):
+        profile.load_file(path)
+    path.write_text(src.replace(line, '"3rdparty/cudnn-frontend" = "v1.25.0"'))
+    with pytest.raises(UserError, match="expected a commit of 40"):
+        profile.load_file(path)
+
+
 def test_variants_default_and_build_options():
     r = recipe.Recipe("tiny", "a test recipe", "git", repo="/nowhere", build_options=("--cpp",),
                       modules=("tiny._C",), variants=(
@@ -84,12 +184,14 @@ def test_listing_shows_every_recipe_with_each_profiles_pins(capsys):
     assert "core_v0.19.0-cu130 25.09 @ 4bdecd06b3c4 +cpp_ext +cuda_ext" in lines
     assert "core_v0.19.0-cu130 2.8.3 +hdims=128 +dtypes=bf16" in lines
     assert "hdims 32, 64, 96, 128, 160, 192, 224, 256 (default all)" in lines
-    assert lines[-1].startswith("2 kernel recipes")
+    assert "core_v0.19.0-cu130 v2.17.1 @ 4329ff84bfbd" in lines
+    assert lines[-1].startswith("3 kernel recipes")
 
 
 def test_build_names_unknown_and_unpinned_recipes(tmp_path):
     prof = profile.load("core_v0.4.0-cu121")
-    with pytest.raises(UserError, match="no recipe named 'flash'; declared: apex, flash-attn"):
+    with pytest.raises(UserError, match="no recipe named 'flash'; declared: apex, flash-attn, "
+                                             "transformer-engine"):
         build.selected(prof, "flash", prof.archs)
     text = prof.path.read_text()
     start = text.index("[kernels.flash-attn]")

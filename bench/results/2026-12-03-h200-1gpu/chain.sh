@@ -1,0 +1,4 @@
+python3 bench/kernel_build.py flash-attn --profile core_v0.19.0-cu130 --python /opt/torch/.venv/bin/python3 --out /tmp/r/flash-attn-variant > /tmp/r/fa.log 2>&1; echo fa-exit $? >> /tmp/r/status
+python3 bench/kernel_build.py apex --profile core_v0.19.0-cu130 --python /opt/torch/.venv/bin/python3 --out /tmp/r/apex > /tmp/r/apex.log 2>&1; echo apex-exit $? >> /tmp/r/status
+python3 bench/memory_limit.py flash-attn --profile core_v0.19.0-cu130 --python /opt/torch/.venv/bin/python3 --limit-gib 24 --naive-jobs 16 --only naive --out /tmp/r/memory-limit-naive > /tmp/r/memn.log 2>&1; echo memn-exit $? >> /tmp/r/status
+python3 bench/memory_limit.py flash-attn --profile core_v0.19.0-cu130 --python /opt/torch/.venv/bin/python3 --limit-gib 24 --only derived --out /tmp/r/memory-limit-derived > /tmp/r/memd.log 2>&1; echo memd-exit $? >> /tmp/r/status
