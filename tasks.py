@@ -166,7 +166,10 @@ def preflight(c, fleet=None, local=False, json=False, profile=None, python=None,
             "out": "the archive to write (FILE.tar)",
             "adopt": "leave the lock's wheels out: for nodes that adopt their own torch",
             "with_builds": "add the cached kernel wheels built for this profile",
-            "since": "write only what this older bundle lacks (a delta)"})
-def bundle(c, out, profile=None, adopt=False, with_builds=False, since=None):
+            "since": "write only what this older bundle lacks (a delta)",
+            "without": "leave this kernel package out (repeat; its builds then need a bundle "
+                       "that has it)"},
+      iterable=["without"])
+def bundle(c, out, profile=None, adopt=False, with_builds=False, since=None, without=None):
     """One archive with everything `invoke setup --bundle` needs on a node without network."""
-    _done(commands.bundle(profile, out, adopt, with_builds, since))
+    _done(commands.bundle(profile, out, adopt, with_builds, since, without))

@@ -250,13 +250,25 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, ec
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def git_pins(prof: Profile) -> list[tuple[str, str, str, str | None]]:
+def git_pins(prof: Profile, without: Iterable[str] = ()) -> list[tuple[str, str, str, str | None]]:
     """(name, repository, commit, tag) of every git source the profile's setup checks out:
-    Megatron-LM, each git-sourced kernel package and each submodule it pins."""
+    Megatron-LM, each git-sourced kernel package (but those `without` names) and each submodule
+    it pins."""
     m = prof.megatron
     return [("megatron", m["repo"], m["commit"], m["tag"]),
             *((name, url, commit, tag) for k in build.packages(prof).values()
+              if k.name not in without
               for name, url, commit, tag, _path in build.git_sources(k))]
+
+
+def _left_out(prof: Profile, without: Iterable[str]) -> list[str]:
+    """The kernel packages a bundle leaves out, each checked against the profile's recipes."""
+    known = sorted(build.packages(prof))
+    for name in without:
+        if name not in known:
+            raise UserError(f"--without {name}: {prof.name} pins no kernel package of that name",
+                            fix=f"one of: {', '.join(known)}")
+    return sorted(set(without))
 
 
 def repo_path(name: str, commit: str) -> str:
@@ -265,10 +277,12 @@ def repo_path(name: str, commit: str) -> str:
     return f"git/{re.sub(r'[^A-Za-z0-9._-]+', '-', name)}-{commit[:12]}.git"
 
 
-def _builds(prof: Profile) -> list[tuple[str, Path]]:
+def _builds(prof: Profile, without: Iterable[str] = ()) -> list[tuple[str, Path]]:
     """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
     out = []
     for k in build.packages(prof).values():
+        if k.name in without:
+            continue
         want = {"source": k.source.digest,
                 "patches": digest.of_files(patches.series(k.name, k.pin)),
                 "python": _py_tag(prof.python), "cuda": prof.cuda,
@@ -329,9 +343,14 @@ def _manifest_digest(doc: dict) -> str:
 
 
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
-         since: Path | None = None, echo=output.status) -> Made:
-    """Write the bundle of `prof` to `out` (a .tar); with `since`, only what that bundle lacks."""
+         since: Path | None = None, without: Iterable[str] = (), echo=output.status) -> Made:
+    """Write the bundle of `prof` to `out` (a .tar); with `since`, only what that bundle lacks.
+
+    `without` leaves kernel packages out (their sources and builds): a smaller archive for nodes
+    that bring those kernels or set up with --no-builds; the manifest says which, and the offline
+    side refuses to build them by name instead of reaching for the network."""
     t0 = time.monotonic()
+    without = _left_out(prof, without)
     if problems := lock.stale(prof):
         raise UserError("; ".join(problems),
                         fix=f"run `invoke lock --profile {prof.name}` and commit the locks first")
@@ -350,7 +369,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
         repos, sdists = [], []
         for k in build.packages(prof).values():
-            if k.source.repo:  # carried as a repository below
+            if k.source.repo or k.name in without:  # a repository below, or left out
                 continue
             echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
             build.fetch(k, Path(sys.executable), echo)  # downloads once, checks the sha256
@@ -358,7 +377,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
             entries.append(Entry(name, arc, ""))
             sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
-        for name, url, commit, tag in git_pins(prof):
+        for name, url, commit, tag in git_pins(prof, without):
             rel = repo_path(name, commit)
             repos.append({"name": name, "commit": commit, "tag": tag, "path": rel})
             if base and any(f.startswith(rel + "/") for f in base["files"]):
@@ -367,7 +386,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             _bare_repo(name, url, commit, tag, stage / rel, echo)
             entries += _tree(stage / rel, rel)
         if with_builds:
-            found = _builds(prof)
+            found = _builds(prof, without)
             echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]
@@ -396,7 +415,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             "python": prof.python, "platform": {"system": "linux", "machine": MACHINE,
                                                 "wheels": lock.PLATFORM},
             "mode": "adopt" if adopt else "full", "with_builds": with_builds,
-            "base": _manifest_digest(base) if base else None,
+            "base": _manifest_digest(base) if base else None, "without": without,
             "git": repos, "sources": sdists, "files": dict(sorted(files.items())),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -519,8 +538,11 @@ def check_serves(doc: dict, prof: Profile, python: Path | str | None) -> None:
 
 
 def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Path | None,
-        echo=output.status) -> tuple[str, Path]:
+        builds: str | None = "all", echo=output.status) -> tuple[str, Path]:
     """Check the bundle, then point this process's chain at it; -> (profile name, its root).
+
+    `builds` names the kernel package the caller will build (`all`, or None for none): one the
+    bundle was made without is refused here, before anything is installed.
 
     Nothing reaches the network afterwards: uv and pip are told there is no index, git sources
     come from the bundle's repositories, sdists and cached builds from its files."""
@@ -538,6 +560,13 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
     if doc["mode"] == "adopt" and python is None:
         raise UserError("this bundle carries no environment (made with --adopt): it serves an "
                         "existing torch", fix="pass --adopt PYTHON (or --python PYTHON)")
+    left_out = doc.get("without", [])
+    wanted = (set() if builds is None else set(build.packages(prof)) if builds == "all"
+              else {builds})
+    if missing := sorted(wanted & set(left_out)):
+        raise UserError(f"the bundle was made without {', '.join(missing)}: it carries no "
+                        "source to build from", fix="set up with --no-builds, or use a bundle "
+                        "made without --without")
     echo(f"bundle: {len(doc['files'])} files match {MANIFEST} ({time.monotonic() - t0:.1f} s); "
          f"profile {prof.name}, Python {doc['python']}, made {doc['made_at']}")
     # uv's own cache of its own: a cache that once saw an index makes uv fetch a pinned wheel

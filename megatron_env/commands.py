@@ -81,7 +81,7 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     from . import env as env_mod
     from . import pipeline
 
-    profile_name = _use_bundle(bundle, profile_name, adopt)
+    profile_name = _use_bundle(bundle, profile_name, adopt, None if no_builds else "all")
     prof = profile.load(profile_name)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
                            env_mod.default_prefix(prof),
@@ -160,7 +160,7 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
     from . import env as env_mod
 
     profile_name = _use_bundle(bundle, profile_name,
-                               (python or sys.executable) if adopt else python)
+                               (python or sys.executable) if adopt else python, None)
     prof = profile.load(profile_name)
     if adopt:
         v = env_mod.adopt(prof, python, install_missing, find_links, no_index)
@@ -202,7 +202,7 @@ def build(which: str = "all", profile_name: str | None = None, prefix: str | Non
     if bundle:  # the environment to build for must be the bundle's Python
         name = _bundle_profile(bundle, profile_name)
         profile_name = _use_bundle(bundle, name,
-                                   str(_interpreter(profile.load(name), prefix, python)))
+                                   str(_interpreter(profile.load(name), prefix, python)), which)
     prof = profile.load(profile_name)
     py = _interpreter(prof, prefix, python)
     archs = (probe.native_archs(py) if arch == "native" else
@@ -404,19 +404,21 @@ def _bundle_profile(bundle: list[str], profile_name: str | None) -> str:
 
 
 def _use_bundle(bundle: list[str] | None, profile_name: str | None,
-                python: str | None) -> str | None:
-    """With --bundle: check it and point the chain at it (nothing else is reached)."""
+                python: str | None, builds: str | None) -> str | None:
+    """With --bundle: check it and point the chain at it (nothing else is reached); `builds`:
+    the kernel package to be built (`all`, a name, None)."""
     if not bundle:
         return profile_name
     from . import bundle as bundle_mod
 
-    name, _root = bundle_mod.use(bundle, profile_name, python)
+    name, _root = bundle_mod.use(bundle, profile_name, python, builds)
     return name
 
 
 @guarded
 def bundle(profile_name: str | None = None, out_file: str | None = None, adopt: bool = False,
-           with_builds: bool = False, since: str | None = None) -> int:
+           with_builds: bool = False, since: str | None = None,
+           without: list[str] | None = None) -> int:
     """One archive with everything the profile's setup needs offline (megatron_env.bundle)."""
     from . import bundle as bundle_mod
 
@@ -424,7 +426,8 @@ def bundle(profile_name: str | None = None, out_file: str | None = None, adopt: 
         raise UserError("--out FILE.tar is required", fix="invoke bundle --out my-bundle.tar")
     prof = profile.load(profile_name)
     made = bundle_mod.make(prof, Path(out_file), adopt=adopt, with_builds=with_builds,
-                           since=Path(since) if since else None)
+                           since=Path(since) if since else None,
+                           without=[n for w in without or () for n in w.split(",") if n])
     output.table([(role, f"{size / 2**20:.1f} MiB") for role, size
                   in sorted(made.by_role.items(), key=lambda x: -x[1])], indent="  ")
     delta = f", {made.reused} files left to its base" if since else ""

@@ -226,6 +226,34 @@ def test_adopt_bundle_refusals_and_a_delta_after_one_moved_pin(repo, toolhouse, 
     assert "files match manifest.json" in flat(r)
 
 
+@offline
+def test_a_bundle_without_a_kernel_refuses_its_build_by_name(repo, toolhouse, tmp_path):
+    """`--without apex`: no apex repository in the archive, the manifest says so, and a setup
+    that would build apex is refused by name before anything is installed; with --no-builds the
+    same bundle serves."""
+    r = invoke(repo, "bundle", "--profile", PROFILE, "--out", tmp_path / "x.tar", "--adopt",
+               "--without", "nosuch", env={"PYTHONPATH": str(repo)})
+    assert r.returncode == 2 and "--without nosuch: " in flat(r) and "one of: apex" in flat(r)
+    small = tmp_path / "small.tar"
+    make_bundle(repo, tmp_path, [toolhouse], "--out", small, "--adopt", "--without", "apex")
+    with tarfile.open(small) as tar:
+        names = tar.getnames()
+        doc = json.load(tar.extractfile("manifest.json"))
+    assert doc["without"] == ["apex"]
+    assert not [n for n in names if n.startswith("git/apex")]
+    assert [n for n in names if n.startswith("git/megatron")]
+    py310 = lock.find_python("3.10")[0]
+    prefix = tmp_path / "env"
+    node = {"MEGATRON_ENV_CACHE": str(tmp_path / "node-cache"), "PYTHONPATH": str(repo)}
+    r = invoke(repo, "setup", "--profile", PROFILE, "--bundle", small, "--adopt", py310,
+               "--prefix", prefix, "--only", "lock", env=node, offline_run=True)
+    assert r.returncode == 2 and "the bundle was made without apex" in flat(r), flat(r)[-2000:]
+    assert "--no-builds" in flat(r) and not prefix.exists()
+    r = invoke(repo, "setup", "--profile", PROFILE, "--bundle", small, "--adopt", py310,
+               "--prefix", prefix, "--only", "lock", "--no-builds", env=node, offline_run=True)
+    assert r.returncode == 0 and statuses(r.stdout)["lock"] == "done", flat(r)[-2000:]
+
+
 def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path, monkeypatch):
     """The cache's meta.json says what each key was made from (build.plan's key document):
     a bundle takes the slots of this profile's pins, variants, Python, torch and archs, no
