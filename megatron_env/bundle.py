@@ -565,8 +565,8 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
               else {builds})
     if missing := sorted(wanted & set(left_out)):
         raise UserError(f"the bundle was made without {', '.join(missing)}: it carries no "
-                        "source to build from", fix="set up with --no-builds, or use a bundle "
-                        "made without --without")
+                        "source to build from", fix="set up with --no-builds, or bundle again "
+                        f"without `--without {missing[0]}`")
     echo(f"bundle: {len(doc['files'])} files match {MANIFEST} ({time.monotonic() - t0:.1f} s); "
          f"profile {prof.name}, Python {doc['python']}, made {doc['made_at']}")
     # uv's own cache of its own: a cache that once saw an index makes uv fetch a pinned wheel
