@@ -92,6 +92,12 @@ def dist_infos(roots: list[str]) -> dict[str, Path]:
     return out
 
 
+def _bytecode(record_path: str) -> bool:
+    """A RECORD entry for a `__pycache__/*.pyc`: a cache Python rewrites or that an image may
+    strip, never content (its .py is checked); pip records these without a hash."""
+    return record_path.endswith(".pyc") and "__pycache__/" in record_path
+
+
 def scan(roots: list[str]) -> dict:
     """The manifest of the distributions installed under `roots` (site-packages directories)."""
     dists = {}
@@ -106,7 +112,7 @@ def scan(roots: list[str]) -> dict:
         except OSError:
             rows = []
         for row in rows:
-            if not row or not row[0]:
+            if not row or not row[0] or _bytecode(row[0]):
                 continue
             path = os.path.normpath(os.path.join(root, row[0]))
             try:

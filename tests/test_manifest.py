@@ -120,3 +120,50 @@ def test_a_package_the_lock_does_not_install_is_not_repaired_blindly(small_env):
     python, lockfile, sources = small_env
     with pytest.raises(UserError, match="megatron-core changed"):
         env.repair(python, lockfile, ["megatron-core"], sources, print)
+
+
+def test_a_bytecode_cache_an_image_stripped_is_not_damage(small_env):
+    """pip records each `__pycache__/*.pyc` it compiled, with no hash; images strip them (seen
+    on the H200 node's adopted environment: pandas, httpx, transformers). Python rewrites them at
+    will, so they are not content: absent or rewritten, neither check names them."""
+    python, _, _ = small_env
+    info = next(Path(d) for d in probe(python, torch=False)["sites"]
+                for d in Path(d).glob("einops-*.dist-info"))
+    with open(info / "RECORD", "a", encoding="utf-8") as fh:
+        fh.write("einops/__pycache__/einops.cpython-312.pyc,,\n")
+    m = record(python)
+    assert manifest.stat_check(m) == [] and manifest.hash_check(m) == []
+    einops_file(m).write_text("# damaged\n")  # the source it caches is still checked
+    assert [d.kind for d in manifest.hash_check(m)] == ["hash"]
+
+
+def test_adopted_deep_check_stops_on_pinned_packages_and_names_the_sites_own(
+        small_env, tmp_path, monkeypatch, capsys):
+    """--verify-deep on an adopted environment: a changed file of a package the lock pins (einops)
+    stops the chain; one the lock does not pin (the H200 image's certifi CA bundle, here a package
+    outside the lock's subset: six is removed from the pins) is a warning naming it."""
+    from megatron_env import megatron, pipeline
+
+    python, lockfile, _ = small_env
+    prof = profile.load("core_v0.4.0-cu121")
+    prof_dir = tmp_path / "prof"
+    prof_dir.mkdir()
+    (prof_dir / lock.LOCK_FILE).write_text(lock.subset(lockfile.read_text(), {"einops"}))
+    monkeypatch.setattr(type(prof), "dir", property(lambda _self: prof_dir))
+    sites = probe(python, torch=False)["sites"]
+    # megatron.core cannot import here (no torch): the import probe is the boundary
+    monkeypatch.setattr(megatron, "check_import", lambda _py: {
+        "sites": sites, "imported": {"megatron.core": "/x/megatron/core/__init__.py"}})
+    ctx = pipeline.Context(prof, tmp_path / "env", adopt=Path(python), deep=True)
+    ctx.stamps.mkdir(parents=True)
+    pipeline._verify_run(ctx)  # the first run records the adopted environment's manifest
+    m = record(python)
+    six = Path(next(p for d in m["dists"].values() if d["name"] == "six"
+                    for p, *_ in d["files"] if p.endswith("six.py")))
+    six.write_text(six.read_text() + "# a site's own change\n")
+    pipeline._verify_run(ctx)
+    err = capsys.readouterr().err
+    assert "warning: 1 package(s)" in err and "six" in err and "einops" not in err
+    einops_file(m).write_text("# damaged\n")
+    with pytest.raises(UserError, match="einops"):
+        pipeline._verify_run(ctx)
