@@ -42,19 +42,28 @@ from megatron_env.resources import cores, mem_available, memory  # noqa: E402
 
 # Kernels outside the profile's variant (head dim 64, fp16): each call must raise the
 # variant's RuntimeError (or run, where the build has them), never crash the process.
+# One case per process (`-X faulthandler`): a case that kills its interpreter (seen on the H200,
+# 2026-12-03: SIGSEGV, empty stderr) leaves the others' answers, and the fault's Python stack and
+# the stage it reached ("call", "raised", "backward", "exit") show where it died.
+NOT_BUILT_CASES = (("bfloat16", 64), ("float16", 128))
 NOT_BUILT_PROBE = """
-import json, torch
+import json, sys, torch
 from flash_attn import flash_attn_func
-out = {}
-for dtype, d in ((torch.bfloat16, 64), (torch.float16, 128)):
-    q = torch.randn(1, 128, 4, d, device="cuda", dtype=dtype, requires_grad=True)
-    try:
-        flash_attn_func(q, q, q).sum().backward()
-        out[f"{dtype}-{d}"] = "ran"
-    except RuntimeError as e:
-        out[f"{dtype}-{d}"] = str(e).splitlines()[0]
-print(json.dumps(out))
+dtype, d = getattr(torch, sys.argv[1]), int(sys.argv[2])
+print("stage call", flush=True)
+q = torch.randn(1, 128, 4, d, device="cuda", dtype=dtype, requires_grad=True)
+try:
+    out = flash_attn_func(q, q, q)
+    print("stage backward", flush=True)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    print(json.dumps({"result": "ran"}), flush=True)
+except RuntimeError as e:
+    print("stage raised", flush=True)
+    print(json.dumps({"result": str(e).splitlines()[0]}), flush=True)
+print("stage exit", flush=True)
 """
+
 
 PROBE = ("import json, torch; print(json.dumps({'torch': torch.__version__, "
          "'cuda': torch.version.cuda, 'nccl': '.'.join(map(str, torch.cuda.nccl.version())) "
@@ -201,10 +210,16 @@ def gpu_checks(python: str, out: Path, check: str, outside_variant: bool) -> dic
         found["check"] = {"name": check, **found["kernels"].get(check, {"status": "absent"})}
     if not outside_variant:
         return found
-    r = subprocess.run([python, "-c", NOT_BUILT_PROBE], capture_output=True, text=True)
-    found["outside_variant"] = (json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode
-                                 == 0 and r.stdout.strip() else {"crashed": r.returncode,
-                                                                 "tail": r.stderr[-500:]})
+    found["outside_variant"] = {}
+    for dtype, d in NOT_BUILT_CASES:
+        r = subprocess.run([python, "-X", "faulthandler", "-c", NOT_BUILT_PROBE, dtype, str(d)],
+                           capture_output=True, text=True, timeout=600)
+        lines = r.stdout.splitlines()
+        answer = next((json.loads(x)["result"] for x in lines if x.startswith("{")), None)
+        found["outside_variant"][f"{dtype}-{d}"] = {
+            "rc": r.returncode, "result": answer,
+            "stages": [x.split()[1] for x in lines if x.startswith("stage ")],
+            "stderr_tail": r.stderr[-2000:]}
     return found
 
 
