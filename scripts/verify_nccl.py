@@ -606,7 +606,10 @@ def main(argv=None) -> int:
                             "meaningful": world > 1})
     topo = local_topology(torch, backend, world, local_world)
     dist.barrier()
-    dist.destroy_process_group()
+    if backend != "gloo":
+        # torch 2.1.0's gloo: a rank can hang in destroy_process_group after this barrier (every
+        # run of tests/test_env.py's 2-rank case here; pytorch/pytorch#75097); exit frees it
+        dist.destroy_process_group()
     if rank != 0:
         return 0
 
