@@ -134,7 +134,8 @@ def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) ->
                             "or PIP_FIND_LINKS")
 
 
-def _tool_wheels(prof: Profile, source: Path, dest: Path, echo) -> None:
+def _tool_wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...] = ()
+                 ) -> None:
     """megatron-env as a wheel, its runtime dependencies and its build backend, for the profile's
     Python: `pip install --no-index --find-links tool megatron-env` then needs nothing else."""
     echo(f"tool: building the megatron-env {__version__} wheel")
@@ -150,12 +151,13 @@ def _tool_wheels(prof: Profile, source: Path, dest: Path, echo) -> None:
         built = next((Path(tmp) / "dist").glob("megatron_env-*.whl"))
         shutil.copy(built, dest / built.name)
     echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
-    pins = tool_pins(source / "pyproject.toml", prof.python)
+    pins = tool_pins(source / "pyproject.toml", prof.python, extras)
     _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
 
 
-def tool_pins(pyproject: Path, python: str) -> list[str]:
-    """The tool's runtime dependencies and build backend resolved for `python` on linux x86_64.
+def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> list[str]:
+    """The tool's runtime dependencies (and `extras`') and build backend resolved for `python`
+    on linux x86_64.
 
     uv resolves, because `pip download --python-version` still judges markers by the running
     interpreter (tomli for 3.10 would be left out when run by 3.12)."""
@@ -167,6 +169,7 @@ def tool_pins(pyproject: Path, python: str) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="megatron-env-tool-") as tmp:
         (Path(tmp) / "backend.in").write_text("\n".join(backend) + "\n")
         r = proc.run([uv.exe(), "pip", "compile", pyproject, Path(tmp) / "backend.in",
+                      *(a for e in extras for a in ("--extra", e)),
                       "--python-version", python, "--python-platform", lock.PLATFORM,
                       "--no-header", "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
     if not r.ok:
@@ -217,6 +220,76 @@ def _env_wheels(prof: Profile, echo) -> list[Path]:
         raise UserError(f"no file matching the lock's sha256 for: {', '.join(missing)}",
                         fix=f"the index served other files; remove {house} and retry")
     return chosen
+
+
+def conda_packages(prof: Profile) -> list[dict]:
+    """The linux-64 conda packages of the profile's conda-lock.yml (none without one): name,
+    url, the file's place in a bundle (`conda/<subdir>/<file>`) and the lock's hashes."""
+    f = prof.dir / lock.CONDA_LOCK_FILE
+    if not f.exists():
+        return []
+    try:
+        import yaml
+    except ImportError:
+        raise UserError(f"{f} is read with PyYAML, which is not installed",
+                        fix="pip install 'megatron-env[conda]' (the conda extra)") from None
+    try:
+        doc = yaml.safe_load(f.read_text())
+        out = []
+        for p in doc["package"]:
+            if p.get("manager") != "conda" or p.get("platform") != "linux-64":
+                continue
+            url = str(p["url"])
+            subdir, name = url.split("#")[0].rsplit("/", 2)[-2:]
+            out.append({"name": p["name"], "url": url, "path": f"conda/{subdir}/{name}",
+                        "sha256": p["hash"].get("sha256"), "md5": p["hash"].get("md5")})
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise UserError(f"{f} is not a conda-lock file ({type(e).__name__}: {e})",
+                        fix=f"run `invoke lock --profile {prof.name}` again") from None
+    return out
+
+
+def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
+    """Each conda package downloaded once into the cache and checked against the lock's sha256
+    (md5 where the lock has none), as the lock's wheels are."""
+    import hashlib
+    import urllib.request
+
+    cache = sources.cache_dir() / "conda-pkgs"
+    cache.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, p in enumerate(pkgs, 1):
+        algo, want = ("sha256", p["sha256"]) if p.get("sha256") else ("md5", p.get("md5"))
+        if not want:
+            raise UserError(f"conda-lock.yml gives {p['name']} no sha256 or md5",
+                            fix="lock the conda layer again with conda-lock")
+        dest = cache / f"{want[:16]}-{Path(p['path']).name}"
+
+        def good(f: Path, algo=algo, want=want) -> bool:
+            h = hashlib.new(algo)
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+            return h.hexdigest() == want
+
+        if not (dest.exists() and good(dest)):
+            echo(f"conda: {i}/{len(pkgs)} downloading {Path(p['path']).name}")
+            part = dest.with_name(dest.name + f".part-{os.getpid()}")
+            try:
+                urllib.request.urlretrieve(p["url"].split("#")[0], part)
+            except OSError as e:
+                part.unlink(missing_ok=True)
+                raise UserError(f"cannot download {p['url']}: {e}",
+                                fix="lock the conda layer against a reachable channel "
+                                    f"({lock.CHANNELS_ENV}=MIRROR invoke lock)") from None
+            if not good(part):
+                part.unlink()
+                raise UserError(f"{p['url']} does not match the {algo} in conda-lock.yml",
+                                fix="the channel serves another file: check the mirror, "
+                                    "or lock again")
+            os.replace(part, dest)
+        out.append(dest)
+    return out
 
 
 def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, echo) -> None:
@@ -307,7 +380,7 @@ def _role(arcname: str) -> str:
             return "lock" if arcname.endswith((".lock", ".yml")) else "profile"
         return "patch" if arcname.startswith("source/patches/") else "tool-source"
     return {"tool": "tool-wheel", "wheels": "env-wheel", "sources": "kernel-source",
-            "git": "git", "builds": "kernel-build"}.get(top, top)
+            "git": "git", "builds": "kernel-build", "conda": "conda-package"}.get(top, top)
 
 
 def _tree(root: Path, prefix: str) -> list[Entry]:
@@ -362,11 +435,15 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         entries: list[Entry] = []
         _source_tree(prof, stage / "source")
         entries += _tree(stage / "source", "source")
+        conda = [] if adopt else conda_packages(prof)  # an adopted node brings its own
         (stage / "tool").mkdir()
-        _tool_wheels(prof, stage / "source", stage / "tool", echo)
+        _tool_wheels(prof, stage / "source", stage / "tool", echo,
+                     ("conda",) if conda else ())  # conda-lock installs the conda layer
         entries += _tree(stage / "tool", "tool")
         if not adopt:
             entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
+        entries += [Entry(c["path"], f, "") for c, f in zip(conda, _conda_fetch(conda, echo),
+                                                            strict=True)]
         repos, sdists = [], []
         for k in build.packages(prof).values():
             if k.source.repo or k.name in without:  # a repository below, or left out
@@ -416,7 +493,9 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
                                                 "wheels": lock.PLATFORM},
             "mode": "adopt" if adopt else "full", "with_builds": with_builds,
             "base": _manifest_digest(base) if base else None, "without": without,
-            "git": repos, "sources": sdists, "files": dict(sorted(files.items())),
+            "git": repos, "sources": sdists,
+            "conda": [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda],
+            "files": dict(sorted(files.items())),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         part = out.with_name(out.name + f".part-{os.getpid()}")
@@ -537,6 +616,24 @@ def check_serves(doc: dict, prof: Profile, python: Path | str | None) -> None:
                         f"{sys.platform} {platform.machine()}", fix="use a bundle made for it")
 
 
+def local_conda_lock(prof: Profile, root: Path, doc: dict) -> Path:
+    """The profile's conda-lock.yml with each package URL pointing at the bundle's copy: what
+    `invoke env` installs offline (written under the cache; the bundle may be read-only)."""
+    text = (prof.dir / lock.CONDA_LOCK_FILE).read_text()
+    for c in doc["conda"]:
+        if c["url"] not in text:
+            raise UserError(f"{prof.dir / lock.CONDA_LOCK_FILE} does not list {c['url']}, "
+                            "which the bundle carries", fix="run the tool from the bundle's "
+                            "source/ directory")
+        local = (root / c["path"]).as_uri()
+        text = text.replace(c["url"], local + ("#" + c["url"].split("#")[1] if "#" in c["url"]
+                                               else ""))
+    out = sources.cache_dir() / "bundle-conda" / f"{digest.hexpart(digest.of(text), 16)}.yml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out
+
+
 def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Path | None,
         builds: str | None = "all", echo=output.status) -> tuple[str, Path]:
     """Check the bundle, then point this process's chain at it; -> (profile name, its root).
@@ -580,6 +677,8 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
         os.environ[sources.mirror_var(repo["name"])] = str(root / repo["path"])
     for sdist in doc["sources"]:
         os.environ[recipe.source_var(sdist["name"])] = str(root / sdist["path"])
+    if doc.get("conda"):
+        os.environ[lock.CONDA_LOCKFILE_ENV] = str(local_conda_lock(prof, root, doc))
     cached = build.cache_dir() / "wheels"
     for slot in sorted({Path(f).parent for f in doc["files"] if f.startswith("builds/")}):
         target = cached / slot.name

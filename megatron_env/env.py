@@ -400,14 +400,13 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
 def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
             find_links, no_index, echo) -> str:
     log = target.with_suffix(".log")
-    conda_lock_file = profile.dir / lock.CONDA_LOCK_FILE
+    conda_lock_file = lock.conda_lockfile(profile)
     solver = conda or lock.conda_solver()
     if use_conda is None:
         use_conda = bool(solver and conda_lock_file.exists())
     if use_conda:
         if not (solver and conda_lock_file.exists()):
-            raise UserError("--conda needs a conda solver and "
-                            f"{conda_lock_file.relative_to(REPO_ROOT)}",
+            raise UserError(f"--conda needs a conda solver and {conda_lock_file}",
                             fix="install micromamba and run `invoke lock`")
         echo(f"conda: installing {conda_lock_file.name} into {target} with {solver}")
         r = lock.conda_install(conda_lock_file, target, solver)

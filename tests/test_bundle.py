@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from megatron_env import build, digest, lock, patches, profile, recipe, sources
+from megatron_env.errors import UserError
 
 from . import test_setup
 from .test_setup import PATCH, PROFILE, git, statuses
@@ -314,3 +315,50 @@ def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path,
     tree = build.fetch(pkg, Path("/nonexistent/python"), echo=lambda *_: None)
     assert (tree / "third_party/headers/include/h.h").read_text() == "// one\n"
     assert (tree / "setup.py").exists()
+
+
+def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gone(
+        tmp_path, monkeypatch):
+    """A profile locked with a conda layer: its packages go into the bundle, each checked against
+    the conda-lock.yml's sha256 (a channel serving another file is refused by name); offline,
+    the lock's URLs point into the bundle and conda-lock installs the layer from it alone (the
+    channel deleted first, every HTTP request sent to a closed port), as `invoke env` does."""
+    from megatron_env import bundle
+
+    from .conda_channel import lock_offline
+
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    src = profile.ENVS_DIR / PROFILE
+    shutil.copytree(src, tmp_path / "envs" / src.name)
+    prof = profile.load_file(tmp_path / "envs" / src.name / "profile.toml")
+    assert bundle.conda_packages(prof) == []  # no conda layer, nothing to carry
+    conda_lock, stub = lock_offline(prof, tmp_path, monkeypatch, echo=lambda *_: None)
+    pkgs = bundle.conda_packages(prof)
+    assert sorted(p["path"] for p in pkgs) == [
+        "conda/linux-64/cuda-cudart-dev-12.1.105-0.tar.bz2",
+        "conda/linux-64/cuda-libraries-dev-12.1.1-0.tar.bz2",
+        "conda/linux-64/cuda-nvcc-12.1.105-0.tar.bz2", "conda/linux-64/gxx_linux-64-11.4.0-0.tar.bz2",
+        "conda/linux-64/python-3.10.13-0.tar.bz2", "conda/noarch/ninja-1.11.1-0.tar.bz2"]
+    said = []
+    files = bundle._conda_fetch(pkgs, said.append)
+    assert len(said) == 6 and "conda: 1/6 downloading" in said[0]
+    assert bundle._conda_fetch(pkgs, said.append) == files and len(said) == 6  # cached
+    root = tmp_path / "bundle"
+    for p, f in zip(pkgs, files, strict=True):
+        (root / p["path"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, root / p["path"])
+    shutil.rmtree(tmp_path / "channel")
+    doc = {"conda": [{"name": p["name"], "url": p["url"], "path": p["path"]} for p in pkgs]}
+    local = bundle.local_conda_lock(prof, root, doc)
+    text = local.read_text()
+    assert not [p for p in pkgs if p["url"] in text]
+    assert all((root / p["path"]).as_uri() in text for p in pkgs)
+    res = lock.conda_install(local, tmp_path / "prefix", str(stub))
+    assert res.ok, res.output
+    nvcc = subprocess.run([tmp_path / "prefix" / "bin" / "nvcc"], capture_output=True, text=True)
+    assert "release 12.1" in nvcc.stdout
+    # a channel that serves another file than the one locked
+    bad = [{**pkgs[0], "url": (root / pkgs[0]["path"]).as_uri(), "sha256": "0" * 64}]
+    with pytest.raises(UserError, match="does not match the sha256 in conda-lock.yml"):
+        bundle._conda_fetch(bad, said.append)
+    assert not list((tmp_path / "cache" / "conda-pkgs").glob("*.part-*"))

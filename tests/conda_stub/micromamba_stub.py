@@ -9,9 +9,11 @@ local file:// channel), so no network is needed.
 """
 
 import asyncio
+import hashlib
 import json
 import os
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
@@ -62,8 +64,22 @@ def solve(opts):
     return 0
 
 
+def record_of_archive(url):
+    """A RepoDataRecord read from the package file itself (its info/index.json), as micromamba
+    installs an explicit file:// URL with no repodata beside it (an offline bundle's copies)."""
+    path = Path(urlparse(url).path)
+    data = path.read_bytes()
+    with tarfile.open(path) as tar, tempfile.TemporaryDirectory() as tmp:
+        index = Path(tmp) / "index.json"
+        index.write_bytes(tar.extractfile("info/index.json").read())
+        record = rattler.PackageRecord.from_index_json(
+            index, size=len(data), sha256=hashlib.sha256(data).hexdigest(),
+            md5=hashlib.md5(data).hexdigest())
+    return rattler.RepoDataRecord(record, path.name, url, f"file://{path.parent.parent}")
+
+
 def records_for_urls(urls):
-    """RepoDataRecords for explicit package URLs of file:// channels."""
+    """RepoDataRecords for explicit package URLs of file:// channels, or of bare files."""
     wanted = {u.split("#")[0] for u in urls}
     roots = {str(Path(urlparse(u).path).parent.parent) for u in wanted}
     out = []
@@ -74,7 +90,9 @@ def records_for_urls(urls):
             if repodata.is_file():
                 records = rattler.RepoData.from_path(repodata).into_repo_data(channel)
                 out += [r for r in records if r.url.split("#")[0] in wanted]
-    return out
+    found = {r.url.split("#")[0] for r in out}
+    return out + [record_of_archive(u) for u in sorted(wanted - found)
+                  if Path(urlparse(u).path).is_file()]
 
 
 def install(opts):
