@@ -8,7 +8,8 @@ and whether their compiled modules import, Megatron's commit and patches, the fi
 when nothing has been built yet.
 
 `gather` is the only part with side effects (it probes the host and the environment, each
-through the modules that own that knowledge); `render` and the redaction are pure. Secrets:
+through the modules that own that knowledge); `render` is pure, the redaction is
+megatron_env/redact.py's (shared with the snapshot's env.txt). Secrets:
 a variable whose name looks like a token, key, password or secret is shown as `<redacted>`,
 `user:pass@` in any URL becomes `***@`, and as a last pass the values of every such variable in
 the process environment are removed from the text wherever they appear.
@@ -20,49 +21,22 @@ import contextlib
 import json
 import os
 import platform
-import re
 import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import REPO_ROOT, __version__, checks, parsers, proc, snapshot
+from . import REPO_ROOT, __version__, checks, parsers, proc, redact, snapshot
 from .errors import UserError
 from .profile import Profile
 
 PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "MEGATRON_ENV_")
-REDACTED = "<redacted>"
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|PRIVATE|"
-                          r"(?:^|_)(?:API_?)?KEYS?(?:_|$)|SIGNATURE", re.I)
-_URL_USERINFO = re.compile(r"(\b[a-z][\w+.-]*://)[^/@\s]+@", re.I)
-_QUERY_SECRET = re.compile(r"([?&](?:token|key|api_key|password|secret|sig|signature)=)[^&\s]+",
-                           re.I)
-_MIN_SECRET = 4  # shorter values would blank out ordinary words
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
-
-
-def mask_urls(text: str) -> str:
-    """https://user:pass@host/ -> https://***@host/; ?token=abc -> ?token=***."""
-    return _QUERY_SECRET.sub(r"\1***", _URL_USERINFO.sub(r"\1***@", text))
 
 
 def variables(environ: Mapping[str, str]) -> dict[str, str]:
     """The NCCL_/CUDA_/TORCH_/PYTORCH_/MEGATRON_ENV_ variables, secrets redacted. Pure."""
-    return {k: REDACTED if is_secret_name(k) else mask_urls(v)
-            for k, v in sorted(environ.items()) if k.startswith(PREFIXES)}
-
-
-def scrub(text: str, environ: Mapping[str, str]) -> str:
-    """The last pass: no URL credentials, and no value of a secret-named variable, anywhere."""
-    text = mask_urls(text)
-    for name, value in environ.items():
-        if is_secret_name(name) and len(value) >= _MIN_SECRET:
-            text = text.replace(value, REDACTED)
-    return text
+    return redact.variables({k: v for k, v in environ.items() if k.startswith(PREFIXES)})
 
 
 # --------------------------------------------------------------------------- gathering
@@ -258,7 +232,7 @@ def main(profile: Profile, prefix: Path, as_json: bool,
     environ = os.environ if environ is None else environ
     facts = gather(profile, prefix, environ)
     text = json.dumps(facts, indent=2) + "\n" if as_json else render(facts)
-    return scrub(text, environ)
+    return redact.scrub(text, environ)
 
 
 def write(text: str) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import output, proc
+from . import output, proc, redact
 from .errors import UserError
 
 # file name -> command. ulimit is a shell builtin, hence sh -c.
@@ -191,9 +191,10 @@ def collect(out: Path, *, echo=output.status) -> Snapshot:
             files[name] = {"argv": argv, "status": "ok" if r.ok else "failed",
                            "returncode": r.returncode}
         echo(f"  {name:<24} {files[name]['status']}")
-    env = {k: v for k, v in sorted(os.environ.items())
-           if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
-    (out / "env.txt").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    env = redact.variables({k: v for k, v in os.environ.items()
+                            if k in ENV_NAMES or k.startswith(ENV_PREFIXES)})
+    (out / "env.txt").write_text(redact.scrub("".join(f"{k}={v}\n" for k, v in env.items()),
+                                              os.environ))
     files["env.txt"] = {"status": "ok", "source": "environment (GPU-related variables only)"}
     (out / "nvml.json").write_text(json.dumps(nvml_facts(), indent=2) + "\n")
     files["nvml.json"] = {"status": "ok", "source": "nvidia-ml-py"}

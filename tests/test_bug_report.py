@@ -6,7 +6,7 @@ import subprocess
 import sys
 import venv
 
-from megatron_env import bug_report, build, profile
+from megatron_env import bug_report, build, profile, redact, snapshot
 
 from .conftest import FIXTURES
 
@@ -36,14 +36,14 @@ def test_variables_redact_by_name_and_mask_urls():
     assert v["TORCH_HUB_TOKEN"] == v["NCCL_IB_PRIVATE_KEY"] == "<redacted>"
     assert v["NCCL_DEBUG"] == "INFO" and v["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert "AWS_SECRET_ACCESS_KEY" not in v and "HOME_URL" not in v  # not asked for
-    assert not bug_report.is_secret_name("CUDA_VISIBLE_DEVICES")
-    assert not bug_report.is_secret_name("NCCL_IB_HCA")
-    assert bug_report.is_secret_name("WANDB_API_KEY") and bug_report.is_secret_name("HF_TOKEN")
+    assert not redact.is_secret_name("CUDA_VISIBLE_DEVICES")
+    assert not redact.is_secret_name("NCCL_IB_HCA")
+    assert redact.is_secret_name("WANDB_API_KEY") and redact.is_secret_name("HF_TOKEN")
 
 
 def test_scrub_is_the_last_pass_over_any_text():
     text = f"x {AWS} y https://u:p@h/ z ?token=plantedQueryToken&a=1 {HUB_TOKEN}"
-    out = bug_report.scrub(text, PLANTED)
+    out = redact.scrub(text, PLANTED)
     assert AWS not in out and HUB_TOKEN not in out and "u:p@" not in out
     assert "plantedQueryToken" not in out and "&a=1" in out
 
@@ -102,8 +102,22 @@ def test_report_bad_profile_is_one_line(tmp_path):
 
 
 def test_host_facts_from_the_h200_snapshot():
-    from megatron_env import snapshot
 
     h = bug_report._host(snapshot.Snapshot.load(FIXTURES / "h200-live"))
     assert (h["driver"], h["driver_cuda"], h["nvcc"]) == ("580.159.04", "13.0", "13.0")
     assert bug_report._gpus(h["gpus"]) == "1 x NVIDIA H200 (140 GiB, sm 9.0)"
+
+
+def test_a_collected_snapshot_keeps_no_secret(tmp_path, monkeypatch):
+    """`invoke collect`'s env.txt is shared with others (preflight runs, reports): a
+    secret-named variable it records is `<redacted>`, URL credentials are masked, and the value
+    of any secret-named variable is removed wherever it leaked."""
+    for k, v in PLANTED.items():
+        monkeypatch.setenv(k, v)
+    snap = snapshot.collect(tmp_path / "snap", echo=lambda *_: None)
+    text = (snap.path / "env.txt").read_text()
+    assert "TORCH_HUB_TOKEN=<redacted>" in text and "NCCL_IB_PRIVATE_KEY=<redacted>" in text
+    assert "CUDA_CACHE_PATH=/scratch/<redacted>/cache" in text
+    for secret in (HUB_TOKEN, AWS, "planted-private-key-value"):
+        assert secret not in text
+    assert "NCCL_DEBUG=INFO" in text
