@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         run_node(Path(a.run_dir), a.profile, a.python, health=not a.no_gpu_health, size=a.size,
-                 echo=lambda s: print(s, flush=True))
+                 echo=output.status)
     except UserError as e:
         output.error(f"{host_name()}: {e.message}", e.fix)
         return 2
