@@ -125,7 +125,7 @@ def driver_version(snap: Snapshot, profile: Profile) -> Finding:
             return Finding(cid, "fail", "no NVIDIA driver: nvidia-smi and NVML are unavailable",
                            evidence=evidence or ["nvidia-smi: not installed"],
                            fix="install the NVIDIA driver (or run on a GPU node); "
-                               f"the profile needs >= {profile.min_driver}")
+                               f"the profile needs >= {profile.min_driver}", kind="absent")
         return _unparseable(cid, "nvidia-smi.txt", ParseError("no 'Driver Version'"))
     have, need = Version(driver), Version(profile.min_driver)
     evidence = [f"driver {driver}", f"profile {profile.name}: CUDA {profile.cuda} "

@@ -16,9 +16,15 @@ class Finding:
     summary: str
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
+    kind: str = ""  # a stable reason within the id, for code that must tell ("absent"); not text
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The JSON shape scripts/ share (id, status, summary, evidence, fix), plus `kind` where
+        a finding has one."""
+        d = asdict(self)
+        if not self.kind:
+            del d["kind"]
+        return d
 
 
 def worst(findings: list[Finding]) -> str:

@@ -133,7 +133,7 @@ def _no_gpu_or_toolkit(ctx: Context) -> str | None:
     reasons = []
     by_id = {f.id: f for f in ctx.findings}
     drv = by_id.get("driver.version")
-    if drv and "no NVIDIA driver" in drv.summary:
+    if drv and drv.kind == "absent":
         reasons.append("no GPU")
     tk = by_id.get("cuda.toolkit")
     if tk and tk.status in ("fail", "skip"):

@@ -100,6 +100,13 @@ def test_no_driver_is_a_finding(make_snapshot):
     (snap / "nvml.json").write_text('{"error": "NVML init failed: NVML Shared Library Not Found"}')
     f = verdicts(snap)["driver.version"]
     assert f.status == "fail" and "no NVIDIA driver" in f.summary
+    assert f.kind == "absent"  # what setup reads to skip the kernel builds, not the summary
+
+
+def test_an_old_driver_is_not_an_absent_one(make_snapshot):
+    f = verdicts(make_snapshot(nvidia_smi="nvidia-smi-470.txt", nvidia_smi_q=None))[
+        "driver.version"]
+    assert f.status == "fail" and f.kind == ""
 
 
 @pytest.mark.parametrize(
