@@ -400,6 +400,12 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 HOST_BYTES = 64
 
 
+def old_torch(version: str) -> bool:
+    """torch before 2.2: gloo without _allgather_base, and a destroy that can hang."""
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return (major, minor) < (2, 2)
+
+
 def gather_correctness(torch, dist, device, rank: int, n: int, mine: dict) -> list[dict]:
     """Every rank's correctness and host name, gathered through tensors: object collectives need
     numpy (torch alone has none) and pickle, and this must run wherever torch runs."""
@@ -606,9 +612,11 @@ def main(argv=None) -> int:
                             "meaningful": world > 1})
     topo = local_topology(torch, backend, world, local_world)
     dist.barrier()
-    if backend != "gloo":
-        # torch 2.1.0's gloo: a rank can hang in destroy_process_group after this barrier (every
-        # run of tests/test_env.py's 2-rank case here; pytorch/pytorch#75097); exit frees it
+    # torch 2.1's gloo: a rank hung in destroy_process_group after this barrier (every run of
+    # tests/test_env.py's 2-rank case; pytorch/pytorch#75097), and exit frees it there. Newer
+    # torch aborts a rank that exits with its gloo group alive ("terminate called without an
+    # active exception", seen with torch 2.11 when started as srun starts tasks): destroy it.
+    if not (backend == "gloo" and old_torch(torch.__version__)):
         dist.destroy_process_group()
     if rank != 0:
         return 0

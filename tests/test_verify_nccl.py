@@ -214,3 +214,10 @@ def test_analyze_log_without_nccl_lines_is_bad_usage(tmp_path, text):
     r = subprocess.run([sys.executable, SCRIPT, "--analyze-log", str(log)], capture_output=True, text=True)
     assert r.returncode == 2 and "holds no NCCL line" in r.stderr and "NCCL_DEBUG=INFO" in r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_old_torch_is_compared_as_numbers():
+    """2.11 is newer than 2.2 (a string comparison would say otherwise): only torch 2.1's gloo
+    keeps its process group at exit."""
+    assert vn.old_torch("2.1.0+cu121") and vn.old_torch("1.13.1")
+    assert not vn.old_torch("2.11.0+cu130") and not vn.old_torch("2.2.0")
