@@ -78,11 +78,6 @@ def profile_digest(prof: Profile) -> str:
                     for k in build.packages(prof).values()}})
 
 
-def _sha256(path: Path) -> str:
-    """The bare hex digest the lock and the manifest write."""
-    return digest.hexpart(digest.of_file(path), 64)
-
-
 def _py_tag(version: str) -> str:
     return "cpython-" + version.replace(".", "")
 
@@ -205,7 +200,7 @@ def _env_wheels(prof: Profile, echo) -> list[Path]:
                         fix="check the package index or mirror (PIP_INDEX_URL, PIP_FIND_LINKS)")
     by_hash: dict[str, Path] = {}
     for f in house.glob("*.whl"):
-        by_hash[_sha256(f)] = f
+        by_hash[digest.file_hex(f)] = f
     chosen, missing = [], []
     for name, hashes in sorted(allowed.items()):
         hit = next((by_hash[h] for h in hashes if h in by_hash), None)
@@ -252,7 +247,6 @@ def conda_packages(prof: Profile) -> list[dict]:
 def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
     """Each conda package downloaded once into the cache and checked against the lock's sha256
     (md5 where the lock has none), as the lock's wheels are."""
-    import hashlib
     import urllib.request
 
     cache = sources.cache_dir() / "conda-pkgs"
@@ -264,15 +258,7 @@ def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
             raise UserError(f"conda-lock.yml gives {p['name']} no sha256 or md5",
                             fix="lock the conda layer again with conda-lock")
         dest = cache / f"{want[:16]}-{Path(p['path']).name}"
-
-        def good(f: Path, algo=algo, want=want) -> bool:
-            h = hashlib.new(algo)
-            with open(f, "rb") as fh:
-                while chunk := fh.read(1 << 20):
-                    h.update(chunk)
-            return h.hexdigest() == want
-
-        if not (dest.exists() and good(dest)):
+        if not (dest.exists() and digest.file_hex(dest, algo) == want):
             echo(f"conda: {i}/{len(pkgs)} downloading {Path(p['path']).name}")
             part = dest.with_name(dest.name + f".part-{os.getpid()}")
             try:
@@ -282,7 +268,7 @@ def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
                 raise UserError(f"cannot download {p['url']}: {e}",
                                 fix="lock the conda layer against a reachable channel "
                                     f"({lock.CHANNELS_ENV}=MIRROR invoke lock)") from None
-            if not good(part):
+            if digest.file_hex(part, algo) != want:
                 part.unlink()
                 raise UserError(f"{p['url']} does not match the {algo} in conda-lock.yml",
                                 fix="the channel serves another file: check the mirror, "
@@ -470,7 +456,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         files: dict[str, dict] = {}
         for e in entries:
             e.role = _role(e.arcname)
-            e.sha256, e.size = _sha256(e.path), e.path.stat().st_size
+            e.sha256, e.size = digest.file_hex(e.path), e.path.stat().st_size
             files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
         written = []
         for e in entries:
@@ -516,9 +502,9 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
 # --- the offline side ------------------------------------------------------------------------
 
 
-def _chain(paths: list[Path]) -> list[Path]:
-    """Order bundles base first: a delta's manifest names its base's digest."""
-    docs = {p: read_manifest(p) for p in paths}
+def _chain(docs: dict[Path, dict]) -> list[Path]:
+    """Order bundles (path -> manifest) base first: a delta's manifest names its base's digest."""
+    paths = list(docs)
     by_digest = {_manifest_digest(d): p for p, d in docs.items()}
     bases = {d.get("base") for d in docs.values()}
     tops = [p for p in paths if _manifest_digest(docs[p]) not in bases]
@@ -542,8 +528,9 @@ def _unpack(paths: list[Path], echo) -> Path:
                             fix=f"tar xf DELTA.tar -C {p}")
         if not p.exists():
             raise UserError(f"{p} does not exist", fix="pass the bundle's path")
-    ordered = _chain(paths)
-    chain = "".join(_manifest_digest(read_manifest(p)) for p in ordered)  # a delta alone differs
+    docs = {p: read_manifest(p) for p in paths}
+    ordered = _chain(docs)
+    chain = "".join(_manifest_digest(docs[p]) for p in ordered)  # a delta alone differs
     key = digest.hexpart(digest.of_bytes(chain.encode()), 16)
     dest = sources.cache_dir() / "bundles" / key
     if (dest / MANIFEST).exists():
@@ -570,7 +557,7 @@ def verify(root: Path, doc: dict) -> None:
         p = root / rel
         if not p.is_file():
             missing.append(rel)
-        elif p.stat().st_size != meta["size"] or _sha256(p) != meta["sha256"]:
+        elif p.stat().st_size != meta["size"] or digest.file_hex(p) != meta["sha256"]:
             changed.append(rel)
     if missing or changed:
         parts = []

@@ -23,16 +23,18 @@ def of_bytes(data: bytes) -> str:
 
 
 def of_file(path: Path) -> str:
-    """The file's content digest, or 'missing' (a file that is absent is an input too).
+    """The file's content digest, or 'missing' (a file that is absent is an input too)."""
+    return "sha256:" + file_hex(path) if path.exists() else "missing"
 
-    Read in chunks: a torch wheel is 900 MB, and bundles check every file they hold."""
-    if not path.exists():
-        return "missing"
-    h = hashlib.sha256()
-    with path.open("rb") as f:
+
+def file_hex(path: Path | str, algo: str = "sha256") -> str:
+    """The bare hex digest of a file (what RECORD, locks and conda-lock write), read in chunks:
+    a torch wheel is 900 MB, and bundles and --verify-deep hash every file they hold."""
+    h = hashlib.new(algo)
+    with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
-    return "sha256:" + h.hexdigest()
+    return h.hexdigest()
 
 
 def of_files(paths: Iterable[Path]) -> str:

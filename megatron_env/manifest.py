@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from pathlib import Path
 from . import digest
 
 FORMAT = 1
-CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -147,14 +145,6 @@ def stat_check(manifest: dict, ignore_extra: set[str] = frozenset()) -> list[Dif
     return out
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def hash_check(manifest: dict, packages: set[str] | None = None) -> list[Difference]:
     """Every file (of `packages`, or all) re-hashed against the sha256 its RECORD gives."""
     out = []
@@ -166,7 +156,7 @@ def hash_check(manifest: dict, packages: set[str] | None = None) -> list[Differe
             if not sha:
                 continue
             try:
-                if sha256_file(path) != sha:
+                if digest.file_hex(path) != sha:
                     out.append(Difference("hash", d["name"], path))
             except OSError:
                 out.append(Difference("missing", d["name"], path))
