@@ -4,6 +4,9 @@ from invoke import Exit, task
 
 from megatron_env import commands
 
+# setup, env and build take a bundle the same way
+BUNDLE_HELP = "use only this bundle (.tar or unpacked directory; repeat for deltas)"
+
 
 def _done(code: int) -> None:
     if code:
@@ -37,7 +40,7 @@ def check(c, profile=None, snapshot=None, json=False):
             "adopt": "use this existing interpreter (an NGC container's python) as the env",
             "no_builds": "leave the kernel builds out",
             "verify_deep": "re-hash every installed file against its RECORD and import again",
-            "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)"},
+            "bundle": BUNDLE_HELP},
       iterable=["bundle"])
 def setup(c, profile=None, prefix=None, dry_run=False, only=None, from_=None, adopt=None,
           no_builds=False, verify_deep=False, bundle=None):
@@ -87,7 +90,7 @@ def lock_diff(c, base=None):
             "find_links": "a wheelhouse directory to install from (repeatable)",
             "no_index": "install only from --find-links",
             "verify_deep": "re-hash every installed file against its RECORD and import again",
-            "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)"},
+            "bundle": BUNDLE_HELP},
       iterable=["find_links", "bundle"])
 def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=False,
         conda=None, use_conda=None, find_links=None, no_index=False, verify_deep=False,
@@ -104,7 +107,7 @@ def env(c, profile=None, prefix=None, python=None, adopt=False, install_missing=
             "arch": "compute capabilities, e.g. 9.0 or 8.0,9.0, or native (default: profile)",
             "dry_run": "print the build plan (sources, patches, flags, cache key) and stop",
             "cache_dir": "wheel cache shared by the nodes (default .cache, or MEGATRON_ENV_CACHE)",
-            "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)"},
+            "bundle": BUNDLE_HELP},
       iterable=["bundle"])
 def build(c, what, profile=None, prefix=None, python=None, arch=None, dry_run=False,
           cache_dir=None, bundle=None):
