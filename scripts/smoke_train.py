@@ -27,43 +27,40 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0}  # dense, datas
 
 
 def te_status() -> tuple[bool, str | None]:
-    """(usable, error): Transformer Engine absent is (False, None); installed but broken is
-    (False, the import error), which a person must see: it silently costs TE's fused kernels."""
+    """(usable, error): can Megatron build Transformer Engine layers here? Absent is
+    (False, None); installed but not usable is (False, why), which a person must see: it
+    silently costs TE's fused kernels.
+
+    `import transformer_engine` alone proves nothing: its __init__ swallows the ImportError of
+    the PyTorch part (pydantic missing, a library not found). Megatron imports the PyTorch part
+    and silently falls back to a mock when that fails, so both are asked."""
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:
         return False, None
     try:
-        import transformer_engine  # noqa: F401
+        import transformer_engine.pytorch  # noqa: F401
+        from megatron.core.extensions import transformer_engine as mte
     except Exception as e:  # noqa: BLE001 - any failure of an installed TE is reported
         return False, f"{type(e).__name__}: {e}"
+    if not getattr(mte, "HAVE_TE", False):
+        return False, "megatron.core says HAVE_TE = False"
     return True, None
 
 
-def te_usable() -> str | None:
-    """None when Megatron can build Transformer Engine layers here, else why not.
-
-    `import transformer_engine` alone proves nothing: its __init__ swallows the ImportError of
-    the PyTorch part (pydantic missing, a library not found). Megatron imports the PyTorch part
-    and silently falls back to a mock when that fails, so both are asked."""
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-        from megatron.core.extensions import transformer_engine as mte
-    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"; say which
-        return f"{type(e).__name__}: {e}"
-    return None if getattr(mte, "HAVE_TE", False) else "megatron.core says HAVE_TE = False"
-
-
-def layer_spec(choice: str):
-    """(spec, name, why): Megatron's TE spec or its local one, as --layer-spec asks.
+def layer_spec(choice: str, status: tuple[bool, str | None]):
+    """(spec, name, why): Megatron's TE spec or its local one, as --layer-spec asks, given
+    te_status().
 
     auto takes TE when it is usable, local otherwise; transformer_engine fails (no fallback)
     when TE is not usable, so a run that was meant to prove TE cannot pass on local layers."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    why = te_usable() if choice != "local" else "--layer-spec local"
-    if why is None:
+    usable, error = status
+    if choice != "local" and usable:
         return specs.get_gpt_layer_with_transformer_engine_spec(), "transformer_engine", ""
+    why = ("--layer-spec local" if choice == "local"
+           else error or "transformer_engine is not installed")
     if choice == "transformer_engine":
         return None, "transformer_engine", why
     return specs.get_gpt_layer_local_spec(), "local", why
@@ -107,7 +104,8 @@ def main(argv=None) -> int:
         print(json.dumps({"status": "fail", "error": "no CUDA GPU", "fix": "run on a GPU node"}))
         return 1
 
-    spec, spec_name, spec_why = layer_spec(args.layer_spec)
+    status = te_status() if args.layer_spec != "local" else (False, None)
+    spec, spec_name, spec_why = layer_spec(args.layer_spec, status)
     if spec is None:
         print(json.dumps({"status": "fail", "layer_spec": spec_name,
                           "error": f"--layer-spec transformer_engine: TE not usable: {spec_why}",
@@ -134,7 +132,7 @@ def main(argv=None) -> int:
         use_cpu_initialization=True, bf16=True, params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0,
     )  # fp8 left unset: TE layers compute in bf16
-    te_error = te_status()[1] if spec_name == "local" and args.layer_spec == "auto" else None
+    te_error = status[1] if spec_name == "local" else None  # installed, not usable: say so
     if te_error and rank == 0:
         print(f"warning: Transformer Engine is installed but does not import ({te_error}); "
               "training with Megatron's local layers. fix: reinstall transformer-engine for "
