@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import megatron_env  # noqa: E402
-from megatron_env import bundle, lock, profile  # noqa: E402
+from megatron_env import profile  # noqa: E402
+from megatron_env.bundle import layout, offline  # noqa: E402
+from megatron_env.pyenv import lock  # noqa: E402
 
 # One pin moved in a pull request: Megatron-LM from this tag (the previous state) to the
 # profile's own. The commit is the tag's, as the profile would pin it.
@@ -67,7 +69,7 @@ def make(checkout: Path, prof: str, out: Path, cache: Path, *args: str) -> dict:
            "PIP_NO_CACHE_DIR": "1"}
     seconds, r = sh([sys.executable, "-m", "invoke", "bundle", "--profile", prof, "--out", out,
                      *args], cwd=checkout, env=env)
-    doc = bundle.read_manifest(out)
+    doc = layout.read_manifest(out)
     roles: dict[str, int] = {}
     for meta in doc["files"].values():
         if meta.get("in") != "base":
@@ -207,7 +209,7 @@ def delta(name: str, work: Path, cache: Path, new_full: dict) -> dict:
         with tarfile.open(tar) as t:
             t.extractall(combined, filter="data")
         tar.unlink()
-    bundle.verify(combined, bundle.read_manifest(combined))
+    offline.verify(combined, layout.read_manifest(combined))
     res["combine_and_verify_seconds"] = round(time.perf_counter() - t0, 1)
     res["delta_over_full"] = round(res["delta"]["bytes"] / new_full["bytes"], 4)
     shutil.rmtree(combined)

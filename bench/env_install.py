@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from megatron_env import lock, profile, uv  # noqa: E402
+from megatron_env import profile, uv  # noqa: E402
+from megatron_env.pyenv import lock  # noqa: E402
 
 
 def sh(argv, **kw):

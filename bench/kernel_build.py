@@ -37,8 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from megatron_env import parsers, recipes  # noqa: E402
-from megatron_env.resources import cores, mem_available, memory  # noqa: E402
+from megatron_env import recipes  # noqa: E402
+from megatron_env.host import parsers  # noqa: E402
+from megatron_env.host.resources import cores, mem_available, memory  # noqa: E402
 
 # Kernels outside the profile's variant (head dim 64, fp16): each call must raise the
 # variant's RuntimeError (or run, where the build has them), never crash the process.

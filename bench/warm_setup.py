@@ -30,7 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from megatron_env import env, manifest, pipeline, profile  # noqa: E402
+from megatron_env import profile  # noqa: E402
+from megatron_env.pyenv import audit, env, manifest  # noqa: E402
+from megatron_env.setup import pipeline  # noqa: E402
 
 ROW = re.compile(r"^(\w+)\s+(done|up to date|skipped|failed|not run)\s+([\d.]+)\b", re.M)
 
@@ -78,7 +80,7 @@ def main() -> int:
     if m is None:
         raise SystemExit(f"no manifest at {where}: run `invoke setup` with this version first")
     t0 = time.perf_counter()
-    diffs = manifest.stat_check(m, ignore_extra=set() if a.adopt else env.TOOLING | env.ON_TOP)
+    diffs = manifest.stat_check(m, ignore_extra=set() if a.adopt else audit.TOOLING | audit.ON_TOP)
     checked = time.perf_counter() - t0
     deep_seconds, deep_steps, _ = setup([*args, "--verify-deep"])
 

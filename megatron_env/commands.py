@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import REPO_ROOT, checks, output, profile, report, snapshot
-from .errors import UserError
+from megatron_env import REPO_ROOT, findings, output, profile
+from megatron_env.errors import UserError
+from megatron_env.host import checks, snapshot
 
 
 def guarded(fn: Callable[..., int]) -> Callable[..., int]:
@@ -62,24 +63,22 @@ def collect(out_dir: str) -> int:
 def check(profile_name: str | None = None, snapshot_dir: str | None = None,
           as_json: bool = False) -> int:
     prof = profile.load(profile_name)
-    findings = checks.evaluate(prof, Path(snapshot_dir) if snapshot_dir else None)
+    found = checks.evaluate(prof, Path(snapshot_dir) if snapshot_dir else None)
     source = snapshot_dir or "this host"
     if as_json:
-        report.emit_json(findings, profile=prof.name, source=source)
+        findings.emit_json(found, profile=prof.name, source=source)
     else:
-        report.print_findings(findings, f"Checked {source} against profile {prof.name}")
-    from .findings import exit_code
-
-    return exit_code(findings)
+        findings.print_findings(found, f"Checked {source} against profile {prof.name}")
+    return findings.exit_code(found)
 
 
 @guarded
 def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: bool = False,
           only: str | None = None, start: str | None = None, adopt: str | None = None,
           no_builds: bool = False, deep: bool = False, bundle: list[str] | None = None) -> int:
-    """The whole chain (see megatron_env.pipeline); one summary table at the end."""
-    from . import env as env_mod
-    from . import pipeline
+    """The whole chain (see megatron_env.setup.pipeline); one summary table at the end."""
+    from megatron_env.pyenv import env as env_mod
+    from megatron_env.setup import pipeline
 
     profile_name = _use_bundle(bundle, profile_name, adopt, None if no_builds else "all")
     prof = profile.load(profile_name)
@@ -90,7 +89,7 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     t0 = time.monotonic()
     rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
     if ctx.findings and not only:
-        report.print_findings(ctx.findings, f"check: this host against {prof.name}")
+        findings.print_findings(ctx.findings, f"check: this host against {prof.name}")
     output.table([(r.step, r.status, f"{r.seconds:.1f}", r.detail) for r in rows],
                  status_col=1)
     counts: dict[str, int] = {}
@@ -105,7 +104,7 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
 
 @guarded
 def verify(name: str, args: list[str]) -> int:
-    from . import verify as verify_mod
+    from megatron_env.megatron import programs as verify_mod
 
     return verify_mod.run(name, args)
 
@@ -115,7 +114,7 @@ def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str
          python: str | None = None, conda: str | None = None, channels: list[str] | None = None,
          lookup: str | None = None, resolve: bool = False) -> int:
     """Write (or with check=True, verify) the locks of one profile, or of all with check."""
-    from . import lock as lock_mod
+    from megatron_env.pyenv import lock as lock_mod
 
     if check:
         profs = [profile.load(profile_name)] if profile_name else profile.load_all()
@@ -143,7 +142,7 @@ def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str
 
 @guarded
 def lock_diff(base: str | None = None) -> int:
-    from . import lockdiff
+    from megatron_env.pyenv import lockdiff
 
     output.result(lockdiff.markdown(lockdiff.diff_all(base)))
     return 0
@@ -157,7 +156,7 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
     """Build (or verify) the profile's environment, or check an adopted one."""
     import sys
 
-    from . import env as env_mod
+    from megatron_env.pyenv import env as env_mod
 
     profile_name = _use_bundle(bundle, profile_name,
                                (python or sys.executable) if adopt else python, None)
@@ -180,7 +179,7 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
 
 
 def _interpreter(prof: profile.Profile, prefix: str | None, python: str | None) -> Path:
-    from . import env as env_mod
+    from megatron_env.pyenv import env as env_mod
 
     py = Path(python).absolute() if python else env_mod.python_of(
         Path(prefix) if prefix else env_mod.default_prefix(prof))
@@ -194,8 +193,8 @@ def build(which: str = "all", profile_name: str | None = None, prefix: str | Non
           arch: str | None = None, dry_run: bool = False, cache_dir: str | None = None,
           python: str | None = None, bundle: list[str] | None = None) -> int:
     """Build, cache, install and verify one kernel recipe (or all the profile pins)."""
-    from . import build as build_mod
-    from . import probe
+    from megatron_env.kernels import build as build_mod
+    from megatron_env.pyenv import probe
 
     if cache_dir:
         os.environ[build_mod.CACHE_DIR_ENV] = cache_dir
@@ -222,8 +221,8 @@ def build(which: str = "all", profile_name: str | None = None, prefix: str | Non
 @guarded
 def build_check(profile_name: str | None = None, python: str | None = None) -> int:
     """Do the compiled modules of the profile's kernels import in the environment? (no build)"""
-    from . import build as build_mod
-    from . import probe
+    from megatron_env.kernels import build as build_mod
+    from megatron_env.pyenv import probe
 
     prof = profile.load(profile_name)
     py = _interpreter(prof, None, python)
@@ -242,7 +241,7 @@ def build_check(profile_name: str | None = None, python: str | None = None) -> i
 @guarded
 def kernels(profile_name: str | None = None) -> int:
     """The declared recipes, and what each profile pins of them (version or commit, variants)."""
-    from . import recipes
+    from megatron_env import recipes
 
     profs = [profile.load(profile_name)] if profile_name else profile.load_all()
     rows = []
@@ -272,27 +271,26 @@ def kernels(profile_name: str | None = None) -> int:
 @guarded
 def triage(logs: list[str], as_json: bool = False) -> int:
     """Read a failed or hung job's console logs; findings, most likely cause first."""
-    from . import joblog
-    from . import triage as triage_mod
-    from .findings import exit_code
+    from megatron_env.diagnose import joblog
+    from megatron_env.diagnose import triage as triage_mod
 
     lines = joblog.read(logs)
-    findings = triage_mod.triage(lines)
+    found = triage_mod.triage(lines)
     sources = sorted({x.source for x in lines})
     if as_json:
-        report.emit_json(findings, logs=sources, lines=len(lines))
+        findings.emit_json(found, logs=sources, lines=len(lines))
     else:
-        report.print_findings(findings, f"Triage of {len(lines)} lines from {len(sources)} "
+        findings.print_findings(found, f"Triage of {len(lines)} lines from {len(sources)} "
                                         f"log(s), most likely cause first")
-    return exit_code(findings)
+    return findings.exit_code(found)
 
 
 @guarded
 def bug_report(profile_name: str | None = None, prefix: str | None = None,
                as_json: bool = False) -> int:
     """One block to paste into a bug report (secrets redacted); works before anything is built."""
-    from . import bug_report as bug_report_mod
-    from . import env as env_mod
+    from megatron_env.diagnose import report as bug_report_mod
+    from megatron_env.pyenv import env as env_mod
 
     prof = profile.load(profile_name)
     output.status(f"Gathering a report for profile {prof.name} ...")
@@ -314,11 +312,11 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
     `nccl`: then scripts/verify_nccl.py through srun across the nodes that did not fail."""
     import sys
 
-    from . import fleet
-    from . import preflight as pf
+    from megatron_env.fleet import analysis
+    from megatron_env.fleet import preflight as pf
 
     try:
-        slow = fleet.DEFAULT_SLOW if slow is None else float(slow)
+        slow = analysis.DEFAULT_SLOW if slow is None else float(slow)
         size = int(size)
     except ValueError as e:
         raise UserError(f"--slow {slow} / --size {size}: {e}",
@@ -340,18 +338,18 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
                                        size=size, echo=lambda s: output.status(s.rstrip("\n")))
             if code:
                 output.warning(f"srun exited {code}; analysing what the nodes wrote")
-    nodes = fleet.load(root)
+    nodes = analysis.load(root)
     if local:  # a run directory other nodes also write into: judge this node alone
         nodes = [n for n in nodes if n.host == pf.host_name()]
     hosts = {n.host for n in nodes}
     if against:  # judge these nodes among a reference fleet's, report only these
-        nodes += [n for n in fleet.load(Path(against)) if n.host not in hosts]
+        nodes += [n for n in analysis.load(Path(against)) if n.host not in hosts]
     prof = profile.load(profile_name or _fleet_profile(nodes))
-    rep = fleet.analyse(nodes, prof, slow=slow, expected=expected)
+    rep = analysis.analyse(nodes, prof, slow=slow, expected=expected)
     rep.nodes = [n for n in rep.nodes if n.host in hosts or n.host in expected]
     png = root / "fleet.png"
     try:
-        drawn = fleet.plot(nodes, png, slow)
+        drawn = analysis.plot(nodes, png, slow)
     except OSError:
         drawn = False
     if as_json:
@@ -359,7 +357,7 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
 
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
-        report.print_fleet(rep.nodes, rep.exclude)
+        findings.print_fleet(rep.nodes, rep.exclude)
     counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}
     # on stderr: with --json, stdout is the document alone
     output.status(f"preflight: {len(rep.nodes)} node(s) against {prof.name}: "
@@ -371,10 +369,10 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
     if nccl and not (fleet_dir or local):  # only where this run launched the nodes itself
         import shlex
 
-        from . import fingerprint
+        from megatron_env.fleet import fingerprint
 
         healthy = [n.host for n in rep.nodes if n.status != "fail"]
-        per_node = max((len(fleet.gpus(n)) for n in nodes if n.host in healthy), default=0)
+        per_node = max((len(analysis.gpus(n)) for n in nodes if n.host in healthy), default=0)
         code = pf.verify_nccl(root, healthy, max(per_node, 1),
                               fingerprint.interpreter(prof, python), shlex.split(nccl_args),
                               echo=lambda s: output.status(s.rstrip("\n")))
@@ -398,9 +396,9 @@ def _fleet_profile(nodes) -> str | None:
 
 
 def _bundle_profile(bundle: list[str], profile_name: str | None) -> str:
-    from . import bundle as bundle_mod
+    from megatron_env.bundle import layout
 
-    return profile_name or bundle_mod.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
+    return profile_name or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
 
 
 def _use_bundle(bundle: list[str] | None, profile_name: str | None,
@@ -409,9 +407,9 @@ def _use_bundle(bundle: list[str] | None, profile_name: str | None,
     the kernel package to be built (`all`, a name, None)."""
     if not bundle:
         return profile_name
-    from . import bundle as bundle_mod
+    from megatron_env.bundle import offline
 
-    name, _root = bundle_mod.use(bundle, profile_name, python, builds)
+    name, _root = offline.use(bundle, profile_name, python, builds)
     return name
 
 
@@ -420,14 +418,14 @@ def bundle(profile_name: str | None = None, out_file: str | None = None, adopt: 
            with_builds: bool = False, since: str | None = None,
            without: list[str] | None = None) -> int:
     """One archive with everything the profile's setup needs offline (megatron_env.bundle)."""
-    from . import bundle as bundle_mod
+    from megatron_env.bundle import make
 
     if not out_file:
         raise UserError("--out FILE.tar is required", fix="invoke bundle --out my-bundle.tar")
     prof = profile.load(profile_name)
-    made = bundle_mod.make(prof, Path(out_file), adopt=adopt, with_builds=with_builds,
-                           since=Path(since) if since else None,
-                           without=[n for w in without or () for n in w.split(",") if n])
+    made = make.make(prof, Path(out_file), adopt=adopt, with_builds=with_builds,
+                     since=Path(since) if since else None,
+                     without=[n for w in without or () for n in w.split(",") if n])
     output.table([(role, f"{size / 2**20:.1f} MiB") for role, size
                   in sorted(made.by_role.items(), key=lambda x: -x[1])], indent="  ")
     delta = f", {made.reused} files left to its base" if since else ""

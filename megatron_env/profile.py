@@ -17,9 +17,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from . import REPO_ROOT, recipes
-from .errors import UserError
-from .recipe import Recipe
+from megatron_env import REPO_ROOT, recipes
+from megatron_env.errors import UserError
+from megatron_env.recipes.recipe import Recipe
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -92,7 +92,7 @@ def lock_offline(prof, tmp: Path, monkeypatch, python: Path | None = None, echo=
     """conda-lock `prof`'s environment.yml with no network: a channel built under `tmp` given as
     the mirror override (as an air-gapped cluster sets it), the solver stand-in and an empty
     local lookup file. -> (conda-lock.yml or None, the solver)"""
-    from megatron_env import lock
+    from megatron_env.pyenv import lock
 
     for k, v in NO_NETWORK.items():
         monkeypatch.setenv(k, v)

@@ -59,7 +59,8 @@ def private_uv_cache(tmp_path_factory):
 def wheelhouse(tmp_path_factory):
     """Every wheel of the default profile's lock (about 2.6 GB), downloaded once per test run:
     the only package source of the environment tests, as on an air-gapped cluster."""
-    from megatron_env import lock, profile
+    from megatron_env import profile
+    from megatron_env.pyenv import lock
 
     wh = tmp_path_factory.mktemp("wheelhouse")
     lockfile = profile.load("core_v0.4.0-cu121").dir / lock.LOCK_FILE

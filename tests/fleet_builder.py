@@ -44,16 +44,18 @@ def health(node: int, gpus: int = 8, slow: dict[int, float] | None = None) -> di
 
 
 def fingerprint(**changes: str) -> dict:
-    """What megatron_env.fingerprint records for the H200 node's stack (versions from its
+    """What megatron_env.fleet.fingerprint records for the H200 node's stack (versions from its
     bench README: torch 2.11.0+cu130, NCCL 2.28.9, cuDNN 91900)."""
-    from megatron_env import digest, lock, megatron, profile
+    from megatron_env import digest, profile
+    from megatron_env.megatron import checkout
+    from megatron_env.pyenv import lock
 
     prof = profile.load(PROFILE)
     doc = {"profile": PROFILE,
            "lock_digest": digest.of_file(prof.dir / lock.LOCK_FILE),
            "torch": "2.11.0+cu130", "torch_cuda": "13.0", "nccl": "2.28.9", "cudnn": 91900,
            "megatron_commit": prof.megatron["commit"],
-           "megatron_patch_digest": digest.of_files(megatron.patch_series(prof)),
+           "megatron_patch_digest": digest.of_files(checkout.patch_series(prof)),
            "kernel_cache_keys": {}, "errors": []}
     doc.update(changes)
     return doc

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from megatron_env import lock, profile, sources
+from megatron_env import profile
 from megatron_env.errors import UserError
+from megatron_env.pyenv import lock
+from megatron_env.sources import repos
 
 from .test_lock import ROOT, copy_repo, invoke
 
@@ -130,10 +132,10 @@ def test_profiles_complains_unless_exactly_one_default(tmp_path, defaults):
 def test_empty_mirror_directory_says_so(tmp_path, monkeypatch):
     empty = tmp_path / "mirror.git"
     empty.mkdir()
-    monkeypatch.setenv(sources.mirror_var("megatron"), str(empty))
-    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(repos.mirror_var("megatron"), str(empty))
+    monkeypatch.setenv(repos.CACHE_ENV, str(tmp_path / "cache"))
     with pytest.raises(UserError) as e:
-        sources.mirror("megatron", "https://example.invalid/Megatron-LM.git")
+        repos.mirror("megatron", "https://example.invalid/Megatron-LM.git")
     assert "is a directory but not a git repository (it is empty)" in e.value.message
     assert "git clone --mirror" in e.value.fix
     assert "does not exist" not in e.value.message
@@ -199,7 +201,7 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
     """This interpreter's torch, with a profile that pins the same torch for another CUDA: the
     difference is of kind torch-cuda, and adopt refuses it (it used to pass by message text)."""
     torch = pytest.importorskip("torch")
-    from megatron_env import pipeline
+    from megatron_env.setup import pipeline
 
     base = profile.load(DEFAULT)
     d = tmp_path / "other"
@@ -221,7 +223,7 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
 def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
     """A node without an index (the H200 node): the sdist fetch fails, and the fix names both
     ways on: a local copy of the sdist, or going on without the kernels."""
-    from megatron_env import build
+    from megatron_env.kernels import build
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")

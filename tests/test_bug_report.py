@@ -6,7 +6,10 @@ import subprocess
 import sys
 import venv
 
-from megatron_env import bug_report, build, profile, redact, snapshot
+from megatron_env import profile, redact
+from megatron_env.diagnose import report
+from megatron_env.host import snapshot
+from megatron_env.kernels import build
 
 from .conftest import FIXTURES
 
@@ -30,7 +33,7 @@ PLANTED = {
 
 
 def test_variables_redact_by_name_and_mask_urls():
-    v = bug_report.variables(PLANTED)
+    v = report.variables(PLANTED)
     assert v["MEGATRON_ENV_MIRROR_PYPI"] == "https://***@mirror.example.org/simple"
     assert v["MEGATRON_ENV_MIRROR_GITHUB"] == "https://***@github.com/"
     assert v["TORCH_HUB_TOKEN"] == v["NCCL_IB_PRIVATE_KEY"] == "<redacted>"
@@ -49,7 +52,7 @@ def test_scrub_is_the_last_pass_over_any_text():
 
 
 def _report(tmp_path, *args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(bug_report.PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(report.PREFIXES)}
     env.update(PLANTED)
     return subprocess.run([sys.executable, "-m", "invoke", "report", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -103,9 +106,9 @@ def test_report_bad_profile_is_one_line(tmp_path):
 
 def test_host_facts_from_the_h200_snapshot():
 
-    h = bug_report._host(snapshot.Snapshot.load(FIXTURES / "h200-live"))
+    h = report._host(snapshot.Snapshot.load(FIXTURES / "h200-live"))
     assert (h["driver"], h["driver_cuda"], h["nvcc"]) == ("580.159.04", "13.0", "13.0")
-    assert bug_report._gpus(h["gpus"]) == "1 x NVIDIA H200 (140 GiB, sm 9.0)"
+    assert report._gpus(h["gpus"]) == "1 x NVIDIA H200 (140 GiB, sm 9.0)"
 
 
 def test_a_collected_snapshot_keeps_no_secret(tmp_path, monkeypatch):

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import build, recipe, uv
 from megatron_env.errors import UserError
+from megatron_env.kernels import build, progress
+from megatron_env.pyenv import uv
+from megatron_env.recipes import recipe
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
@@ -129,7 +131,9 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
 NODE = textwrap.dedent("""\
     import json, sys
     from pathlib import Path
-    from megatron_env import build, recipe, uv
+    from megatron_env.kernels import build
+    from megatron_env.recipes import recipe
+    from megatron_env.pyenv import uv
     w = json.loads(sys.argv[1])
     pkg = recipe.Package("tinyext", "1.0", recipe.Source(sha256=w["sha"], url=w["sdist"]),
                         switches={"TINY_EXT": "1"}, modules=("tinyext._C",), cuda=False,
@@ -285,10 +289,10 @@ def test_cuda_home_skips_a_wrapper_script_and_refuses_a_major_mismatch(tmp_path,
         f.chmod(0o755)
     monkeypatch.setenv("CUDA_HOME", str(wrapper))
     monkeypatch.setenv("CUDA_PATH", str(toolkit))
-    assert build.cuda_home("13.0") == (toolkit, "13.0")
+    assert toolkit.cuda_home("13.0") == (toolkit, "13.0")
     with pytest.raises(UserError, match=r"no CUDA 12.x toolkit .*local \(no include/cuda_runti"
                                         r"me.h\).*cuda-13.0 \(nvcc 13.0\)"):
-        build.cuda_home("12.1")
+        toolkit.cuda_home("12.1")
 
 
 def test_time_left_guess_on_the_real_h200_flash_attn_progress():
@@ -299,11 +303,11 @@ def test_time_left_guess_on_the_real_h200_flash_attn_progress():
     points = [(int(d), int(t), int(n)) for d, n, t in
               re.findall(r"compiled (\d+)/(\d+) objects, (\d+) s", text)]
     end = points[-1][1]
-    early = build._progress_line("flash-attn", 4, 73, 179)
+    early = progress.progress_line("flash-attn", 4, 73, 179)
     assert early == "flash-attn: compiled 4/73 objects, 179 s"  # no guess from the ramp-up
     guessed = 0
     for done, t, total in points[:-1]:
-        line = build._progress_line("flash-attn", done, total, t)
+        line = progress.progress_line("flash-attn", done, total, t)
         if m := re.search(r"about (\d+) (min|s) left", line):
             left = int(m.group(1)) * (60 if m.group(2) == "min" else 1)
             # within a factor of 2.5 either way (the last objects, flash-attn's backward

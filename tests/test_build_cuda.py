@@ -13,8 +13,11 @@ import textwrap
 
 import pytest
 
-from megatron_env import build, recipe, uv
 from megatron_env.errors import UserError
+from megatron_env.kernels import build
+from megatron_env.kernels.toolkit import cuda_home
+from megatron_env.pyenv import uv
+from megatron_env.recipes import recipe
 from tests.test_build import make_sdist, venv_seeing_torch
 
 pytestmark = pytest.mark.slow
@@ -62,7 +65,7 @@ def cubin_archs(binary: bytes) -> list[int]:
 @pytest.fixture(scope="module")
 def toolkit():
     try:
-        home, release = build.cuda_home(torch.version.cuda)
+        home, release = cuda_home(torch.version.cuda)
     except UserError as e:
         pytest.skip(f"no CUDA toolkit for torch's CUDA {torch.version.cuda} here: {e.message}")
     return home, release

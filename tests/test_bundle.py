@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import build, digest, lock, patches, profile, recipe, sources
+from megatron_env import digest, profile
 from megatron_env.errors import UserError
+from megatron_env.kernels import build
+from megatron_env.pyenv import lock
+from megatron_env.recipes import recipe
+from megatron_env.sources import patches, repos
 
 from . import test_setup
 from .test_setup import PATCH, PROFILE, git, statuses
@@ -38,13 +42,13 @@ offline = pytest.mark.skipif(not shutil.which("unshare") or not _no_network_poss
 def toolhouse(tmp_path_factory):
     """The tool's runtime dependencies and build backend as wheels for the default profile's
     Python: with the lock's wheelhouse, every package the bundle needs, from local files."""
-    from megatron_env import bundle
+    from megatron_env.bundle import make
 
     house = tmp_path_factory.mktemp("toolhouse")
     py = profile.load(PROFILE).python
     argv = [sys.executable, "-m", "pip", "download", "-q", "-d", house, "--python-version", py,
             "--implementation", "cp", "--only-binary=:all:", "--no-deps",
-            *bundle.tool_pins(ROOT / "pyproject.toml", py)]
+            *make.tool_pins(ROOT / "pyproject.toml", py)]
     for plat in lock.WHEEL_PLATFORMS:
         argv += ["--platform", plat]
     subprocess.run(argv, check=True)
@@ -78,7 +82,7 @@ def fake_kernel_sources(repo_dir: Path, tmp: Path) -> dict[str, str]:
             bare = tmp / f"{pkg.name}.git"
             git("clone", "-q", "--bare", work, bare, cwd=tmp)
             text = text.replace(pkg.source.commit, git("rev-parse", "HEAD", cwd=work))
-            env[sources.mirror_var(pkg.name)] = str(bare)
+            env[repos.mirror_var(pkg.name)] = str(bare)
         else:
             sdist = tmp / f"{pkg.name}-{pkg.pin}.tar.gz"
             with tarfile.open(sdist, "w:gz") as tar:
@@ -259,7 +263,7 @@ def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path,
     """The cache's meta.json says what each key was made from (build.plan's key document):
     a bundle takes the slots of this profile's pins, variants, Python, torch and archs, no
     others."""
-    from megatron_env import bundle
+    from megatron_env.bundle import make
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path))
     prof = profile.load("core_v0.19.0-cu130")
@@ -277,7 +281,7 @@ def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path,
             (slot / f"{pkg.name}-1.0-cp312-linux_x86_64.whl").write_bytes(b"wheel")
             (slot / "meta.json").write_text(json.dumps({"key": {**doc, **changed}}))
             (kept if not changed else others).append(slot.name)
-    found = {arc.split("/")[1] for arc, _ in bundle._builds(prof)}
+    found = {arc.split("/")[1] for arc, _ in make._builds(prof)}
     assert found == set(kept) and not found & set(others)
 
 
@@ -285,7 +289,7 @@ def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path,
     """A git recipe with a submodule: the bundle holds a depth-1 bare repository of the package
     and one of the submodule at the profile's pin (not the submodule's tip), and the offline
     side checks both out from the bundle alone (the upstreams are gone by then)."""
-    from megatron_env import bundle
+    from megatron_env.bundle import layout, make
 
     from .gitrepo import with_submodule
 
@@ -296,22 +300,22 @@ def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path,
     pkg = recipe.resolve(r, {"commit": top, "submodules": {"third_party/headers": first}}, [])
     prof = profile.load(PROFILE)
     monkeypatch.setattr(build, "packages", lambda _prof, _archs=None: {"withsub": pkg})
-    pins = bundle.git_pins(prof)
+    pins = make.git_pins(prof)
     assert [(n, c) for n, _u, c, _t in pins] == [
         ("megatron", prof.megatron["commit"]), ("withsub", top),
         ("withsub/third_party/headers", first)]
     root = tmp_path / "bundle"
     for name, url, commit, tag in pins[1:]:
-        bundle._bare_repo(name, url, commit, tag, root / bundle.repo_path(name, commit),
+        make._bare_repo(name, url, commit, tag, root / layout.repo_path(name, commit),
                           echo=lambda *_: None)
-    assert bundle.repo_path("withsub/third_party/headers", first) == \
+    assert layout.repo_path("withsub/third_party/headers", first) == \
         f"git/withsub-third_party-headers-{first[:12]}.git"
-    shallow = root / bundle.repo_path("withsub/third_party/headers", first)
+    shallow = root / layout.repo_path("withsub/third_party/headers", first)
     assert git("--git-dir", shallow, "rev-list", "--all", cwd=tmp_path) == first  # depth 1
     shutil.rmtree(headers)
     shutil.rmtree(top_repo)
     for name, _url, commit, _tag in pins[1:]:  # what `bundle.use` points the chain at
-        monkeypatch.setenv(sources.mirror_var(name), str(root / bundle.repo_path(name, commit)))
+        monkeypatch.setenv(repos.mirror_var(name), str(root / layout.repo_path(name, commit)))
     tree = build.fetch(pkg, Path("/nonexistent/python"), echo=lambda *_: None)
     assert (tree / "third_party/headers/include/h.h").read_text() == "// one\n"
     assert (tree / "setup.py").exists()
@@ -323,33 +327,33 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     the conda-lock.yml's sha256 (a channel serving another file is refused by name); offline,
     the lock's URLs point into the bundle and conda-lock installs the layer from it alone (the
     channel deleted first, every HTTP request sent to a closed port), as `invoke env` does."""
-    from megatron_env import bundle
+    from megatron_env.bundle import make, offline
 
     from .conda_channel import lock_offline
 
-    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(repos.CACHE_ENV, str(tmp_path / "cache"))
     src = profile.ENVS_DIR / PROFILE
     shutil.copytree(src, tmp_path / "envs" / src.name)
     prof = profile.load_file(tmp_path / "envs" / src.name / "profile.toml")
-    assert bundle.conda_packages(prof) == []  # no conda layer, nothing to carry
+    assert make.conda_packages(prof) == []  # no conda layer, nothing to carry
     conda_lock, stub = lock_offline(prof, tmp_path, monkeypatch, echo=lambda *_: None)
-    pkgs = bundle.conda_packages(prof)
+    pkgs = make.conda_packages(prof)
     assert sorted(p["path"] for p in pkgs) == [
         "conda/linux-64/cuda-cudart-dev-12.1.105-0.tar.bz2",
         "conda/linux-64/cuda-libraries-dev-12.1.1-0.tar.bz2",
         "conda/linux-64/cuda-nvcc-12.1.105-0.tar.bz2", "conda/linux-64/gxx_linux-64-11.4.0-0.tar.bz2",
         "conda/linux-64/python-3.10.13-0.tar.bz2", "conda/noarch/ninja-1.11.1-0.tar.bz2"]
     said = []
-    files = bundle._conda_fetch(pkgs, said.append)
+    files = make._conda_fetch(pkgs, said.append)
     assert len(said) == 6 and "conda: 1/6 downloading" in said[0]
-    assert bundle._conda_fetch(pkgs, said.append) == files and len(said) == 6  # cached
+    assert make._conda_fetch(pkgs, said.append) == files and len(said) == 6  # cached
     root = tmp_path / "bundle"
     for p, f in zip(pkgs, files, strict=True):
         (root / p["path"]).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(f, root / p["path"])
     shutil.rmtree(tmp_path / "channel")
     doc = {"conda": [{"name": p["name"], "url": p["url"], "path": p["path"]} for p in pkgs]}
-    local = bundle.local_conda_lock(prof, root, doc)
+    local = offline.local_conda_lock(prof, root, doc)
     text = local.read_text()
     assert not [p for p in pkgs if p["url"] in text]
     assert all((root / p["path"]).as_uri() in text for p in pkgs)
@@ -360,5 +364,5 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     # a channel that serves another file than the one locked
     bad = [{**pkgs[0], "url": (root / pkgs[0]["path"]).as_uri(), "sha256": "0" * 64}]
     with pytest.raises(UserError, match="does not match the sha256 in conda-lock.yml"):
-        bundle._conda_fetch(bad, said.append)
+        make._conda_fetch(bad, said.append)
     assert not list((tmp_path / "cache" / "conda-pkgs").glob("*.part-*"))

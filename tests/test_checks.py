@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from megatron_env import checks, profile
-from megatron_env.snapshot import Snapshot
+from megatron_env import profile
+from megatron_env.host import checks
+from megatron_env.host.snapshot import Snapshot
 
 from .conftest import H200
 

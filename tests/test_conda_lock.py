@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from megatron_env import lock, profile
+from megatron_env import profile
+from megatron_env.pyenv import lock
 
 from .conda_channel import lock_offline, solver
 from .test_lock import copy_repo, invoke

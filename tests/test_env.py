@@ -14,7 +14,7 @@ import zipfile
 
 import pytest
 
-from megatron_env import lock
+from megatron_env.pyenv import lock
 
 from .conftest import kill_when_installing
 from .test_lock import copy_repo, invoke

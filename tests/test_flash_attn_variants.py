@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import build, patches, profile
+from megatron_env import profile
 from megatron_env.errors import UserError
+from megatron_env.kernels import build, toolkit
+from megatron_env.sources import patches
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
@@ -125,7 +127,7 @@ def test_dispatch_reaches_built_kernels_and_raises_for_the_others(patched, tmp_p
     src.write_text(PROGRAM % {"definitions": definitions})
     torch_dir = Path(torch.__file__).parent
     try:  # CUTLASS's numeric types include the toolkit's vector_types.h
-        cuda_home, _ = build.cuda_home(torch.version.cuda)
+        cuda_home, _ = toolkit.cuda_home(torch.version.cuda)
     except UserError as e:
         pytest.skip(f"no CUDA toolkit here: {e}")
     exe = tmp_path / "dispatch"

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from megatron_env import fleet, profile
+from megatron_env import profile
+from megatron_env.fleet import analysis
 from tests import fleet_builder as fb
 
 
@@ -19,7 +20,7 @@ def planted(tmp_path):
 
 
 def analyse(root, **kw):
-    return fleet.analyse(fleet.load(root), profile.load(fb.PROFILE), **kw)
+    return analysis.analyse(analysis.load(root), profile.load(fb.PROFILE), **kw)
 
 
 def statuses(rep):
@@ -104,7 +105,7 @@ def test_hand_made_fleet_of_collect_output_only(tmp_path):
 
 
 def test_missing_node_of_the_allocation_fails(planted):
-    rep = fleet.analyse(fleet.load(planted), profile.load(fb.PROFILE),
+    rep = analysis.analyse(analysis.load(planted), profile.load(fb.PROFILE),
                         expected=[*fb.PLANTED, "node08"])
     assert "node08" in rep.exclude
     assert _finding(rep, "node08", "fleet.missing").summary.startswith("node08: sent no results")
@@ -189,8 +190,10 @@ def test_fingerprint_kernel_keys_are_the_build_plan_keys():
     the cache keys `invoke build` computes for this interpreter."""
     from pathlib import Path
 
-    from megatron_env import build, fingerprint, probe
     from megatron_env.errors import UserError
+    from megatron_env.fleet import fingerprint
+    from megatron_env.kernels import build
+    from megatron_env.pyenv import probe
 
     prof = profile.load(fb.PROFILE)
     fp = fingerprint.collect(prof, Path(sys.executable))

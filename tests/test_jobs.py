@@ -3,8 +3,8 @@ builds its extensions in parallel gets the width a flat MAX_JOBS could not use."
 
 import pytest
 
-from megatron_env import jobs
 from megatron_env.errors import UserError
+from megatron_env.kernels import jobs
 
 GIB = 2**30
 

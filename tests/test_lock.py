@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import lock, profile
+from megatron_env import profile
+from megatron_env.pyenv import lock
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = profile.load("core_v0.4.0-cu121")

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import env, lock, manifest, profile, uv
+from megatron_env import profile
 from megatron_env.errors import UserError
-from megatron_env.probe import probe
+from megatron_env.pyenv import env, lock, manifest, uv
+from megatron_env.pyenv.probe import probe
 
 PINS = {"six", "einops"}
 
@@ -142,7 +143,8 @@ def test_adopted_deep_check_stops_on_pinned_packages_and_names_the_sites_own(
     """--verify-deep on an adopted environment: a changed file of a package the lock pins (einops)
     stops the chain; one the lock does not pin (the H200 image's certifi CA bundle, here a package
     outside the lock's subset: six is removed from the pins) is a warning naming it."""
-    from megatron_env import megatron, pipeline
+    from megatron_env.megatron import checkout
+    from megatron_env.setup import pipeline
 
     python, lockfile, _ = small_env
     prof = profile.load("core_v0.4.0-cu121")
@@ -152,7 +154,7 @@ def test_adopted_deep_check_stops_on_pinned_packages_and_names_the_sites_own(
     monkeypatch.setattr(type(prof), "dir", property(lambda _self: prof_dir))
     sites = probe(python, torch=False)["sites"]
     # megatron.core cannot import here (no torch): the import probe is the boundary
-    monkeypatch.setattr(megatron, "check_import", lambda _py: {
+    monkeypatch.setattr(checkout, "check_import", lambda _py: {
         "sites": sites, "imported": {"megatron.core": "/x/megatron/core/__init__.py"}})
     ctx = pipeline.Context(prof, tmp_path / "env", adopt=Path(python), deep=True)
     ctx.stamps.mkdir(parents=True)

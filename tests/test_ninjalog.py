@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import build, ninjalog
+from megatron_env.kernels import ninjalog, progress
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LOGS = FIXTURES / "ninja-logs"
@@ -64,7 +64,7 @@ def test_a_file_that_is_not_a_ninja_log_is_named(text, error):
 def test_one_progress_line_over_apex_extensions_built_in_parallel():
     # apex 25.09 on the H200, 4 extensions at once: each ninja restarts its own [i/n]
     lines = (FIXTURES / "build-progress" / "apex-25.09-h200-parallel4.log").read_text()
-    counts = build.Progress()
+    counts = progress.Progress()
     seen = []
     for line in lines.splitlines():
         if counts.feed(line):
@@ -76,8 +76,8 @@ def test_one_progress_line_over_apex_extensions_built_in_parallel():
 
 
 def test_a_single_ninja_keeps_its_time_left_guess():
-    counts = build.Progress()
+    counts = progress.Progress()
     nvcc = "/usr/local/cuda/bin/nvcc -c x.cu -DTORCH_EXTENSION_NAME=flash_attn_2_cuda"
     for i in range(1, 30):
         counts.feed(f"[{i}/73] {nvcc}")
-    assert counts.line("flash-attn", 470) == build._progress_line("flash-attn", 29, 73, 470)
+    assert counts.line("flash-attn", 470) == progress.progress_line("flash-attn", 29, 73, 470)

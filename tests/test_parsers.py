@@ -2,8 +2,8 @@
 
 import pytest
 
-from megatron_env import parsers
-from megatron_env.parsers import ParseError
+from megatron_env.host import parsers
+from megatron_env.host.parsers import ParseError
 
 from .conftest import CAPTURES, H200
 

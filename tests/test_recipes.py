@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import build, commands, pipeline, profile, recipe, recipes
+from megatron_env import commands, profile, recipes
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding
+from megatron_env.kernels import build
+from megatron_env.recipes import recipe
+from megatron_env.setup import pipeline
 
 from .gitrepo import git, with_submodule
 

@@ -4,7 +4,7 @@
 
 from pathlib import Path
 
-from megatron_env import resources
+from megatron_env.host import resources
 
 CAPTURES = Path(__file__).parent / "fixtures" / "cgroups"
 GIB = 2**30

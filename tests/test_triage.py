@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from megatron_env import joblog, nccl_log, triage
+from megatron_env.diagnose import joblog, nccl_log, triage
 from megatron_env.errors import UserError
 
 from .conftest import FIXTURES

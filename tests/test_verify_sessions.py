@@ -1,44 +1,44 @@
-"""megatron_env.verify: what the nox verification sessions run, and a real gloo run through it."""
+"""megatron_env.megatron.programs: what the nox verification sessions run, and a real gloo run through it."""
 
 import json
 import sys
 
 import pytest
 
-from megatron_env import verify
 from megatron_env.errors import UserError
+from megatron_env.megatron import programs
 
 
 def test_parse_splits_our_options_from_the_programs():
-    o = verify.parse(["--current", "--nproc", "4", "--backend", "gloo", "--", "--nproc", "x"])
+    o = programs.parse(["--current", "--nproc", "4", "--backend", "gloo", "--", "--nproc", "x"])
     assert o.current and o.nproc == 4
     assert o.passthrough == ["--backend", "gloo", "--nproc", "x"]
     with pytest.raises(UserError, match="--nproc zero: expected a positive number"):
-        verify.parse(["--nproc", "zero"])
+        programs.parse(["--nproc", "zero"])
 
 
 def test_command_shapes(tmp_path):
-    o = verify.parse(["--nproc", "8", "--sizes", "1M:1G"])
-    cmd = verify.command("verify_nccl", o, "/env/bin/python", tmp_path)
+    o = programs.parse(["--nproc", "8", "--sizes", "1M:1G"])
+    cmd = programs.command("verify_nccl", o, "/env/bin/python", tmp_path)
     assert cmd[:4] == ["/env/bin/python", "-m", "torch.distributed.run", "--nproc_per_node=8"]
     assert cmd[4].endswith("scripts/verify_nccl.py")
     assert cmd[5:] == ["--sizes", "1M:1G", "--out", str(tmp_path)]
-    health = verify.command("verify_cuda", verify.parse([]), "/env/bin/python", tmp_path)
+    health = programs.command("verify_cuda", programs.parse([]), "/env/bin/python", tmp_path)
     assert health[1].endswith("scripts/gpu_health.py") and "torch.distributed.run" not in health
 
 
 def test_missing_environment_says_what_to_do(monkeypatch, tmp_path):
-    from megatron_env import env
+    from megatron_env.pyenv import env
 
     monkeypatch.setattr(env, "ENV_ROOT", tmp_path)
     with pytest.raises(UserError, match="run `invoke setup` first"):
-        verify.interpreter(verify.parse(["--profile", "core_v0.4.0-cu121"]))
+        programs.interpreter(programs.parse(["--profile", "core_v0.4.0-cu121"]))
 
 
 def test_verify_nccl_session_runs_gloo_for_real(tmp_path):
     pytest.importorskip("torch")
     run_dir = tmp_path / "run"
-    code = verify.run("verify_nccl", ["--python", sys.executable, "--nproc", "2", "--run-dir",
+    code = programs.run("verify_nccl", ["--python", sys.executable, "--nproc", "2", "--run-dir",
                                       str(run_dir), "--backend", "gloo", "--sizes", "1K:8K",
                                       "--iters", "2", "--warmup", "1"])
     assert code == 0

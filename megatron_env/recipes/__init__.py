@@ -1,4 +1,5 @@
-"""The kernel recipes: one module per package here, each defining `RECIPE`.
+"""The kernel recipes: one module per package here, each defining `RECIPE` (recipe.py: the types
+they are made of).
 
 Adding a package is adding a module (and `[kernels.<name>]` lines to the profiles that build
 it); nothing else in megatron_env names a kernel package.
@@ -10,8 +11,8 @@ import importlib
 import pkgutil
 from functools import cache
 
-from ..errors import UserError
-from ..recipe import Recipe
+from megatron_env.errors import UserError
+from megatron_env.recipes.recipe import Recipe
 
 
 @cache
@@ -19,6 +20,8 @@ def declared() -> dict[str, Recipe]:
     """Every recipe, by name."""
     found = {}
     for info in pkgutil.iter_modules(__path__):
+        if info.name == "recipe":
+            continue
         r: Recipe = importlib.import_module(f"{__name__}.{info.name}").RECIPE
         found[r.name] = r
     return dict(sorted(found.items()))

@@ -8,7 +8,7 @@ check that every module of the chosen variants imports. Its CUDA/torch version c
 nvcc == torch.version.cuda exactly (patched for minor mismatches on old pins).
 """
 
-from ..recipe import Recipe, Variant
+from megatron_env.recipes.recipe import Recipe, Variant
 
 RECIPE = Recipe(
     name="apex",

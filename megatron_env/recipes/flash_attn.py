@@ -12,7 +12,7 @@ alone peaked at 53 GiB together on an H200 node (bench/results/2026-12-02-h200-1
 mem.log); flash-attn's own setup.py assumes 9 GiB a job at 4 threads.
 """
 
-from ..recipe import Choice, Recipe
+from megatron_env.recipes.recipe import Choice, Recipe
 
 RECIPE = Recipe(
     name="flash-attn",

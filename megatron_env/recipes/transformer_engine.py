@@ -21,7 +21,7 @@ loads libtransformer_engine.so and registers transformer_engine_torch. Both shar
 inside the transformer_engine package of the wheel.
 """
 
-from ..recipe import Recipe
+from megatron_env.recipes.recipe import Recipe
 
 RECIPE = Recipe(
     name="transformer-engine",

@@ -1,0 +1,414 @@
+"""The online side of a bundle: everything one profile's `invoke setup` needs, downloaded,
+checked against the lock and the profile, and written into one archive with its manifest
+(megatron_env.bundle.layout says what goes where)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron_env import REPO_ROOT, __version__, digest, output, proc
+from megatron_env.bundle.layout import (
+    FORMAT,
+    MACHINE,
+    MANIFEST,
+    manifest_digest,
+    profile_digest,
+    py_tag,
+    read_manifest,
+    repo_path,
+    role,
+)
+from megatron_env.errors import UserError
+from megatron_env.kernels import build
+from megatron_env.profile import Profile
+from megatron_env.pyenv import lock, uv
+from megatron_env.sources import patches, repos
+
+SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
+                "pyproject.toml", "README.md")
+_PIP_NAME = re.compile(r"[-_.]+")
+
+
+
+
+@dataclass
+class Entry:
+    arcname: str
+    path: Path
+    role: str
+    sha256: str = ""
+    size: int = 0
+
+
+@dataclass
+class Made:
+    out: Path
+    manifest: dict
+    written: int  # files in this archive
+    reused: int  # files a --since base already holds
+    size: int
+    seconds: float
+    by_role: dict[str, int] = field(default_factory=dict)
+
+
+def _source_tree(prof: Profile, dest: Path) -> None:
+    """The tool's tree as it runs from a checkout, with only this profile under envs/."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".*.log", "*.egg-info")
+    for item in SOURCE_ITEMS:
+        src = REPO_ROOT / item
+        if src.is_dir():
+            shutil.copytree(src, dest / item, ignore=ignore)
+        elif src.is_file():
+            shutil.copy2(src, dest / item)
+    shutil.copytree(prof.dir, dest / "envs" / prof.name, ignore=ignore)
+
+
+def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) -> None:
+    argv = [sys.executable, "-m", "pip", "download", "-q", "-d", dest, "--python-version", python,
+            "--implementation", "cp", "--only-binary=:all:"]
+    for plat in lock.WHEEL_PLATFORMS:
+        argv += ["--platform", plat]
+    r = proc.run([*argv, *args], timeout=1800)
+    if not r.ok:
+        raise UserError(f"cannot download {what} for Python {python}: {r.tail(4)}",
+                        fix="check the package index (pip's configuration, PIP_INDEX_URL) "
+                            "or PIP_FIND_LINKS")
+
+
+def _tool_wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...] = ()
+                 ) -> None:
+    """megatron-env as a wheel, its runtime dependencies and its build backend, for the profile's
+    Python: `pip install --no-index --find-links tool megatron-env` then needs nothing else."""
+    echo(f"tool: building the megatron-env {__version__} wheel")
+    with tempfile.TemporaryDirectory(prefix="megatron-env-wheel-") as tmp:
+        work = Path(tmp) / "src"
+        shutil.copytree(source, work)
+        # fixed zip timestamps: the same tree gives the same wheel, so a delta bundle skips it
+        r = proc.run([uv.exe(), "build", "--wheel", "--out-dir", Path(tmp) / "dist", work],
+                     env=uv.env(SOURCE_DATE_EPOCH="315532800"), timeout=900)
+        if not r.ok:
+            raise UserError(f"building the megatron-env wheel failed: {r.tail(5)}",
+                            fix="the build needs setuptools and wheel from the package index")
+        built = next((Path(tmp) / "dist").glob("megatron_env-*.whl"))
+        shutil.copy(built, dest / built.name)
+    echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
+    pins = tool_pins(source / "pyproject.toml", prof.python, extras)
+    _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
+
+
+def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> list[str]:
+    """The tool's runtime dependencies (and `extras`') and build backend resolved for `python`
+    on linux x86_64.
+
+    uv resolves, because `pip download --python-version` still judges markers by the running
+    interpreter (tomli for 3.10 would be left out when run by 3.12)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    backend = tomllib.loads(pyproject.read_text())["build-system"]["requires"]
+    with tempfile.TemporaryDirectory(prefix="megatron-env-tool-") as tmp:
+        (Path(tmp) / "backend.in").write_text("\n".join(backend) + "\n")
+        r = proc.run([uv.exe(), "pip", "compile", pyproject, Path(tmp) / "backend.in",
+                      *(a for e in extras for a in ("--extra", e)),
+                      "--python-version", python, "--python-platform", lock.PLATFORM,
+                      "--no-header", "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
+    if not r.ok:
+        raise UserError(f"cannot resolve megatron-env's dependencies for Python {python}: "
+                        f"{r.tail(4)}", fix="check the package index (UV_INDEX_URL)")
+    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip() and ln[0].isalnum()]
+
+
+def _env_wheels(prof: Profile, echo) -> list[Path]:
+    """The lock's files, downloaded once into the cache and each checked against the lock."""
+    lockfile = prof.dir / lock.LOCK_FILE
+    text = lockfile.read_text()
+    allowed = lock.parse_hashes(text)
+    total = len(allowed)
+    house = repos.cache_dir() / "bundle-wheels"
+    house.mkdir(parents=True, exist_ok=True)
+    seen = [0]
+
+    def progress(line: str) -> None:  # one line a file: pip's "Downloading x.whl (530.7 MB)"
+        m = re.match(r"\s*(Downloading|Using cached|File was already downloaded)\s+(\S+)(.*)",
+                     line)
+        if m:
+            seen[0] += 1
+            how = {"Downloading": "downloading"}.get(m.group(1), "cached")
+            size = m.group(3).strip(" ()")
+            echo(f"wheels: {seen[0]}/{total} {how} {Path(m.group(2)).name}"
+                 + (f" ({size})" if size else ""))
+
+    echo(f"wheels: {total} files of {lockfile.name} for Python {prof.python}, hashes required")
+    r = lock.download_wheels(lockfile, house, prof.python, on_line=progress)
+    if not r.ok:
+        raise UserError(f"downloading the files of {lockfile} failed: {r.tail(4)}",
+                        fix="check the package index or mirror (PIP_INDEX_URL, PIP_FIND_LINKS)")
+    by_hash: dict[str, Path] = {}
+    for f in house.glob("*.whl"):
+        by_hash[digest.file_hex(f)] = f
+    chosen, missing = [], []
+    for name, hashes in sorted(allowed.items()):
+        hit = next((by_hash[h] for h in hashes if h in by_hash), None)
+        if hit is None:
+            missing.append(name)
+            continue
+        if _PIP_NAME.sub("-", hit.name.split("-")[0]).lower() != name:
+            raise UserError(f"{hit.name} carries a hash the lock gives {name}",
+                            fix=f"remove {house} and run `invoke bundle` again")
+        chosen.append(hit)
+    if missing:
+        raise UserError(f"no file matching the lock's sha256 for: {', '.join(missing)}",
+                        fix=f"the index served other files; remove {house} and retry")
+    return chosen
+
+
+def conda_packages(prof: Profile) -> list[dict]:
+    """The linux-64 conda packages of the profile's conda-lock.yml (none without one): name,
+    url, the file's place in a bundle (`conda/<subdir>/<file>`) and the lock's hashes."""
+    f = prof.dir / lock.CONDA_LOCK_FILE
+    if not f.exists():
+        return []
+    try:
+        import yaml
+    except ImportError:
+        raise UserError(f"{f} is read with PyYAML, which is not installed",
+                        fix="pip install 'megatron-env[conda]' (the conda extra)") from None
+    try:
+        doc = yaml.safe_load(f.read_text())
+        out = []
+        for p in doc["package"]:
+            if p.get("manager") != "conda" or p.get("platform") != "linux-64":
+                continue
+            url = str(p["url"])
+            subdir, name = url.split("#")[0].rsplit("/", 2)[-2:]
+            out.append({"name": p["name"], "url": url, "path": f"conda/{subdir}/{name}",
+                        "sha256": p["hash"].get("sha256"), "md5": p["hash"].get("md5")})
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise UserError(f"{f} is not a conda-lock file ({type(e).__name__}: {e})",
+                        fix=f"run `invoke lock --profile {prof.name}` again") from None
+    return out
+
+
+def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
+    """Each conda package downloaded once into the cache and checked against the lock's sha256
+    (md5 where the lock has none), as the lock's wheels are."""
+    import urllib.request
+
+    cache = repos.cache_dir() / "conda-pkgs"
+    cache.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, p in enumerate(pkgs, 1):
+        algo, want = ("sha256", p["sha256"]) if p.get("sha256") else ("md5", p.get("md5"))
+        if not want:
+            raise UserError(f"conda-lock.yml gives {p['name']} no sha256 or md5",
+                            fix="lock the conda layer again with conda-lock")
+        dest = cache / f"{want[:16]}-{Path(p['path']).name}"
+        if not (dest.exists() and digest.file_hex(dest, algo) == want):
+            echo(f"conda: {i}/{len(pkgs)} downloading {Path(p['path']).name}")
+            part = dest.with_name(dest.name + f".part-{os.getpid()}")
+            try:
+                urllib.request.urlretrieve(p["url"].split("#")[0], part)
+            except OSError as e:
+                part.unlink(missing_ok=True)
+                raise UserError(f"cannot download {p['url']}: {e}",
+                                fix="lock the conda layer against a reachable channel "
+                                    f"({lock.CHANNELS_ENV}=MIRROR invoke lock)") from None
+            if digest.file_hex(part, algo) != want:
+                part.unlink()
+                raise UserError(f"{p['url']} does not match the {algo} in conda-lock.yml",
+                                fix="the channel serves another file: check the mirror, "
+                                    "or lock again")
+            os.replace(part, dest)
+        out.append(dest)
+    return out
+
+
+def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, echo) -> None:
+    """A fresh bare repository holding only `commit` (and `tag`, checked to point at it)."""
+    url = repos.repo_url(name, url)
+    echo(f"{name}: fetching {tag or commit[:12]} (depth 1) from {url}")
+    shutil.rmtree(dest, ignore_errors=True)
+    git = ["git", "--git-dir", str(dest)]
+    run_env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    steps = [["git", "init", "-q", "--bare", str(dest)],
+             [*git, "fetch", "-q", "--depth", "1", url,
+              f"+refs/tags/{tag}:refs/tags/{tag}" if tag else commit]]
+    for argv in steps:
+        r = proc.run(argv, env=run_env, timeout=3600)
+        if not r.ok:
+            raise UserError(f"cannot fetch {name} {tag or commit} from {url}: {r.tail(2)}",
+                            fix=f"set {repos.mirror_var(name)} to a reachable mirror or a "
+                                "local bare repository holding the pin")
+    at = repos.resolve(dest, tag or commit)
+    if at != commit:
+        raise UserError(f"{name}: tag {tag} points at {at}, the profile pins {commit}",
+                        fix="the tag moved: check upstream and the profile's pin")
+    for argv in ([*git, "update-ref", "refs/heads/pinned", commit],
+                 [*git, "symbolic-ref", "HEAD", "refs/heads/pinned"],
+                 [*git, "repack", "-a", "-d", "-q"]):
+        r = proc.run(argv, timeout=600)
+        if not r.ok:
+            raise UserError(f"{name}: preparing the bare repository failed: {r.tail(2)}")
+    for junk in ("hooks", "description", "info", "FETCH_HEAD", "logs"):
+        p = dest / junk
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def git_pins(prof: Profile, without: Iterable[str] = ()) -> list[tuple[str, str, str, str | None]]:
+    """(name, repository, commit, tag) of every git source the profile's setup checks out:
+    Megatron-LM, each git-sourced kernel package (but those `without` names) and each submodule
+    it pins."""
+    m = prof.megatron
+    return [("megatron", m["repo"], m["commit"], m["tag"]),
+            *((name, url, commit, tag) for k in build.packages(prof).values()
+              if k.name not in without
+              for name, url, commit, tag, _path in build.git_sources(k))]
+
+
+def _left_out(prof: Profile, without: Iterable[str]) -> list[str]:
+    """The kernel packages a bundle leaves out, each checked against the profile's recipes."""
+    known = sorted(build.packages(prof))
+    for name in without:
+        if name not in known:
+            raise UserError(f"--without {name}: {prof.name} pins no kernel package of that name",
+                            fix=f"one of: {', '.join(known)}")
+    return sorted(set(without))
+
+
+def _builds(prof: Profile, without: Iterable[str] = ()) -> list[tuple[str, Path]]:
+    """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
+    out = []
+    for k in build.packages(prof).values():
+        if k.name in without:
+            continue
+        want = {"source": k.source.digest,
+                "patches": digest.of_files(patches.series(k.name, k.pin)),
+                "python": py_tag(prof.python), "cuda": prof.cuda,
+                "archs": sorted(prof.archs) if k.cuda else [],
+                "switches": k.switches, "build_options": list(k.build_options)}
+        for meta in sorted((build.cache_dir() / "wheels").glob(f"{k.name}-*/meta.json")):
+            try:
+                doc = json.loads(meta.read_text()).get("key") or {}
+            except (OSError, json.JSONDecodeError):
+                continue
+            if (all(doc.get(f) == v for f, v in want.items())
+                    and str(doc.get("torch", "")).split("+")[0] == prof.torch):
+                out.extend((f"builds/{meta.parent.name}/{f.name}", f)
+                           for f in sorted(meta.parent.iterdir()) if f.is_file())
+    return out
+
+
+def _tree(root: Path, prefix: str) -> list[Entry]:
+    return [Entry(f"{prefix}/{p.relative_to(root).as_posix()}", p, "")
+            for p in sorted(root.rglob("*")) if p.is_file()]
+
+
+def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
+         since: Path | None = None, without: Iterable[str] = (), echo=output.status) -> Made:
+    """Write the bundle of `prof` to `out` (a .tar); with `since`, only what that bundle lacks.
+
+    `without` leaves kernel packages out (their sources and builds): a smaller archive for nodes
+    that bring those kernels or set up with --no-builds; the manifest says which, and the offline
+    side refuses to build them by name instead of reaching for the network."""
+    t0 = time.monotonic()
+    without = _left_out(prof, without)
+    if problems := lock.stale(prof):
+        raise UserError("; ".join(problems),
+                        fix=f"run `invoke lock --profile {prof.name}` and commit the locks first")
+    base = read_manifest(since) if since else None
+    out = out.absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
+        stage = Path(tmp)
+        entries: list[Entry] = []
+        _source_tree(prof, stage / "source")
+        entries += _tree(stage / "source", "source")
+        conda = [] if adopt else conda_packages(prof)  # an adopted node brings its own
+        (stage / "tool").mkdir()
+        _tool_wheels(prof, stage / "source", stage / "tool", echo,
+                     ("conda",) if conda else ())  # conda-lock installs the conda layer
+        entries += _tree(stage / "tool", "tool")
+        if not adopt:
+            entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
+        entries += [Entry(c["path"], f, "") for c, f in zip(conda, _conda_fetch(conda, echo),
+                                                            strict=True)]
+        repos, sdists = [], []
+        for k in build.packages(prof).values():
+            if k.source.repo or k.name in without:  # a repository below, or left out
+                continue
+            echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
+            build.fetch(k, Path(sys.executable), echo)  # downloads once, checks the sha256
+            arc = build.sdist_archive(k)
+            name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
+            entries.append(Entry(name, arc, ""))
+            sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
+        for name, url, commit, tag in git_pins(prof, without):
+            rel = repo_path(name, commit)
+            repos.append({"name": name, "commit": commit, "tag": tag, "path": rel})
+            if base and any(f.startswith(rel + "/") for f in base["files"]):
+                echo(f"{name}: {rel} is in the base bundle")
+                continue
+            _bare_repo(name, url, commit, tag, stage / rel, echo)
+            entries += _tree(stage / rel, rel)
+        if with_builds:
+            found = _builds(prof, without)
+            echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
+                 f"for {prof.name}")
+            entries += [Entry(a, p, "") for a, p in found]
+        files: dict[str, dict] = {}
+        for e in entries:
+            e.role = role(e.arcname)
+            e.sha256, e.size = digest.file_hex(e.path), e.path.stat().st_size
+            files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
+        written = []
+        for e in entries:
+            old = base["files"].get(e.arcname) if base else None
+            if old and old["sha256"] == e.sha256:
+                files[e.arcname]["in"] = "base"
+            else:
+                written.append(e)
+        if base:  # git repositories the base already holds: its entries stand
+            for rel in (r["path"] for r in repos):
+                for f, meta in base["files"].items():
+                    if f.startswith(rel + "/"):
+                        files[f] = {**meta, "in": "base"}
+        manifest = {
+            "format": FORMAT, "tool": {"name": "megatron-env", "version": __version__},
+            "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "profile": {"name": prof.name, "digest": profile_digest(prof), "python": prof.python,
+                        "torch": prof.torch, "cuda": prof.cuda},
+            "python": prof.python, "platform": {"system": "linux", "machine": MACHINE,
+                                                "wheels": lock.PLATFORM},
+            "mode": "adopt" if adopt else "full", "with_builds": with_builds,
+            "base": manifest_digest(base) if base else None, "without": without,
+            "git": repos, "sources": sdists,
+            "conda": [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda],
+            "files": dict(sorted(files.items())),
+        }
+        (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        part = out.with_name(out.name + f".part-{os.getpid()}")
+        echo(f"writing {out.name}: {len(written)} files, "
+             f"{sum(e.size for e in written) / 2**20:.1f} MiB")
+        with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
+            tar.add(stage / MANIFEST, arcname=MANIFEST)
+            for e in written:
+                tar.add(e.path, arcname=e.arcname, recursive=False)
+        os.replace(part, out)
+    by_role: dict[str, int] = {}
+    for e in written:
+        by_role[e.role] = by_role.get(e.role, 0) + e.size
+    return Made(out, manifest, len(written), len(entries) - len(written), out.stat().st_size,
+                time.monotonic() - t0, by_role)
+
+

@@ -1,0 +1,1 @@
+"""After a failure: triage of a job's logs and the report for a bug."""

@@ -1,0 +1,47 @@
+"""The NCCL_DEBUG log analysis, shared with scripts/verify_nccl.py by loading that file.
+
+Why this shape: verify_nccl.py must stay one file that runs anywhere torch runs (an NGC
+container, a bare compute node) without this package, so it cannot import from megatron_env.
+The other direction is free: this package always runs from its checkout (REPO_ROOT holds the
+profiles, patches and scripts), and verify_nccl.py imports only the standard library at module
+level (torch is imported inside main). So the analysis lives once, in the script, and is loaded
+from it here by path; `invoke triage` and `verify_nccl.py --analyze-log` read a log the same
+way, and a rule added there is a rule both use. Nothing is copied or generated.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from functools import cache
+from types import ModuleType
+
+from megatron_env import REPO_ROOT
+from megatron_env.errors import UserError
+from megatron_env.findings import Finding
+
+SCRIPT = REPO_ROOT / "scripts" / "verify_nccl.py"
+_NAME = "megatron_env._verify_nccl_script"
+
+
+@cache
+def script() -> ModuleType:
+    """scripts/verify_nccl.py as a module (its `main` is not run)."""
+    spec = importlib.util.spec_from_file_location(_NAME, SCRIPT)
+    if spec is None or spec.loader is None or not SCRIPT.exists():
+        raise UserError(f"{SCRIPT} is missing", fix="restore scripts/verify_nccl.py from git")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_NAME] = module  # dataclasses and pickling look modules up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def analyze(text: str) -> dict:
+    """What the NCCL_DEBUG lines in `text` say (networks, transports, warnings and where)."""
+    return script().analyze_log(text)
+
+
+def findings(analysis: dict) -> list[Finding]:
+    """The script's findings (plain dicts there) as this package's Finding."""
+    return [Finding(f["id"], f["status"], f["summary"], list(f["evidence"]), f["fix"])
+            for f in script().log_findings(analysis)]

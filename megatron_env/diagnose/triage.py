@@ -1,0 +1,324 @@
+"""What a failed or hung distributed job's console log says happened, most likely cause first.
+
+Pure functions of normalised log lines (`joblog`): `events` finds what PyTorch, torchrun, CUDA,
+the kernel and NCCL printed; `findings` turns that into the one finding shape of `invoke check`
+(id, status, summary naming rank/host/op as a person would, evidence, fix). The NCCL_DEBUG lines
+are read by the analysis scripts/verify_nccl.py already has (see `nccl_log` for why it is shared
+by loading that file), so a job log and `verify_nccl.py --analyze-log` agree.
+
+The order is a judgement: a rank's own fault (a GPU Xid, an ECC or illegal-address error, NCCL
+unable to allocate or complete an IB transfer) comes before what other ranks saw as a
+consequence (a peer gone, a collective timing out), because the ranks that time out are almost
+always waiting for the one that failed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from megatron_env.diagnose import nccl_log
+from megatron_env.diagnose.events import SIGNALS, XIDS, Events, events
+from megatron_env.diagnose.joblog import Line
+from megatron_env.findings import Finding
+
+NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
+            "TORCH_NCCL_DESYNC_DEBUG=1")
+
+def ranks(rs) -> str:
+    """'rank 5', 'ranks 0, 1 and 2', 'ranks 0-7' as a person would say it."""
+    rs = sorted(set(rs))
+    if not rs:
+        return "no rank"
+    if len(rs) == 1:
+        return f"rank {rs[0]}"
+    if len(rs) > 3 and rs == list(range(rs[0], rs[-1] + 1)):
+        return f"ranks {rs[0]}-{rs[-1]}"
+    return "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+
+
+def _where(rank: int | None, host: str | None) -> str:
+    parts = ([f"rank {rank}"] if rank is not None else []) + ([f"host {host}"] if host else [])
+    return " on ".join(parts) or "a rank"
+
+
+def _who(items: list[dict]) -> str:
+    """'rank 1 on gpu187', 'ranks 0 and 3', 'a rank': who printed these events."""
+    rs = sorted({e["rank"] for e in items if e.get("rank") is not None})
+    hosts = sorted({e["host"] for e in items if e.get("host")})
+    return (ranks(rs) if rs else "a rank") + (f" on {', '.join(hosts)}" if hosts else "")
+
+
+def _seconds(ms: int) -> str:
+    s = ms / 1000
+    return f"{s / 3600:.1f} h" if s >= 7200 else f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
+
+
+def _timeouts(ev: Events) -> list[Finding]:
+    if not ev.timeouts:
+        return []
+    seen: dict[tuple, dict] = {}
+    for t in ev.timeouts:  # the watchdog line and the exception text repeat the same timeout
+        seen.setdefault((t["rank"], t["seq"], t["op"]), t)
+    ts = list(seen.values())
+    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for t in ts:
+        groups[(t["op"], t["seq"])].append(t)
+    by_rank: dict[int, set[int]] = defaultdict(set)
+    for t in ts:
+        by_rank[t["rank"]].add(t["seq"])
+    t0 = ts[0]
+    size = (f", {t0['numel_in']} elements in / {t0['numel_out']} out"
+            if t0["numel_in"] is not None else "")
+    ran = max(t["ran_ms"] for t in ts)
+    ops = " and ".join(sorted({t["op"] for t in ts}))
+    seqs = sorted({t["seq"] for t in ts})
+    summary = (f"{ranks(by_rank)} timed out in {ops} (SeqNum {_span(seqs)}"
+               f"{size if len(groups) == 1 else ''}) after {_seconds(t0['timeout_ms'])} "
+               f"(Timeout(ms)={t0['timeout_ms']})")
+    if ran > 1.5 * t0["timeout_ms"]:
+        summary += f"; the watchdog only noticed after {_seconds(ran)}"
+    if ev.first_timeout:
+        summary += f"; {ranks(ev.first_timeout)} timed out first"
+    evidence = [f"rank {t['rank']}{' on ' + t['host'] if t['host'] else ''}: {t['op']} "
+                f"SeqNum {t['seq']}, ran for {t['ran_ms']} ms" for t in ts[:8]]
+    evidence += [f"rank {r}: {w}" for r, w in sorted(ev.work.items())[:8]]
+    out = []
+    odd = _odd_ones(by_rank)
+    silent = sorted(ev.ranks_seen - set(by_rank))
+    suspects = odd or silent
+    if odd:
+        behind = {r: sorted(by_rank[r]) for r in odd}
+        rest = sorted(set(by_rank) - set(odd))
+        others = sorted({s for r in rest for s in by_rank[r]})
+        hosts = sorted({t["host"] for t in ts if t["rank"] in odd and t["host"]})
+        out.append(Finding(
+            "job.odd_rank", "fail",
+            f"{ranks(odd)}{' on ' + ', '.join(hosts) if hosts else ''} is the odd one out: "
+            f"stuck at SeqNum {', '.join(str(s) for r in odd for s in behind[r])} while "
+            f"{ranks(rest)} reached SeqNum {_span(others)}",
+            [f"rank {r}: SeqNum {', '.join(map(str, sorted(seqs)))}"
+             for r, seqs in sorted(by_rank.items())],
+            f"look at {ranks(odd)} first: its log, `py-spy dump` of its process while hung, and "
+            f"`invoke preflight` on its host; next run: {NEXT_RUN}"))
+    if silent and not odd and len(by_rank) > 1:
+        out.append(Finding(
+            "job.odd_rank", "fail",
+            f"{ranks(silent)} printed no watchdog timeout while {ranks(by_rank)} did: "
+            f"{'it' if len(silent) == 1 else 'they'} may never have reached SeqNum "
+            f"{_span(seqs)}",
+            [f"ranks in the logs: {ranks(ev.ranks_seen)}",
+             f"timed out: {ranks(by_rank)}"],
+            f"look at {ranks(silent)} first: its own error earlier in its log, or where it hung "
+            f"(`py-spy dump`); `invoke preflight` on its host; next run: {NEXT_RUN}"))
+    fix = ("the ranks that time out are waiting for one that never joined"
+           + (f" ({ranks(suspects)})" if suspects else "")
+           + f": find it (its own error earlier in its log, or a hang). Next run: {NEXT_RUN} "
+             "(the flight-recorder dump names the missing rank), and `invoke preflight` on the "
+             "nodes")
+    out.insert(0, Finding("job.timeout", "fail", summary, evidence, fix))
+    return out
+
+
+def _odd_ones(by_rank: dict[int, set[int]]) -> list[int]:
+    """The ranks whose newest SeqNum differs from where the majority of ranks are."""
+    if len(by_rank) < 2:
+        return []
+    newest = {r: max(s) for r, s in by_rank.items()}
+    counts: dict[int, int] = defaultdict(int)
+    for s in newest.values():
+        counts[s] += 1
+    if len(counts) == 1:
+        return []
+    majority = max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+    odd = [r for r, s in newest.items() if s != majority]
+    return sorted(odd) if len(odd) < len(newest) else []
+
+
+def _span(seqs: list[int]) -> str:
+    return str(seqs[0]) if len(seqs) == 1 else f"{seqs[0]}-{seqs[-1]}"
+
+
+def _desync(ev: Events) -> list[Finding]:
+    if not ev.desync_lagging:
+        return []
+    lag = sorted({r for rs, _ in ev.desync_lagging for r in rs})
+    first = ev.desync_lagging[0]
+    return [Finding(
+        "job.desync", "fail",
+        f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first[0]))}] "
+        f"{first[1]}",
+        [f"[{', '.join(map(str, rs))}] {what}" for rs, what in ev.desync_lagging[:6]] + ev.desync,
+        f"{ranks(lag)} fell behind or took another code path: read its log and stack "
+        f"(`py-spy dump --pid` while hung); a rank that skipped or reordered a collective is a "
+        f"bug in the training script, a dead one a host problem (`invoke preflight` on its node)")]
+
+
+_NCCL_FIX = {
+    "unhandled system error":
+        "a system call inside NCCL failed: with InfiniBand this is usually the locked-memory "
+        "limit (set `ulimit -l unlimited` for the job: limits.conf, --ulimit memlock=-1, Slurm "
+        "PropagateResourceLimits), else /dev/shm too small; rerun with NCCL_DEBUG=INFO to see "
+        "the failing call and run `invoke preflight` on the host",
+    "remote process exited or there was a network error":
+        "another rank exited or the network between nodes failed: find the rank that failed "
+        "first (torchrun's root cause, the earliest error) and fix that; if none did, check the "
+        "links (`invoke preflight` on every node, `ibstatus`) and rerun with NCCL_DEBUG=INFO",
+    "unhandled cuda error":
+        "a CUDA call inside NCCL failed: out of GPU memory or a GPU fault; rerun with "
+        "NCCL_DEBUG=INFO and look for Xid lines in `dmesg` on the host",
+}
+
+
+def _nccl_errors(ev: Events) -> list[Finding]:
+    out = []
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for e in ev.nccl_errors:
+        by_kind[e["kind"]].append(e)
+    for kind, es in by_kind.items():
+        where = sorted({_where(e["rank"], e["host"]) for e in es if e["rank"] is not None
+                        or e["host"]})
+        version = next((e["version"] for e in es if e["version"]), None)
+        last = next((e["last_error"] for e in es if e["last_error"]), "")
+        out.append(Finding(
+            "job.nccl_error", "fail",
+            f"NCCL error '{kind}'" + (f" on {', '.join(where[:4])}" if where else "")
+            + (f" (NCCL {version})" if version else "") + (f": {last}" if last else ""),
+            [e["line"] for e in es[:4]] + ([f"last error: {last}"] if last else []),
+            _NCCL_FIX.get(kind, f"rerun with NCCL_DEBUG=INFO to see where it fails; {NEXT_RUN}")))
+    return out
+
+
+def _cuda(ev: Events) -> list[Finding]:
+    out = []
+    by_what: dict[str, list[dict]] = defaultdict(list)
+    for e in ev.cuda_errors:
+        by_what[e["what"]].append(e)
+    for what, es in by_what.items():
+        if "ECC" in what:
+            fix = ("a GPU memory fault, not a software bug: drain the node, check "
+                   "`nvidia-smi -q -d ECC,ROW_REMAPPER` and Xid lines in `dmesg`, reset or replace "
+                   "the GPU; `invoke preflight` on the host before it rejoins")
+        elif "illegal memory access" in what or "illegal address" in what:
+            fix = ("a kernel wrote out of bounds: rerun with CUDA_LAUNCH_BLOCKING=1 to name the "
+                   "kernel; compiled kernel packages built for another torch/CUDA are a common "
+                   "cause: `invoke build-check`; if it moves between nodes, check Xid lines")
+        else:
+            fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
+        out.append(Finding("job.cuda_error", "fail", f"{_who(es)} hit CUDA error: {what}",
+                           [e["line"] for e in es[:4]], fix))
+    if ev.ooms:
+        o = ev.ooms[0]
+        out.append(Finding(
+            "job.cuda_oom", "fail",
+            f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o['size']}"
+            + (f" on GPU {o['gpu']} ({o['total']} total)" if o["gpu"] else ""),
+            [e["line"][:300] for e in ev.ooms[:4]],
+            "smaller micro-batch, activation recomputation, more tensor/pipeline parallelism, or "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation"))
+    return out
+
+
+def _xids(ev: Events) -> list[Finding]:
+    if not ev.xids:
+        return []
+    codes = sorted({x["xid"] for x in ev.xids} | {x["cause"] for x in ev.xids if x["cause"]})
+    gpus = sorted({x["pci"] for x in ev.xids})
+    hosts = sorted({x["host"] for x in ev.xids if x["host"]})
+    causes = sorted({x["cause"] for x in ev.xids if x["cause"]})
+    named = ", ".join(f"Xid {c}" + (f" ({XIDS[c]})" if c in XIDS else "") for c in codes)
+    return [Finding(
+        "job.gpu_xid", "fail",
+        f"the GPU driver reported {named} on {len(gpus)} GPU(s) ({', '.join(gpus[:4])})"
+        + (f" of {', '.join(hosts)}" if hosts else "")
+        + (f"; the first error was Xid {', '.join(map(str, causes))}" if causes else ""),
+        [f"{x['pci']}: Xid {x['xid']}" + (f" pid {x['pid']} ({x['name']})" if x["pid"] else "")
+         + (f", caused by Xid {x['cause']}" if x["cause"] else "") for x in ev.xids[:6]],
+        "a GPU, NVLink or driver fault on that node: drain it, look up the Xid in NVIDIA's Xid "
+        "catalogue, collect `nvidia-bug-report.sh`, reset the GPUs or reboot, and run "
+        "`invoke preflight` there before it rejoins")]
+
+
+def _stuck(ev: Events) -> list[Finding]:
+    if not ev.stuck:
+        return []
+    return [Finding(
+        "job.watchdog_stuck", "fail",
+        f"the NCCL watchdog of {_who(ev.stuck)} got stuck for "
+        f"{max(s['seconds'] for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
+        [f"{_where(s['rank'], s['host'])}: stuck for {s['seconds']} s" for s in ev.stuck[:6]],
+        "a call that never returns is a GPU fault (Xid lines in `dmesg` on that host) or a "
+        "deadlock around the GIL: take `py-spy dump --native --pid` of the process while it "
+        "hangs, run `invoke preflight` on the host; TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC only helps "
+        "when the call is merely slow")]
+
+
+def _root_cause(ev: Events) -> list[Finding]:
+    if not ev.failures:
+        return []
+    root = next((f for f in ev.failures if f["root"]), ev.failures[0])
+    code = root["exitcode"]
+    how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
+           if code is not None and code < 0 else f"exit code {code}")
+    who = (f"rank {root['rank']}" if root["rank"] is not None else
+           f"local rank {root['local_rank']}")
+    if root["rank"] is not None and root["local_rank"] is not None:
+        who += f" (local rank {root['local_rank']})"
+    if root["host"]:
+        who += f" on host {root['host']}"
+    fixes = {-6: "SIGABRT is usually PyTorch's NCCL watchdog ending the process after a timeout "
+                 "or an NCCL error: see those findings",
+             -9: "SIGKILL: the kernel's OOM killer or the scheduler; check `dmesg` and the job's "
+                 "host memory (`sacct -j JOB -o MaxRSS`), and the scheduler's time limit",
+             -11: "SIGSEGV in native code: kernels built against another torch (`invoke "
+                  "build-check`), or a driver fault (Xid lines in `dmesg`)",
+             -7: "SIGBUS: /dev/shm too small (containers: --shm-size or --ipc=host)"}
+    fix = fixes.get(code if code is not None else 0,
+                    f"{who}'s own traceback, earlier in its log, names the error; rerun with "
+                    "`@record` on the entry point (torch.distributed.elastic.multiprocessing."
+                    "errors) so torchrun prints it here")
+    others = [f for f in ev.failures if f is not root]
+    return [Finding(
+        "job.root_cause", "fail",
+        f"torchrun's first observed failure: {who}, {how}",
+        [f"{'root cause' if f['root'] else 'also failed'}: "
+         + (f"rank {f['rank']}" if f["rank"] is not None else f"local rank {f['local_rank']}")
+         + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
+         for f in [root, *others][:8]], fix)]
+
+
+def _nccl_debug(ev: Events) -> list[Finding]:
+    """The NCCL_DEBUG lines, through verify_nccl.py's analysis (skips dropped: a job log that
+    has no channel lines says nothing about the transport)."""
+    return [f for f in nccl_log.findings(nccl_log.analyze("\n".join(ev.text)))
+            if f.status != "skip"]
+
+
+ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
+         "nccl.system_error", "nccl.shm", "nccl.ibverbs", "job.watchdog_stuck", "job.desync",
+         "job.odd_rank", "job.root_cause", "job.nccl_error", "nccl.peer_lost", "job.timeout",
+         "nccl.net", "nccl.transport"]
+
+
+def findings(ev: Events) -> list[Finding]:
+    """Most likely cause first (see the module's docstring); one finding when nothing matched."""
+    fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
+          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev))
+
+    def key(f: Finding) -> tuple[int, int]:
+        rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
+        if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
+            rank = ORDER.index("job.timeout") + 1
+        return (f.status != "fail", rank)
+
+    fs.sort(key=key)
+    if not any(f.status == "fail" for f in fs):
+        fs.append(Finding(
+            "job.unknown", "skip",
+            f"no known failure signature in {ev.lines} lines of {len(ev.sources)} log(s)",
+            [], f"pass the logs of every rank (srun --label, torchrun --tee 3) from a run with "
+                f"{NEXT_RUN}"))
+    return fs
+
+
+def triage(lines: list[Line]) -> list[Finding]:
+    return findings(events(lines))

@@ -1,0 +1,208 @@
+"""Host snapshots: collect the facts of a node once, into a directory, then analyse offline.
+
+A snapshot is a plain directory: one raw text file per command (exactly what it printed),
+`nvml.json` with what NVML reports, and `meta.json` saying for every file how it was made and
+whether the command was missing on the host. The same directory can be collected on a compute
+node and analysed anywhere with `invoke check --snapshot DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from megatron_env import output, proc, redact
+from megatron_env.errors import UserError
+
+# file name -> command. ulimit is a shell builtin, hence sh -c.
+COMMANDS: dict[str, list[str]] = {
+    "nvidia-smi.txt": ["nvidia-smi"],
+    "nvidia-smi-topo-m.txt": ["nvidia-smi", "topo", "-m"],
+    "nvidia-smi-q.txt": ["nvidia-smi", "-q"],
+    "ibstatus.txt": ["ibstatus"],
+    "ulimit-l.txt": ["sh", "-c", "ulimit -l"],
+    "nvcc-version.txt": ["nvcc", "--version"],
+    "shm.txt": ["df", "-k", "/dev/shm"],
+    "ip-br-addr.txt": ["ip", "-br", "addr"],
+}
+
+# Only variables that matter to a GPU job are recorded: env.txt may be shared, secrets must not be.
+ENV_PREFIXES = ("CUDA", "NCCL_", "NVIDIA_", "TORCH_", "SLURM_", "UCX_", "OMPI_", "PMIX_",
+                "FI_", "GLOO_", "MAX_JOBS", "NVCC_", "CONDA_PREFIX", "VIRTUAL_ENV")
+ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "HOSTNAME")
+
+
+@dataclass
+class Snapshot:
+    """A collected snapshot directory, read lazily. `text(name)` is None when not collected."""
+
+    path: Path
+
+    @classmethod
+    def load(cls, path: Path) -> Snapshot:
+        if not path.is_dir():
+            raise UserError(
+                f"snapshot {path} is not a directory",
+                fix="pass a directory written by `invoke collect --out DIR`",
+            )
+        known = set(COMMANDS) | {"nvml.json", "env.txt", "meta.json"}
+        if not any((path / name).exists() for name in known):
+            raise UserError(
+                f"snapshot {path} holds none of the files of a snapshot "
+                f"({', '.join(sorted(known))})",
+                fix="pass a directory written by `invoke collect --out DIR`",
+            )
+        return cls(path)
+
+    def text(self, name: str) -> str | None:
+        f = self.path / name
+        if not f.is_file():
+            return None
+        return f.read_bytes().decode("utf-8", errors="replace")
+
+    def meta(self) -> dict[str, Any]:
+        return self._json("meta.json")
+
+    def nvml(self) -> dict[str, Any]:
+        return self._json("nvml.json")
+
+    def missing(self, name: str) -> bool:
+        """True when the command behind `name` was recorded as not installed on the host."""
+        return self.meta().get("files", {}).get(name, {}).get("status") == "missing"
+
+    def env(self) -> dict[str, str]:
+        from megatron_env.host.parsers import env_file
+
+        return env_file(self.text("env.txt") or "")
+
+    def _json(self, name: str) -> dict[str, Any]:
+        raw = self.text(name)
+        if raw is None:
+            return {}
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            return {"_error": f"{name} is not valid JSON"}
+        return data if isinstance(data, dict) else {"_error": f"{name} is not a JSON object"}
+
+
+def _nvcc_argv() -> list[str]:
+    """nvcc from PATH, else from CUDA_HOME or the default install prefix."""
+    if proc.which("nvcc"):
+        return ["nvcc", "--version"]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and Path(home, "bin", "nvcc").is_file():
+            return [str(Path(home, "bin", "nvcc")), "--version"]
+    return ["nvcc", "--version"]
+
+
+def nvml_facts() -> dict[str, Any]:
+    """What NVML says about the driver and every GPU; {"error": ...} when it cannot load."""
+    try:
+        import pynvml as nv
+    except ImportError:
+        return {"error": "nvidia-ml-py is not installed"}
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as e:  # no driver, no libnvidia-ml.so
+        return {"error": f"NVML init failed: {e}"}
+    try:
+        def text(v: Any) -> str:
+            return v.decode() if isinstance(v, bytes) else str(v)
+
+        count = nv.nvmlDeviceGetCount()
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        gpus = []
+        for i, h in enumerate(handles):
+            gpu: dict[str, Any] = {
+                "index": i,
+                "name": text(nv.nvmlDeviceGetName(h)),
+                "uuid": text(nv.nvmlDeviceGetUUID(h)),
+                "pci_bus_id": text(nv.nvmlDeviceGetPciInfo(h).busId),
+                "memory_total": nv.nvmlDeviceGetMemoryInfo(h).total,
+            }
+            optional = {
+                "compute_capability": (nv.nvmlDeviceGetCudaComputeCapability, ()),
+                "clocks_event_reasons": (nv.nvmlDeviceGetCurrentClocksEventReasons, ()),
+                "temperature_c": (nv.nvmlDeviceGetTemperature, (nv.NVML_TEMPERATURE_GPU,)),
+            }
+            for key, (fn, extra) in optional.items():
+                try:
+                    value = fn(h, *extra)
+                    gpu[key] = ".".join(map(str, value)) if isinstance(value, tuple) else value
+                except (nv.NVMLError, AttributeError) as e:
+                    gpu[key + "_error"] = str(e)
+            links = 0
+            for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    links += nv.nvmlDeviceGetNvLinkState(h, link) == nv.NVML_FEATURE_ENABLED
+                except nv.NVMLError:
+                    break
+            gpu["nvlinks_active"] = links
+            gpus.append(gpu)
+        # nvlink[i][j]: True when NVML reports NVLink P2P between GPU i and j.
+        nvlink = [[i == j for j in range(count)] for i in range(count)]
+        for i in range(count):
+            for j in range(count):
+                if i != j:
+                    try:
+                        status = nv.nvmlDeviceGetP2PStatus(
+                            handles[i], handles[j], nv.NVML_P2P_CAPS_INDEX_NVLINK
+                        )
+                        nvlink[i][j] = status == nv.NVML_P2P_STATUS_OK
+                    except nv.NVMLError:
+                        nvlink[i][j] = False
+        return {
+            "driver_version": text(nv.nvmlSystemGetDriverVersion()),
+            "cuda_driver_version": nv.nvmlSystemGetCudaDriverVersion(),
+            "gpus": gpus,
+            "nvlink_p2p": nvlink,
+        }
+    finally:
+        nv.nvmlShutdown()
+
+
+def collect(out: Path, *, echo=output.status) -> Snapshot:
+    """Record this host into `out` (created; existing files of the same names are replaced)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file, not a directory",
+                        fix="pass --out a directory (new or existing) for the snapshot")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {out}: {e.strerror}",
+                        fix="pass --out a directory you can write") from None
+    files: dict[str, dict[str, Any]] = {}
+    for name, argv in COMMANDS.items():
+        if name == "nvcc-version.txt":
+            argv = _nvcc_argv()
+        r = proc.run(argv, timeout=120)
+        if r.missing:
+            files[name] = {"argv": argv, "status": "missing"}
+            (out / name).unlink(missing_ok=True)
+        else:
+            (out / name).write_text(r.output)
+            files[name] = {"argv": argv, "status": "ok" if r.ok else "failed",
+                           "returncode": r.returncode}
+        echo(f"  {name:<24} {files[name]['status']}")
+    env = redact.variables({k: v for k, v in os.environ.items()
+                            if k in ENV_NAMES or k.startswith(ENV_PREFIXES)})
+    (out / "env.txt").write_text(redact.scrub("".join(f"{k}={v}\n" for k, v in env.items()),
+                                              os.environ))
+    files["env.txt"] = {"status": "ok", "source": "environment (GPU-related variables only)"}
+    (out / "nvml.json").write_text(json.dumps(nvml_facts(), indent=2) + "\n")
+    files["nvml.json"] = {"status": "ok", "source": "nvidia-ml-py"}
+    meta = {
+        "hostname": socket.gethostname(),
+        "collected_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "platform": platform.platform(),
+        "files": files,
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return Snapshot(out)

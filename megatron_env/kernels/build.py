@@ -1,0 +1,370 @@
+"""Kernel builds from recipes: source -> patches -> wheel -> cache -> install -> verify.
+
+Derived, not guessed: the build environment comes from the profile and the environment's torch
+(CUDA_HOME whose nvcc matches torch.version.cuda, the arch list, MAX_JOBS from free memory and
+an estimate of memory per compile job, NVCC_THREADS, ninja). The plan is printed before anything
+compiles; `--dry-run` stops there. A wheel is built once per distinct input and kept in a
+content-addressed cache (shareable by every node of a cluster); a cache hit installs in seconds
+without a compiler. After install every compiled module the package must provide is imported:
+a build that silently came out Python-only is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import time
+import urllib.parse
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron_env import digest, mutex, output, proc, recipes
+from megatron_env.errors import UserError
+from megatron_env.host import resources
+from megatron_env.kernels import jobs as jobs_mod
+from megatron_env.kernels import ninjalog
+from megatron_env.kernels.progress import Progress
+from megatron_env.kernels.toolkit import cuda_home, site_paths
+from megatron_env.profile import Profile
+from megatron_env.pyenv import probe, uv
+from megatron_env.recipes import recipe
+from megatron_env.recipes.recipe import Package, source_var
+from megatron_env.sources import patches, repos
+
+CACHE_DIR_ENV = repos.CACHE_ENV
+GIB = 2**30
+
+
+def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Package]:
+    """The kernel packages the profile builds: each [kernels.<name>] table with its recipe."""
+    archs = archs or profile.archs
+    return {name: recipe.resolve(recipes.get(name), pins, archs)
+            for name, pins in profile.kernels.items()}
+
+
+def cache_dir() -> Path:
+    return repos.cache_dir()
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+def fetch(pkg: Package, python: Path, echo=output.status) -> Path:
+    """The pristine source tree, fetched once into the cache and verified by hash or commit."""
+    src = pkg.source
+    if src.repo:
+        dest = cache_dir() / "src" / f"{pkg.name}-{src.commit[:12]}"
+        if src.submodules:
+            dest = dest.with_name(f"{dest.name}-{digest.hexpart(digest.of(src.digest), 8)}")
+        if not (dest / ".megatron-env-pristine").exists():
+            for name, repo, commit, tag, path in git_sources(pkg):
+                repos.checkout(name, repo, tag, commit, dest / path, echo=echo)
+            (dest / ".megatron-env-pristine").write_text(src.digest + "\n")
+        return dest
+    archive = sdist_archive(pkg)
+    if not archive.exists():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        tmp = archive.with_suffix(f".tmp-{os.getpid()}")
+        _download(pkg, python, tmp, echo)
+        got = digest.hexpart(digest.of_file(tmp), 64)
+        if got != src.sha256:
+            tmp.unlink()
+            raise UserError(f"{pkg.name} source {src.url}: sha256 {got}, the profile pins "
+                            f"{src.sha256}", fix="the file was changed or is another version: "
+                                                 "use the original sdist")
+        os.replace(tmp, archive)
+    dest = cache_dir() / "src" / f"{pkg.name}-{src.sha256[:12]}"
+    if not (dest / ".megatron-env-pristine").exists():
+        tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        tops = list(tmp.iterdir())
+        root = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
+        (root / ".megatron-env-pristine").write_text(src.sha256 + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(root, dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def git_sources(pkg: Package) -> list[tuple[str, str, str, str | None, str]]:
+    """(name, repository, commit, tag, path in the tree) of a git-sourced package: the package
+    itself, then each submodule at the commit the profile pins (not the parent's index). A
+    submodule is named `<package>/<path>`: its MEGATRON_ENV_MIRROR_ variable and its repository
+    in a bundle follow from the name."""
+    src = pkg.source
+    if not src.repo or not src.commit:
+        return []
+    return [(pkg.name, src.repo, src.commit, src.tag, ""),
+            *((f"{pkg.name}/{path}", repo, commit, None, path)
+              for path, repo, commit in src.submodules)]
+
+
+def sdist_archive(pkg: Package) -> Path:
+    """Where the cache keeps a package's verified sdist (named by its sha256)."""
+    return cache_dir() / "sdists" / f"{pkg.source.sha256}.tar.gz"
+
+
+def _download(pkg: Package, python: Path, target: Path, echo) -> None:
+    url = pkg.source.url or ""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme in ("http", "https", "file"):
+        echo(f"{pkg.name}: downloading {url}")
+        try:
+            urllib.request.urlretrieve(url, target)
+        except OSError as e:
+            raise UserError(f"cannot download {url}: {e}",
+                            fix=f"set {source_var(pkg.name)} to a reachable copy, or pass "
+                                "--no-builds to `invoke setup` to go on without the kernels"
+                            ) from None
+        return
+    if Path(url).is_file():
+        shutil.copy(url, target)
+        return
+    # A bare file name: ask the configured package index (pip's configuration) for the sdist.
+    # pip runs its setup.py for metadata, which may import torch: hence the environment's own
+    # interpreter (pip added to it if missing) and the recipe's metadata_env (no compiling).
+    echo(f"{pkg.name}: fetching the {pkg.pin} sdist from the package index")
+    if not proc.run([python, "-m", "pip", "--version"], timeout=60).ok:
+        proc.run([uv.exe(), "pip", "install", "--python", python, "pip"], env=uv.env(),
+                 timeout=600)
+    out = target.parent / f"dl-{os.getpid()}"
+    r = proc.run([python, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
+                  "--no-binary", ":all:", f"{pkg.name}=={pkg.pin}", "-d", out],
+                 env={**os.environ, **pkg.metadata_env}, timeout=1800)
+    files = list(out.glob("*.tar.gz")) if out.exists() else []
+    if not r.ok or not files:
+        shutil.rmtree(out, ignore_errors=True)
+        raise UserError(f"cannot fetch the {pkg.name} {pkg.pin} sdist: {r.tail(3)}",
+                        fix=f"set {source_var(pkg.name)} to the sdist's path or URL, or pass "
+                            "--no-builds to `invoke setup` to go on without the kernels")
+    shutil.move(files[0], target)
+    shutil.rmtree(out, ignore_errors=True)
+
+
+# --- the build environment -------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    package: Package
+    python: Path
+    torch: dict
+    patches: list[Path]
+    env: dict[str, str]
+    key: str
+    max_jobs: int
+    why_jobs: str
+    key_doc: dict = field(default_factory=dict)  # what the key is made of (bundles select by it)
+
+    def lines(self) -> list[str]:
+        p = self.package
+        out = [f"{p.name} {p.pin}" + (f" +{' +'.join(p.variants)}" if p.variants else ""),
+               f"  source   {p.source.url or p.source.repo} ({p.source.digest})",
+               "  patches  " + (", ".join(x.name for x in self.patches) or "none"),
+               f"  torch    {self.torch['torch']} (CUDA {self.torch['cuda']}, "
+               f"{self.torch['tag']}, cxx11abi={self.torch['abi']})",
+               f"  jobs     MAX_JOBS={self.max_jobs} ({self.why_jobs})"]
+        # what the build is given, also where the caller's environment already said the same
+        shown = {*p.switches, "CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS",
+                 *filter(None, [p.parallel_var])}
+        flags = {k: v for k, v in self.env.items()
+                 if k in shown or k not in os.environ or os.environ[k] != v}
+        out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
+                                          if k not in ("PATH",)))
+        if p.build_options:
+            out.append("  options  --build-option=" + " ".join(p.build_options))
+        out.append(f"  cache    {self.key}")
+        return out
+
+
+def max_jobs(gb_per_job: float, parallel_var: str = "") -> jobs_mod.Jobs:
+    """From free memory, not from cores: one nvcc job can take several GiB. A package that
+    builds several extensions at once gets both numbers (see jobs.derive)."""
+    avail, source = resources.memory()
+    return jobs_mod.derive(gb_per_job, avail, source, resources.cores(), parallel_var,
+                           os.environ)
+
+
+def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
+         facts: dict | None = None) -> Plan:
+    """`facts`: probe.torch_facts(python) when the caller has them already (one torch import)."""
+    facts = facts or probe.torch_facts(python)
+    series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
+    build_env = {**os.environ, **pkg.switches,
+                 "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if pkg.cuda:
+        home, _release = cuda_home(facts["cuda"])
+        build_env["CUDA_HOME"] = str(home)
+        build_env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+    build_env.update(site_paths(pkg, facts.get("platlib")))
+    derived = max_jobs(pkg.gb_per_job, pkg.parallel_var)
+    jobs, why = derived.max_jobs, derived.why
+    build_env["MAX_JOBS"] = str(jobs)
+    if pkg.parallel_var:
+        build_env[pkg.parallel_var] = str(derived.extensions)
+    if not proc.which("ninja", path=build_env["PATH"]):
+        why += "; ninja missing: builds will be serial"
+    key_doc = {"source": pkg.source.digest, "patches": digest.of_files(series),
+               "torch": facts["torch"], "cuda": facts["cuda"], "python": facts["tag"],
+               "cxx11_abi": facts["abi"], "archs": sorted(archs) if pkg.cuda else [],
+               "switches": pkg.switches, "build_options": list(pkg.build_options)}
+    key = digest.hexpart(digest.of(key_doc), 32)
+    return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
+
+
+# --- build, cache, install, verify -----------------------------------------------------------
+
+
+@dataclass
+class Result:
+    package: str
+    wheel: Path
+    cache_hit: bool
+    seconds: float
+    build_seconds: float | None
+    log: Path | None
+    modules: dict[str, str]
+
+
+def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
+                      patch_root: Path | None = None, echo=output.status) -> Result | Plan:
+    t0 = time.monotonic()
+    p = plan(pkg, python, archs, patch_root)
+    for line in p.lines():
+        echo(line)
+    if dry_run:
+        return p
+    slot = cache_dir() / "wheels" / p.key
+    slot.parent.mkdir(parents=True, exist_ok=True)
+    built_in = None
+    log = None
+    with mutex.exclusive(Path(str(slot) + ".lock"), f"{pkg.name}: another build of this key "
+                           f"is running ({slot}.lock); waiting for it", echo):  # one per key
+        wheels = list(slot.glob("*.whl"))
+        hit = bool(wheels)
+        if not hit:
+            _sweep(p.key)
+            pristine = fetch(pkg, python, echo=echo)
+            work = cache_dir() / "build" / f"{p.key}.tmp-{os.getpid()}"
+            work.parent.mkdir(parents=True, exist_ok=True)
+            log = cache_dir() / "logs" / f"{p.key}-{time.strftime('%Y%m%d%H%M%S')}.log"
+            try:  # the tree and its objects take GBs: gone on success and on failure alike
+                patches.apply_series(pristine, work, p.patches)
+                for x in p.patches:
+                    echo(f"{pkg.name}: applied {x.name}")
+                built_in, wheel = _compile(p, work, log, echo)
+                if absent := _not_in_wheel(wheel, pkg.wheel_libraries):
+                    raise UserError(
+                        f"{pkg.name}: the wheel has no compiled {', '.join(absent)}; it was "
+                        "not cached", fix="a Python-only build is not a build: check the build "
+                                          f"log ({log}) for skipped extensions")
+                staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
+                staging.mkdir()
+                shutil.copy(wheel, staging / wheel.name)
+                timings = _keep_ninja_logs(work, staging / "ninja-logs")
+                (staging / "meta.json").write_text(json.dumps(
+                    {"plan": p.lines(), "max_jobs": p.max_jobs, "why_jobs": p.why_jobs,
+                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                     "build_seconds": built_in, "log": str(log), "ninja": timings,
+                     "key": p.key_doc},
+                    indent=2) + "\n")
+                os.replace(staging, slot)
+            finally:
+                for d in (work, _dist_dir(work)):
+                    shutil.rmtree(d, ignore_errors=True)
+            wheels = list(slot.glob("*.whl"))
+    wheel = wheels[0]
+    echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
+    r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
+                  wheel], env=uv.env(), timeout=1800)
+    if not r.ok:
+        raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
+    missing, facts = probe.missing_modules(python, pkg.modules)
+    if missing:
+        raise UserError(f"{pkg.name} installed without its compiled modules "
+                        f"{', '.join(missing)}: " + "; ".join(facts["errors"])[-500:],
+                        fix="a Python-only build is not a build: check the build log "
+                            f"({log or slot / 'meta.json'}) for skipped extensions")
+    return Result(pkg.name, wheel, hit, time.monotonic() - t0, built_in, log,
+                  facts["imported"])
+
+
+def _sweep(key: str) -> None:
+    """Remove what killed builds of this key left (the caller holds the key's lock, so no
+    living build owns any of it)."""
+    for pattern in (f"build/{key}.tmp-*", f"wheels/{key}.tmp-*"):
+        for d in cache_dir().glob(pattern):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _not_in_wheel(wheel: Path, libraries: tuple[str, ...]) -> list[str]:
+    """The libraries (a/b) without a shared object in the wheel (a/b.<abi tag>.so, a/b.so)."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    return [lib for lib in libraries
+            if not any(n.startswith(lib + ".") and n.endswith(".so") for n in names)]
+
+
+def _keep_ninja_logs(work: Path, dest: Path) -> dict:
+    """Copy each extension's .ninja_log (per object: start, end) out of the build tree before
+    it is removed, and summarise them (slowest objects, parallelism): where the time went."""
+    found = sorted(work.rglob(".ninja_log"))
+    kept = []
+    for i, f in enumerate(found):
+        dest.mkdir(parents=True, exist_ok=True)
+        kept.append(dest / f"{i:02d}-{f.parent.name}.ninja_log")
+        shutil.copy(f, kept[-1])
+    try:
+        return ninjalog.summary(ninjalog.read(kept))
+    except ninjalog.NinjaLogError as e:  # a ninja this module does not read: keep the files
+        return {"error": str(e)}
+
+
+def _dist_dir(work: Path) -> Path:
+    return work.parent / f"{work.name}-dist"
+
+
+def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
+    out = _dist_dir(work)
+    shutil.rmtree(out, ignore_errors=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    echo(f"{p.package.name}: building a wheel (log: {log})")
+    last = [0.0]
+    counts = Progress()
+
+    def progress(line: str) -> None:
+        if counts.feed(line) and time.monotonic() - last[0] > 5:
+            last[0] = time.monotonic()
+            echo(counts.line(p.package.name, time.monotonic() - t0))
+
+    # switches a setup.py reads from sys.argv only: setuptools appends them to bdist_wheel's
+    options = (["--config-setting=--build-option=" + " ".join(p.package.build_options)]
+               if p.package.build_options else [])
+    r = proc.run([uv.exe(), "build", "--wheel", "--no-build-isolation", "--python", p.python,
+                  *options, "--out-dir", out, work], env={**p.env, "UV_PYTHON_DOWNLOADS": "never"},
+                 timeout=None, log=log, stream=True, on_line=progress)
+    wheels = list(out.glob("*.whl"))
+    if not r.ok or not wheels:
+        raise UserError(f"building {p.package.name} failed after {time.monotonic() - t0:.0f} s:"
+                        f"\n{r.tail(15)}", fix=f"full log: {log}")
+    return time.monotonic() - t0, wheels[0]
+
+
+def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:
+    """`all` (the profile's kernels) or one declared recipe, also one the profile does not pin
+    (then the error says which lines the profile needs)."""
+    pkgs = packages(profile, archs)
+    if which == "all":
+        return list(pkgs.values())
+    recipes.get(which)  # an unknown name: the error lists the declared recipes
+    if which not in pkgs:
+        raise UserError(f"profile {profile.name} pins no {which}",
+                        fix=f"add a [kernels.{which}] table to {profile.path}")
+    return [pkgs[which]]

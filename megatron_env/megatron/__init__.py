@@ -1,0 +1,1 @@
+"""Megatron-LM itself, and the standalone programs of scripts/ run in its environment."""

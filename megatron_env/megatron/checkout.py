@@ -1,0 +1,101 @@
+"""Megatron-LM at the profile's tag: checked out from a cached mirror, the tag verified against
+the pinned commit, `patches/megatron/<tag>/` applied, installed editable into the profile's
+environment without dependency resolution (the lock already decided), and its C++ dataset
+helpers built by that install.
+
+Checkouts live in `.megatron-env/<profile>.megatron/<commit>-<patch digest>/`, complete and
+stamped before they are used; an interrupted run leaves only a `.tmp-*` that the next one removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from megatron_env import digest, output, proc
+from megatron_env.errors import UserError
+from megatron_env.profile import Profile
+from megatron_env.pyenv import env, probe, uv
+from megatron_env.sources import patches, repos
+
+STAMP = ".megatron-env-source.json"
+MODULES = ("megatron.core", "megatron.core.datasets.helpers")
+
+
+def patch_series(profile: Profile) -> list[Path]:
+    return patches.series("megatron", profile.megatron["tag"])
+
+
+def key(profile: Profile) -> str:
+    series = digest.of_files(patch_series(profile))
+    return f"{profile.megatron['commit'][:12]}-{digest.hexpart(series, 12)}"
+
+
+def source_dir(profile: Profile) -> Path:
+    return env.ENV_ROOT / f"{profile.name}.megatron" / key(profile)
+
+
+def prepare(profile: Profile, echo=output.status) -> Path:
+    """The patched source tree of the profile's Megatron, made once per commit and patch series."""
+    dest = source_dir(profile)
+    if (dest / STAMP).exists():
+        return dest
+    root = dest.parent
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob("*.tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    m = profile.megatron
+    pristine = root / f".pristine-{m['commit'][:12]}.tmp-{os.getpid()}"
+    repos.checkout("megatron", m["repo"], m["tag"], m["commit"], pristine, echo=echo)
+    series = patch_series(profile)
+    staged = root / f"{dest.name}.tmp-{os.getpid()}"
+    try:
+        patches.apply_series(pristine, staged, series)
+    finally:
+        shutil.rmtree(pristine, ignore_errors=True)
+    for p in series:
+        echo(f"megatron: applied {p.name}")
+    (staged / STAMP).write_text(json.dumps(
+        {"tag": m["tag"], "commit": m["commit"], "patches": [p.name for p in series],
+         "patch_digest": digest.of_files(series)}, indent=2) + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(staged, dest)
+    return dest
+
+
+def install(profile: Profile, python: Path, src: Path, echo=output.status) -> dict:
+    """Editable install of `src` for the interpreter `python`; returns the import check."""
+    if not python.exists():
+        raise UserError(f"no environment at {python}", fix="run `invoke env` first")
+    bindir = python.parent
+    run_env = {**uv.env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    echo(f"megatron: installing {src.name} editable for {python} (no dependency resolution)")
+    r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps",
+                  "--no-build-isolation", "-e", src], env=run_env, timeout=3600,
+                 log=src.parent / f"{src.name}.install.log")
+    if not r.ok:
+        raise UserError(f"installing Megatron for {python} failed: {r.tail(8)}",
+                        fix="the dataset helpers need a C++ compiler, Python headers and "
+                            f"pybind11 in the environment; log: {src.parent}/{src.name}"
+                            ".install.log")
+    return check_import(python)
+
+
+def check_import(python: Path) -> dict:
+    """torch, megatron.core and its compiled dataset helpers import; returns the probe's facts."""
+    missing, facts = probe.missing_modules(python, MODULES)
+    if missing or "torch" not in facts:
+        raise UserError(f"{', '.join(missing) or 'torch'} does not import for {python}: "
+                        + "; ".join(facts["errors"])[-600:], fix="re-run `invoke megatron`")
+    return facts
+
+
+def check_installed(python: Path, profile: Profile) -> None:
+    """Quick: the environment still has this profile's Megatron checkout installed."""
+    facts = probe.probe(python, torch=False)
+    if "megatron-core" not in facts["dists"] or not (source_dir(profile) / STAMP).exists():
+        raise UserError(f"Megatron is no longer installed for {python}",
+                        fix="re-run `invoke megatron`")

@@ -1,0 +1,375 @@
+"""Environments: a profile's locks turned into a working, verified Python environment.
+
+Layout: the prefix the user names (default `.megatron-env/<profile>`) is a symbolic link to
+`<prefix>.d/<lock digest>`, a directory built, verified and stamped before the link is switched
+to it with one atomic rename. So a run that fails or is killed at any moment leaves the previous
+environment in place and working, and a finished environment is never moved (virtual
+environments and conda prefixes hold their own absolute paths). A file lock serialises runs on
+the same prefix: the second waits, then finds the work done.
+
+Three ways in:
+- uv: a venv from an interpreter of the profile's Python (found, never downloaded), then the
+  hashed lock installed with `--require-hashes --no-deps`;
+- conda: when a solver and the profile's conda-lock.yml exist, conda-lock installs the
+  interpreter and CUDA toolkit first, then the same pip layer goes into that prefix;
+- adopt: an environment that already exists (an NGC container, a site module) is checked
+  against the profile and, when asked, given only what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from megatron_env import REPO_ROOT, digest, mutex, output, proc
+from megatron_env.errors import UserError
+from megatron_env.profile import Profile
+from megatron_env.pyenv import audit, lock, manifest, uv
+from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
+from megatron_env.pyenv.probe import probe
+
+ENV_ROOT = REPO_ROOT / ".megatron-env"
+STAMP = ".megatron-env.json"
+MANIFEST = ".megatron-env-manifest.json"  # every installed file; see megatron_env.pyenv.manifest
+MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"
+DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: ~5-6 GiB
+# Installed by the venv or conda machinery, not by the lock; never counted as "extra".
+def default_prefix(profile: Profile) -> Path:
+    return ENV_ROOT / profile.name
+
+
+def python_of(prefix: Path) -> Path:
+    return prefix / "bin" / "python"
+
+
+def read_stamp(prefix: Path) -> dict | None:
+    try:
+        return json.loads((prefix / STAMP).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+
+@dataclass
+class Summary:
+    profile: str
+    prefix: Path
+    mode: str
+    action: str  # "built", "up to date", "repaired", "verified"
+    seconds: float
+    facts: dict
+    size: int = 0  # bytes installed, from the manifest (walking 20,000 files costs seconds)
+
+    def line(self) -> str:
+        f = self.facts
+        size = self.size
+        return (f"{self.profile}: {self.action} at {self.prefix} ({self.mode}); Python "
+                f"{f.get('python')}, torch {f.get('torch')}, CUDA {f.get('torch_cuda')}, "
+                f"NCCL {f.get('nccl', '?')}, {len(f.get('dists', {}))} packages"
+                + (f", {size / 2**30:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
+
+
+def min_free_gb() -> float:
+    raw = os.environ.get(MIN_FREE_ENV)
+    if raw is None:
+        return DEFAULT_MIN_FREE_GB
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise UserError(f"{MIN_FREE_ENV}={raw!r} is not a number of GiB",
+                        fix=f"set {MIN_FREE_ENV} to a number such as {DEFAULT_MIN_FREE_GB:g}, "
+                            "or unset it")
+    return value
+
+
+def check_free_space(where: Path, echo=output.status) -> None:
+    need_gb = min_free_gb()
+    free_gb = shutil.disk_usage(where).free / 2**30
+    if free_gb < need_gb:
+        raise UserError(
+            f"only {free_gb:.1f} GiB free under {where}; building an environment needs about "
+            f"{need_gb:.1f} GiB (wheels unpacked beside the previous environment)",
+            fix=f"free disk space or choose another --prefix ({MIN_FREE_ENV} sets the need)")
+
+
+def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: bool,
+                log: Path, extra: tuple[str, ...] | list[str] = ()) -> None:
+    # --link-mode copy: an environment never shares an inode with uv's cache, so a file edited
+    # in place in one environment cannot change the cache and, through it, the next environment
+    argv = [uv.exe(), "pip", "install", "--python", python, "--require-hashes",
+            "--no-deps", "--link-mode", "copy", "-r", lockfile, *extra]
+    for f in find_links:
+        argv += ["--find-links", f]
+    if no_index:
+        argv.append("--no-index")
+    r = proc.run(argv, env=uv.env(), timeout=None, log=log, stream=True)
+    if not r.ok:
+        text = r.output
+        cause = ("a downloaded file does not match the hash in the lock"
+                 if "hash" in text.lower() and "mismatch" in text.lower()
+                 else "uv could not install the lock")
+        raise UserError(f"{cause}; nothing was changed. uv said:\n{r.tail(8)}",
+                        fix="check the index/mirror (UV_INDEX_URL, --find-links) serves the "
+                            f"original files; full log: {log}")
+
+
+def _refuse(prefix: Path, profile: Profile) -> None:
+    """Refuse a prefix that is not (or not yet) this profile's environment, before any write."""
+    if prefix.exists() and not prefix.is_dir():
+        raise UserError(f"{prefix} is a file, not an environment directory",
+                        fix="choose another --prefix, or remove the file")
+    current = read_stamp(prefix) if prefix.exists() else None
+    foreign = prefix.exists() and not prefix.is_symlink() and any(prefix.iterdir())
+    if foreign and current is None:
+        raise UserError(f"{prefix} exists and is not an environment made by megatron-env",
+                        fix="choose another --prefix, or remove it")
+    if current and current.get("profile") != profile.name:
+        raise UserError(f"{prefix} holds the environment of profile "
+                        f"{current.get('profile')}, not {profile.name}",
+                        fix="pass another --prefix for this profile")
+
+
+def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
+          conda: str | None = None, use_conda: bool | None = None,
+          find_links: list[str] | None = None, no_index: bool = False, deep: bool = False,
+          echo=output.status) -> Summary:
+    """Create, check or repair the profile's environment at `prefix` (see the module docstring).
+
+    deep: re-hash every installed file against its RECORD and import torch, instead of the
+    stat-only check of the manifest.
+    """
+    t0 = time.monotonic()
+    prefix = Path(prefix or default_prefix(profile)).absolute()
+    lockfile = profile.dir / lock.LOCK_FILE
+    if not lockfile.exists():
+        raise UserError(f"{lockfile} does not exist",
+                        fix=f"run `invoke lock --profile {profile.name}`")
+    wanted = digest.of_file(lockfile)
+    min_free_gb()  # a bad value is reported before anything is written
+    _refuse(prefix, profile)
+    store = prefix.with_name(prefix.name + ".d")
+    made_store = not store.exists()
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {store}: {e.strerror}",
+                        fix="choose a writable --prefix") from None
+    sources = Sources(find_links or [], no_index)
+    try:
+        with mutex.exclusive(store / ".lock", f"waiting: another run is working on {prefix} "
+                               f"(it holds {store / '.lock'})", echo):
+            _refuse(prefix, profile)
+            current = read_stamp(prefix) if prefix.exists() else None
+            if current and current.get("lock_digest") == wanted:
+                s = _warm(profile, prefix, lockfile, current, sources, deep, echo)
+                if s is not None:
+                    s.seconds = time.monotonic() - t0
+                    return s
+            check_free_space(store, echo)
+            return _cold(profile, prefix, store, lockfile, wanted, sources, t0, echo,
+                         python=python, conda=conda, use_conda=use_conda)
+    except UserError:
+        if made_store and not any(d.is_dir() for d in store.iterdir()):
+            shutil.rmtree(store, ignore_errors=True)  # a refused first run leaves nothing
+        raise
+
+
+@dataclass
+class Sources:
+    """Where packages come from (for a build and for a repair alike)."""
+
+    find_links: list[str]
+    no_index: bool
+
+
+def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: str,
+          sources: Sources, t0: float, echo, **how) -> Summary:
+    keep = prefix.resolve() if prefix.is_symlink() else None
+    for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
+        if leftover.is_dir() and leftover != keep:
+            shutil.rmtree(leftover, ignore_errors=True)
+        elif leftover.name.startswith(".link-"):
+            leftover.unlink(missing_ok=True)
+    target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
+    mode = _create(profile, target, lockfile, find_links=sources.find_links,
+                   no_index=sources.no_index, echo=echo, **how)
+    try:
+        facts = probe(python_of(target), torch=False)
+        bad = manifest.hash_check(manifest.scan(facts["sites"]))
+        if bad:  # the wheels' hashes were checked: what differs came out of uv's cache
+            echo("installed files differ from the RECORD their wheels ship (a corrupt uv cache "
+                 "entry):")
+            for line in manifest.summarize(bad):
+                echo(f"  {line}")
+            repair(python_of(target), lockfile, manifest.packages(bad), sources, echo)
+        v = verify(python_of(target), profile, lockfile)
+    except UserError:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    if not v.ok:
+        shutil.rmtree(target, ignore_errors=True)
+        raise UserError("the new environment does not match the lock: "
+                        + v.text() + ". The previous one is unchanged.",
+                        fix="re-run `invoke lock`, then `invoke env`")
+    m = _record(target, profile, wanted, mode, v.facts)
+    _switch(prefix, target)
+    if keep and keep != target and keep.parent == store:
+        shutil.rmtree(keep, ignore_errors=True)
+    return Summary(profile.name, prefix, mode, "built", time.monotonic() - t0, v.facts,
+                   m["bytes"])
+
+
+def _record(target: Path, profile: Profile, lock_digest: str, mode: str,
+            facts: dict) -> dict:
+    """Write the manifest of a verified environment, then its stamp (which names the manifest)."""
+    m = manifest.scan(facts["sites"])
+    manifest_digest = manifest.save(m, target / MANIFEST)
+    (target / STAMP).write_text(json.dumps(
+        {"profile": profile.name, "lock_digest": lock_digest, "mode": mode,
+         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+         "python": facts["python"], "torch": facts.get("torch"),
+         "manifest": manifest_digest, "facts": facts}, indent=2) + "\n")
+    return m
+
+
+def changes(prefix: Path) -> list[manifest.Difference] | None:
+    """What changed in the environment since its build, by stat alone (None: no manifest)."""
+    m = manifest.load(prefix / MANIFEST)
+    return None if m is None else manifest.stat_check(m, ignore_extra=TOOLING | ON_TOP)
+
+
+def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources: Sources,
+          deep: bool, echo) -> Summary | None:
+    """Check an environment built from this very lock; repair what changed. None: rebuild it."""
+    python = python_of(prefix.resolve())  # the manifest names files by their real paths
+    m = manifest.load(prefix / MANIFEST)
+    diffs: list[manifest.Difference] = []
+    if m is not None:
+        diffs = changes(prefix) or []
+        extra = [d for d in diffs if d.kind == "extra"]
+        if extra:
+            echo(f"{prefix} has packages its lock does not: "
+                 f"{audit.names(manifest.packages(extra))}; rebuilding")
+            return None
+        if deep:
+            seen = {d.file for d in diffs}
+            diffs += [d for d in manifest.hash_check(m) if d.file not in seen]
+        if not diffs and not deep:
+            return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date", 0.0,
+                           current.get("facts") or {}, m["bytes"])
+    if diffs:
+        echo(f"{prefix} differs from what its build installed:")
+        for line in manifest.summarize(diffs):
+            echo(f"  {line}")
+        repair(python, lockfile, manifest.packages(diffs), sources, echo)
+    v = verify(python, profile, lockfile)
+    if not v.ok:
+        echo(f"{prefix} no longer matches its lock ({v.text()}); rebuilding")
+        return None
+    m = _record(prefix.resolve(), profile, current["lock_digest"], current.get("mode", "uv"),
+                v.facts)
+    return Summary(profile.name, prefix, current.get("mode", "uv"),
+                   "repaired" if diffs else "verified", 0.0, v.facts, m["bytes"])
+
+
+def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, echo) -> None:
+    """Reinstall `names` from the lock, with uv's cache entries of them refreshed from the
+    package source (an entry edited in place would otherwise be installed again), then prove
+    every reinstalled file against its wheel's RECORD."""
+    pins = lock.parse_lock(lockfile.read_text())
+    outside = [n for n in names if n not in pins]
+    if outside:
+        raise UserError(f"{', '.join(outside)} changed, and the lock does not install "
+                        f"{'it' if len(outside) == 1 else 'them'}",
+                        fix="re-run the step that installed it: " + ", ".join(
+                            "`invoke megatron`" if n == MEGATRON else f"`invoke build {n}`"
+                            for n in outside))
+    echo(f"repairing {', '.join(names)}: reinstalling from {lockfile.name}, uv's cache entry "
+         "refreshed")
+    extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
+    with tempfile.TemporaryDirectory() as tmp:
+        subset = Path(tmp) / "repair.txt"
+        subset.write_text(lock.subset(lockfile.read_text(), set(names)))
+        _uv_install(python, subset, sources.find_links, sources.no_index, Path(tmp) / "uv.log",
+                    extra)
+    bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
+    if bad:
+        raise UserError("reinstalling from the lock still gives files that differ from their "
+                        "wheel's RECORD: " + "; ".join(manifest.summarize(bad)),
+                        fix=f"run `uv cache clean {' '.join(names)}` and check the package "
+                            "source (index, mirror or --find-links)")
+
+
+def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
+            find_links, no_index, echo) -> str:
+    log = target.with_suffix(".log")
+    conda_lock_file = lock.conda_lockfile(profile)
+    solver = conda or lock.conda_solver()
+    if use_conda is None:
+        use_conda = bool(solver and conda_lock_file.exists())
+    if use_conda:
+        if not (solver and conda_lock_file.exists()):
+            raise UserError(f"--conda needs a conda solver and {conda_lock_file}",
+                            fix="install micromamba and run `invoke lock`")
+        echo(f"conda: installing {conda_lock_file.name} into {target} with {solver}")
+        r = lock.conda_install(conda_lock_file, target, solver)
+        if not r.ok:
+            shutil.rmtree(target, ignore_errors=True)
+            raise UserError(f"conda-lock install failed: {r.tail(6)}",
+                            fix="check the conda channels or mirror")
+        mode = "conda"
+    else:
+        exe, where = lock.find_python(profile.python, python)
+        echo(f"uv: a venv from {exe} (found on {where})")
+        r = proc.run([uv.exe(), "venv", "--python", exe, "--no-project", target],
+                     env=uv.env(), timeout=300)
+        if not r.ok:
+            raise UserError(f"uv venv failed: {r.tail(5)}", fix="check the interpreter")
+        mode = "uv"
+    echo(f"installing {lockfile} with hashes required")
+    try:
+        _uv_install(python_of(target), lockfile, find_links, no_index, log)
+    except UserError:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    log.unlink(missing_ok=True)
+    return mode
+
+
+def _switch(prefix: Path, target: Path) -> None:
+    """Point `prefix` at `target` in one atomic rename of a fresh symbolic link."""
+    if prefix.exists() and not prefix.is_symlink():
+        # an environment from before this layout: move it aside, it is replaced below
+        aside = prefix.with_name(f".{prefix.name}.replaced-{os.getpid()}")
+        os.rename(prefix, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    link = target.parent / f".link-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(target, prefix.parent), link)
+    os.replace(link, prefix)
+
+
+# --- adopting --------------------------------------------------------------------------------
+
+
+def adopt(profile: Profile, python: str | None, install_missing: bool,
+          find_links: list[str] | None = None, no_index: bool = False) -> Verification:
+    """Check an existing environment against the profile; optionally add what is missing."""
+    exe = python or sys.executable
+    lockfile = profile.dir / lock.LOCK_FILE
+    v = verify(exe, profile, lockfile)
+    if install_missing and v.missing:
+        with tempfile.TemporaryDirectory() as tmp:
+            subset = Path(tmp) / "missing.txt"
+            subset.write_text(lock.subset(lockfile.read_text(), set(v.missing)))
+            _uv_install(Path(exe), subset, find_links or [], no_index, Path(tmp) / "uv.log")
+        v = verify(exe, profile, lockfile)
+    return v

@@ -1,0 +1,197 @@
+"""Environment manifests: what every installed file looked like right after a verified build.
+
+A wheel ships a RECORD naming each file it installs with its sha256 and size. After a build the
+manifest keeps, for every such file, the RECORD hash plus what `stat` said (size, mtime, inode).
+Two checks follow from it:
+
+- `stat_check`: stat only, no hashing and no imports, so a warm run stays well under a second
+  even for a CUDA torch environment of 20,000 files; a deleted, replaced, truncated or edited
+  file changes its size, mtime or inode and is named (package, file);
+- `hash_check`: every file re-hashed against its RECORD sha256, for `--verify-deep` and right
+  after an install (a uv cache entry edited in place would otherwise be installed again and
+  again: its RECORD still carries the wheel's original hashes, which is how it is caught).
+
+Pure functions of the file system; the repair (reinstalling a package from the lock) lives in
+env.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from megatron_env import digest
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One file (or package) that no longer is what its build left.
+
+    kind: "missing" (gone), "changed" (size, mtime or inode differ), "hash" (content differs from
+    RECORD), "extra" (a package that the build did not install).
+    """
+
+    kind: str
+    package: str
+    file: str = ""
+
+    def line(self) -> str:
+        return f"{self.package:<24} {self.kind:<8} {self.file}".rstrip()
+
+
+def normalize(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _record_hash(value: str) -> str:
+    """RECORD's "sha256=<urlsafe base64, no padding>" as hex ("" when the entry has none)."""
+    algo, _, b64 = value.partition("=")
+    if algo != "sha256" or not b64:
+        return ""
+    return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+
+
+def _dist_name(info: Path) -> tuple[str, str]:
+    """(normalized name, version) from a .dist-info directory's METADATA (its name as fallback)."""
+    name = version = ""
+    try:
+        with open(info / "METADATA", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Name:"):
+                    name = line[5:].strip()
+                elif line.startswith("Version:"):
+                    version = line[8:].strip()
+                if name and version or line == "\n":
+                    break
+    except OSError:
+        pass
+    if not name:
+        name, _, version = info.name[: -len(".dist-info")].partition("-")
+    return normalize(name), version
+
+
+def dist_infos(roots: list[str]) -> dict[str, Path]:
+    """dist-info directory name -> path, over the site-packages `roots`."""
+    out = {}
+    for root in roots:
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        for n in names:
+            if n.endswith(".dist-info"):
+                out[n] = Path(root, n)
+    return out
+
+
+def _bytecode(record_path: str) -> bool:
+    """A RECORD entry for a `__pycache__/*.pyc`: a cache Python rewrites or that an image may
+    strip, never content (its .py is checked); pip records these without a hash."""
+    return record_path.endswith(".pyc") and "__pycache__/" in record_path
+
+
+def scan(roots: list[str]) -> dict:
+    """The manifest of the distributions installed under `roots` (site-packages directories)."""
+    dists = {}
+    total = 0
+    for info_name, info in sorted(dist_infos(roots).items()):
+        name, version = _dist_name(info)
+        root = str(info.parent)
+        files, absent = [], []
+        try:
+            with open(info / "RECORD", newline="", encoding="utf-8") as fh:
+                rows = list(csv.reader(fh))
+        except OSError:
+            rows = []
+        for row in rows:
+            if not row or not row[0] or _bytecode(row[0]):
+                continue
+            path = os.path.normpath(os.path.join(root, row[0]))
+            try:
+                st = os.stat(path)
+            except OSError:
+                absent.append(path)
+                continue
+            total += st.st_size
+            files.append([path, st.st_size, st.st_mtime_ns, st.st_ino,
+                          _record_hash(row[1]) if len(row) > 1 else ""])
+        dists[info_name] = {"name": name, "version": version, "files": files, "absent": absent}
+    return {"format": FORMAT, "roots": list(roots), "dists": dists, "bytes": total}
+
+
+def stat_check(manifest: dict, ignore_extra: set[str] = frozenset()) -> list[Difference]:
+    """Differences visible to `stat` alone: missing or changed files, packages added."""
+    out = []
+    for d in manifest["dists"].values():
+        for path, size, mtime, ino, _sha in d["files"]:
+            try:
+                st = os.stat(path)
+            except OSError:
+                out.append(Difference("missing", d["name"], path))
+                continue
+            if st.st_size != size or st.st_mtime_ns != mtime or st.st_ino != ino:
+                out.append(Difference("changed", d["name"], path))
+    for info_name, info in dist_infos(manifest["roots"]).items():
+        if info_name not in manifest["dists"]:
+            name, _ = _dist_name(info)
+            if name not in ignore_extra:
+                out.append(Difference("extra", name, str(info)))
+    return out
+
+
+def hash_check(manifest: dict, packages: set[str] | None = None) -> list[Difference]:
+    """Every file (of `packages`, or all) re-hashed against the sha256 its RECORD gives."""
+    out = []
+    for d in manifest["dists"].values():
+        if packages is not None and d["name"] not in packages:
+            continue
+        out += [Difference("missing", d["name"], p) for p in d["absent"]]
+        for path, *_stat, sha in d["files"]:
+            if not sha:
+                continue
+            try:
+                if digest.file_hex(path) != sha:
+                    out.append(Difference("hash", d["name"], path))
+            except OSError:
+                out.append(Difference("missing", d["name"], path))
+    return out
+
+
+def packages(differences: list[Difference]) -> list[str]:
+    return sorted({d.package for d in differences})
+
+
+def summarize(differences: list[Difference], most: int = 3) -> list[str]:
+    """One line per package: what happened to how many files, the first few named."""
+    lines = []
+    for pkg in packages(differences):
+        mine = [d for d in differences if d.package == pkg]
+        for kind in sorted({d.kind for d in mine}):
+            files = [d.file for d in mine if d.kind == kind]
+            shown = ", ".join(files[:most]) + (f" and {len(files) - most} more"
+                                               if len(files) > most else "")
+            lines.append(f"{pkg}: {kind} {shown}")
+    return lines
+
+
+def save(manifest: dict, path: Path) -> str:
+    """Write atomically; returns the digest that names this manifest (stamps refer to it)."""
+    text = json.dumps(manifest, separators=(",", ":"))
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return digest.of_bytes(text.encode())
+
+
+def load(path: Path) -> dict | None:
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return m if isinstance(m, dict) and m.get("format") == FORMAT else None

@@ -1,0 +1,99 @@
+"""The environment probe: what an interpreter has, asked of that interpreter itself.
+
+Every question about an environment (its distributions, torch and its CUDA, NCCL and cuDNN,
+whether compiled modules import, which GPUs it sees) is answered by running a short program in
+it, never by reading files from outside: an adopted container or a venv on another node answers
+the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from megatron_env import proc
+from megatron_env.errors import UserError
+
+_PROBE = r"""
+import json, os, site, sys, sysconfig
+from importlib import metadata
+sites = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
+       "dists": {}, "errors": [], "platlib": sysconfig.get_path("platlib"),
+       "sites": sorted(p for p in sites if os.path.isdir(p))}
+for d in metadata.distributions():
+    name = (d.metadata["Name"] or "").lower().replace("_", "-")
+    if name:
+        out["dists"][name] = d.version
+out["imported"] = {}
+if "--no-torch" in sys.argv:
+    print(json.dumps(out))
+    raise SystemExit(0)
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["torch_cuda"] = torch.version.cuda
+    out["cxx11_abi"] = int(torch._C._GLIBCXX_USE_CXX11_ABI)  # with cache_tag: a kernel cache key
+    out["cache_tag"] = sys.implementation.cache_tag
+    try:
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception as e:
+        out["errors"].append("torch.cuda.nccl.version(): %s" % e)
+    try:
+        out["cudnn"] = torch.backends.cudnn.version()
+    except Exception as e:
+        out["errors"].append("torch.backends.cudnn.version(): %s" % e)
+except Exception as e:
+    out["errors"].append("import torch: %s: %s" % (type(e).__name__, e))
+import importlib
+for name in sys.argv[1:]:
+    try:
+        out["imported"][name] = getattr(importlib.import_module(name), "__file__", None)
+    except Exception as e:
+        out["errors"].append("import %s: %s: %s" % (name, type(e).__name__, e))
+print(json.dumps(out))
+"""
+
+def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
+    """What `python` has: distributions, its site-packages directories (where a manifest looks
+    for RECORDs), and (unless torch=False) torch's facts and `imports`."""
+    args = [*imports] if torch else ["--no-torch"]
+    # run outside the checkout: "" on sys.path would show its own metadata as installed
+    r = proc.run([str(python), "-c", _PROBE, *args], timeout=600, cwd=tempfile.gettempdir())
+    if not r.ok:
+        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def missing_modules(python: Path | str,
+                    modules: tuple[str, ...] | list[str]) -> tuple[list[str], dict]:
+    """(the modules that do not import, in the given order; the probe's facts)."""
+    facts = probe(python, *modules)
+    return [m for m in modules if m not in facts["imported"]], facts
+
+
+_TORCH = ("import json, sys, sysconfig, torch; print(json.dumps({'torch': torch.__version__, "
+          "'cuda': torch.version.cuda, 'abi': int(torch._C._GLIBCXX_USE_CXX11_ABI), "
+          "'tag': sys.implementation.cache_tag, 'platlib': sysconfig.get_path('platlib')}))")
+
+
+def torch_facts(python: Path) -> dict:
+    """What a compiled extension depends on: torch's version, its CUDA, C++ ABI, the Python tag."""
+    r = proc.run([python, "-c", _TORCH], timeout=300, cwd="/")
+    if not r.ok:
+        raise UserError(f"{python} cannot import torch: {r.tail(3)}",
+                        fix="build the environment first (`invoke env`)")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def native_archs(python: Path) -> list[str]:
+    """The compute capabilities of the GPUs this environment sees (--arch native)."""
+    r = proc.run([python, "-c", "import torch; print(' '.join(sorted({'%d.%d' % "
+                  "torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())"
+                  "})))"], timeout=300, cwd="/")
+    archs = r.stdout.split() if r.ok else []
+    if not archs:
+        raise UserError("--arch native: no GPU visible to torch here",
+                        fix="name the archs (--arch 9.0) or build on a GPU node")
+    return archs

@@ -1,0 +1,395 @@
+"""`invoke setup`: the chain of steps from a bare node to a verified Megatron environment.
+
+    check -> lock -> env -> sources -> patches -> builds -> megatron -> verify
+
+The host check comes first, as a precondition: its findings say which steps this machine
+cannot run. Then `decide` settles every step's action (run, verify, skip) and why, from stamps,
+input digests and findings, before anything runs; `execute` carries the decisions out and
+`--dry-run` prints them. Each step has an input digest (its own inputs plus the digest of the
+step before it), so a changed pin re-runs the steps downstream of it and nothing else. A step
+that succeeded writes a stamp with its digest; on the next run a stamped step is only verified
+(seconds); a re-check that finds a reason (the environment's manifest names a changed file) runs
+the step again, and a stamped step whose inputs that run changed (the verify step names the
+manifest a repair rewrote) runs too. A failed step stops the chain with its message, log tail
+and hint; the next run resumes there. Steps that need
+what this machine lacks (a GPU, the profile's CUDA toolkit) or that this version does not have
+yet are reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megatron_env import digest, findings, mutex, output
+from megatron_env.errors import UserError
+from megatron_env.findings import Finding
+from megatron_env.host import checks
+from megatron_env.kernels import build
+from megatron_env.megatron import checkout
+from megatron_env.profile import Profile
+from megatron_env.pyenv import audit, env, lock, manifest
+from megatron_env.sources import patches
+
+STEPS = ["check", "lock", "env", "sources", "patches", "builds", "megatron", "verify"]
+
+
+@dataclass
+class Context:
+    profile: Profile
+    prefix: Path
+    echo: Callable[..., None] = output.status
+    findings: list[Finding] = field(default_factory=list)
+    snapshot_dir: Path | None = None
+    adopt: Path | None = None  # an existing interpreter to use instead of building one
+    no_builds: bool = False  # leave the kernel builds out (reported as skipped)
+    deep: bool = False  # re-hash every installed file and import again (--verify-deep)
+
+    @property
+    def stamps(self) -> Path:
+        return self.prefix.with_name(self.prefix.name + ".setup")
+
+    @property
+    def python(self) -> Path:
+        return self.adopt or env.python_of(self.prefix)
+
+
+@dataclass
+class Row:
+    step: str
+    status: str  # done, up to date, skipped, failed, would run, not run
+    seconds: float
+    detail: str
+
+
+def _digest(*parts: str) -> str:
+    return digest.hexpart(digest.of(list(parts)), 16)
+
+
+# --- the steps: (inputs, run, skip-reason) ---------------------------------------------------
+
+
+def _check_run(ctx: Context) -> str:
+    """The host's findings are gathered before any step is decided (`run`); this reports them."""
+    failed = [f.id for f in ctx.findings if f.status == "fail"]
+    return findings.summary_line(ctx.findings) + (f" ({', '.join(failed)})" if failed else "")
+
+
+def _lock_inputs(ctx: Context) -> str:
+    p = ctx.profile
+    return _digest(*(digest.of_file(f) for f in (p.path, p.dir / lock.LOCK_FILE,
+                                                  p.dir / lock.ENV_FILE)))
+
+
+def _lock_run(ctx: Context) -> str:
+    problems = lock.stale(ctx.profile)
+    if problems:
+        raise UserError("; ".join(problems),
+                        fix=f"run `invoke lock --profile {ctx.profile.name}` and commit the locks")
+    return f"{lock.LOCK_FILE} and {lock.ENV_FILE} match {ctx.profile.path.name}"
+
+
+def _env_run(ctx: Context) -> str:
+    if ctx.adopt:
+        return _adopt(ctx)
+    s = env.build(ctx.profile, ctx.prefix, deep=ctx.deep, echo=ctx.echo)
+    return f"{s.action}: Python {s.facts['python']}, torch {s.facts.get('torch')}, CUDA " \
+           f"{s.facts.get('torch_cuda')}, {len(s.facts['dists'])} packages"
+
+
+def _adopt(ctx: Context) -> str:
+    """An existing environment: Python, torch and its CUDA must match; other packages may differ
+    from the lock (an NGC container has its own), and each difference is listed."""
+    v = audit.verify(ctx.adopt, ctx.profile, ctx.profile.dir / lock.LOCK_FILE)
+    f = v.facts
+    if fatal := v.text(audit.STACK):
+        raise UserError(f"{ctx.adopt} cannot serve profile {ctx.profile.name}: {fatal}",
+                        fix="adopt an environment with the profile's Python, torch and CUDA, "
+                            "or build one (without --adopt)")
+    others = v.text() or "none"
+    return (f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, CUDA "
+            f"{f.get('torch_cuda')}, NCCL {f.get('nccl')}, cuDNN {f.get('cudnn')}; "
+            f"other differences from the lock: {others}")
+
+
+def _env_inputs(ctx: Context) -> str:
+    return _digest(digest.of_file(ctx.profile.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
+
+
+def _env_verify(ctx: Context) -> str | None:
+    """The manifest's stat check: why the env step must run again (it then repairs what changed
+    from the lock), or None when every installed file is as the build left it."""
+    if ctx.adopt:
+        return None
+    if ctx.deep:
+        return "--verify-deep given"
+    diffs = env.changes(ctx.prefix)
+    if diffs is None:
+        return "the environment has no manifest yet"
+    return f"changed since its build: {'; '.join(manifest.summarize(diffs))}" if diffs else None
+
+
+def _no_gpu_or_toolkit(ctx: Context) -> str | None:
+    """Why kernels cannot be built here, from the check step's findings (None: they can)."""
+    reasons = []
+    by_id = {f.id: f for f in ctx.findings}
+    drv = by_id.get("driver.version")
+    if drv and drv.kind == "absent":
+        reasons.append("no GPU")
+    tk = by_id.get("cuda.toolkit")
+    if tk and tk.status in ("fail", "skip"):
+        reasons.append(f"no CUDA {ctx.profile.cuda} toolkit ({tk.summary.split(':')[0]})")
+    return "; ".join(reasons) or None
+
+
+def _builds_skip(ctx: Context) -> str | None:
+    if ctx.no_builds:
+        return "--no-builds given"
+    return _no_gpu_or_toolkit(ctx)
+
+
+def _kernel_packages(ctx: Context) -> list[build.Package]:
+    return list(build.packages(ctx.profile).values())
+
+
+def _builds_inputs(ctx: Context) -> str:
+    """The resolved recipes (pins, variants, switches, modules), their patches, the lock."""
+    p = ctx.profile
+    kernels = [[k.name, k.pin, k.source.digest, k.switches, list(k.build_options),
+                list(k.modules), digest.of_files(patches.series(k.name, k.pin))]
+               for k in _kernel_packages(ctx)]
+    return _digest(json.dumps([kernels, p.archs], sort_keys=True),
+                   digest.of_file(p.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
+
+
+def _sources_run(ctx: Context) -> str:
+    return "; ".join(f"{k.name} {k.source.digest[:19]} at {build.fetch(k, ctx.python, ctx.echo)}"
+                     for k in _kernel_packages(ctx))
+
+
+def _patches_run(ctx: Context) -> str:
+    done = []
+    for k in _kernel_packages(ctx):
+        series = patches.series(k.name, k.pin)
+        scratch = build.cache_dir() / "build" / f"check-{k.name}-{time.time_ns()}"
+        patches.apply_series(build.fetch(k, ctx.python, ctx.echo), scratch, series)
+        shutil.rmtree(scratch, ignore_errors=True)
+        done.append(f"{k.name}: {len(series)} patch(es) apply")
+    return "; ".join(done)
+
+
+def _builds_run(ctx: Context) -> str:
+    out = []
+    for k in _kernel_packages(ctx):
+        r = build.build_and_install(k, ctx.python, ctx.profile.archs, echo=ctx.echo)
+        how = "from cache" if r.cache_hit else f"built in {r.build_seconds:.0f} s"
+        out.append(f"{k.name} {how}, {len(r.modules)} compiled module(s) import")
+    return "; ".join(out)
+
+
+def _megatron_inputs(ctx: Context) -> str:
+    m = ctx.profile.megatron
+    series = checkout.patch_series(ctx.profile)
+    return _digest(m["repo"], m["tag"], m["commit"], digest.of_files(series),
+                   digest.of_file(ctx.profile.dir / lock.LOCK_FILE))
+
+
+def _megatron_run(ctx: Context) -> str:
+    src = checkout.prepare(ctx.profile, echo=ctx.echo)
+    checkout.install(ctx.profile, ctx.python, src, echo=ctx.echo)
+    n = len(checkout.patch_series(ctx.profile))
+    return f"{ctx.profile.megatron['tag']} @ {ctx.profile.megatron['commit'][:12]}, " \
+           f"{n} patch(es), installed editable with its dataset helpers"
+
+
+ADOPTED_MANIFEST = "adopted-manifest.json"
+
+
+def _verify_inputs(ctx: Context) -> str:
+    """What the imports were proven for: the built environment's manifest (a repair writes a new
+    one), or the adopted interpreter (whose own manifest `_verify_again` checks)."""
+    if ctx.adopt:
+        return _digest(str(ctx.adopt))
+    return _digest((env.read_stamp(ctx.prefix) or {}).get("manifest", ""))
+
+
+def _verify_again(ctx: Context) -> str | None:
+    """Why the imports must be proven again (None: nothing changed since they were)."""
+    if ctx.deep:
+        return "--verify-deep given"
+    if not ctx.adopt:
+        return None  # the env step has checked the manifest that this step's digest names
+    m = manifest.load(ctx.stamps / ADOPTED_MANIFEST)
+    if m is None:
+        return "no manifest of the adopted environment"
+    diffs = manifest.stat_check(m)
+    return ("the adopted environment changed: " + "; ".join(manifest.summarize(diffs))
+            if diffs else None)
+
+
+def _verify_run(ctx: Context) -> str:
+    facts = checkout.check_import(ctx.python)
+    if ctx.adopt:
+        if ctx.deep and (m := manifest.load(ctx.stamps / ADOPTED_MANIFEST)):
+            # The lock's packages are what training imports: a change there stops the chain.
+            # The rest is the site's own (an image's replaced CA bundle, its other tools): named.
+            pinned = {manifest.normalize(n) for n in
+                      lock.parse_lock((ctx.profile.dir / lock.LOCK_FILE).read_text())}
+            diffs = manifest.hash_check(m)
+            bad = [d for d in diffs if d.package in pinned]
+            if others := [d for d in diffs if d.package not in pinned]:
+                output.warning(f"{len(manifest.packages(others))} package(s) of {ctx.adopt}'s "
+                               "environment that the lock does not pin differ from their "
+                               "wheels' RECORD: " + "; ".join(manifest.summarize(others)))
+            if bad:
+                raise UserError(f"files of {ctx.adopt}'s environment differ from their wheels' "
+                                "RECORD: " + "; ".join(manifest.summarize(bad)),
+                                fix="reinstall those packages in the adopted environment")
+        manifest.save(manifest.scan(facts["sites"]), ctx.stamps / ADOPTED_MANIFEST)
+    where = Path(facts["imported"]["megatron.core"]).parent.parent.parent.name
+    return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
+           f"megatron.core from {where} and its dataset helpers: ok"
+
+
+@dataclass
+class Step:
+    name: str
+    run: Callable[[Context], str]
+    inputs: Callable[[Context], str] | None = None  # None: always runs (cheap, host state)
+    skip: Callable[[Context], str | None] | None = None
+    # quick re-check of a stamped step: raises when broken; a returned text says why it runs again
+    verify: Callable[[Context], str | None] | None = None
+
+
+def steps() -> list[Step]:
+    return [
+        Step("check", _check_run),
+        Step("lock", _lock_run, _lock_inputs),
+        Step("env", _env_run, _env_inputs, verify=_env_verify),
+        Step("sources", _sources_run, skip=_builds_skip),
+        Step("patches", _patches_run, skip=_builds_skip),
+        Step("builds", _builds_run, _builds_inputs, skip=_builds_skip),
+        Step("megatron", _megatron_run, _megatron_inputs,
+             verify=lambda c: checkout.check_installed(c.python, c.profile)),
+        Step("verify", _verify_run, _verify_inputs, verify=_verify_again),
+    ]
+
+
+def _read(stamps: Path, step: str) -> dict | None:
+    try:
+        return json.loads((stamps / f"{step}.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+@dataclass
+class Decision:
+    """What one step will do and why, decided before anything runs."""
+
+    step: Step
+    action: str  # run, verify (stamped: quick re-check only), skip, unchosen
+    digest: str | None  # the step's input digest (None: no inputs, runs every time)
+    why: str
+    upstream: str = ""  # the chain's digest before this step (its digest is (upstream, inputs))
+
+
+def decide(ctx: Context, chosen: list[str]) -> list[Decision]:
+    """Each step's action from its stamp, its inputs' digest and the host's findings.
+
+    A step's digest covers its own inputs and the digests of the steps before it, so a changed
+    pin re-runs everything downstream. Unchosen steps pass on the digest of their stamp; a
+    skipped step passes nothing on (its inputs did not reach anything)."""
+    out: list[Decision] = []
+    upstream = ""
+    for step in steps():
+        stamp = _read(ctx.stamps, step.name)
+        if step.name not in chosen:
+            upstream = _digest(upstream, stamp["digest"] if stamp else "")
+            out.append(Decision(step, "unchosen", None, "not chosen"))
+            continue
+        reason = step.skip(ctx) if step.skip else None
+        if reason:
+            out.append(Decision(step, "skip", None, reason))
+            continue
+        before = upstream
+        d = _digest(upstream, step.inputs(ctx)) if step.inputs else None
+        upstream = _digest(upstream, d or "")
+        if d is None:
+            out.append(Decision(step, "run", None, "runs every time (host state)"))
+        elif stamp is not None and stamp["digest"] == d:
+            out.append(Decision(step, "verify", d, stamp.get("detail", ""), before))
+        else:
+            why = "no stamp" if stamp is None else "its inputs changed"
+            out.append(Decision(step, "run", d, why, before))
+    return out
+
+
+def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
+    """Carry the decisions out in order; the first failure stops the chain."""
+    rows: list[Row] = []
+    ok = True
+    for d in decisions:
+        name = d.step.name
+        if d.action == "unchosen":
+            continue
+        if not ok:
+            rows.append(Row(name, "not run", 0.0, "an earlier step failed"))
+            continue
+        if d.action == "skip":
+            rows.append(Row(name, "skipped", 0.0, d.why))
+            continue
+        t0 = time.monotonic()
+        try:
+            # an earlier step of this run may have made this one's inputs (the env step writes
+            # the manifest the verify step names; a repair rewrites it): the stamp records
+            # them as they are now, and a stamped step whose inputs changed runs
+            now = _digest(d.upstream, d.step.inputs(ctx)) if d.step.inputs else None
+            if d.action == "verify":
+                again = ("its inputs changed during this run" if now != d.digest
+                         else d.step.verify(ctx) if d.step.verify else None)
+                if not again:
+                    rows.append(Row(name, "up to date", time.monotonic() - t0, d.why))
+                    continue
+                ctx.echo(f"{name}: {again}; running it again")
+            detail = d.step.run(ctx)
+            rows.append(Row(name, "done", time.monotonic() - t0, detail))
+            if now is not None:
+                (ctx.stamps / f"{name}.json").write_text(json.dumps(
+                    {"digest": now, "detail": detail,
+                     "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+        except UserError as e:
+            (ctx.stamps / f"{name}.json").unlink(missing_ok=True)
+            rows.append(Row(name, "failed", time.monotonic() - t0,
+                            e.message + (f"\nhint: {e.fix}" if e.fix else "")))
+            ok = False
+    return rows, ok
+
+
+_PLANNED = {"run": "would run", "verify": "up to date", "skip": "skipped"}
+
+
+def run(ctx: Context, *, only: str | None = None, start: str | None = None,
+        dry_run: bool = False) -> tuple[list[Row], bool]:
+    """Check the host (a precondition: skip reasons come from its findings), decide every
+    step, then run them, or with dry_run only say what would run and why."""
+    for name in (only, start):
+        if name and name not in STEPS:
+            raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}")
+    chosen = [only] if only else STEPS[STEPS.index(start):] if start else STEPS
+    if dry_run:  # a plan writes nothing (the prefix may be read-only)
+        ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
+        return [Row(d.step.name, _PLANNED[d.action], 0.0, d.why)
+                for d in decide(ctx, chosen) if d.action != "unchosen"], True
+    try:
+        ctx.stamps.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create {ctx.stamps}: {e.strerror}",
+                        fix="choose a writable --prefix") from None
+    with mutex.exclusive(ctx.stamps / ".lock", "waiting: another run is working on the setup "
+                           f"of {ctx.prefix} (it holds {ctx.stamps / '.lock'})", ctx.echo):
+        ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
+        return execute(ctx, decide(ctx, chosen))

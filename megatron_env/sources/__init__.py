@@ -1,0 +1,1 @@
+"""Pinned sources: git repositories by commit through cached mirrors, and patch series."""

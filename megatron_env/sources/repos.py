@@ -1,0 +1,105 @@
+"""Git sources pinned by commit: a cached bare mirror per repository, tags checked against pins.
+
+Tags move; the commit in the profile is the pin. A mirror URL or a local bare repository can
+stand in for the upstream (air-gapped clusters): `MEGATRON_ENV_MIRROR_<NAME>` (for example
+MEGATRON_ENV_MIRROR_MEGATRON=/srv/git/Megatron-LM.git) replaces the profile's URL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from megatron_env import REPO_ROOT, digest, output, proc
+from megatron_env.errors import UserError
+
+CACHE_ENV = "MEGATRON_ENV_CACHE"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV, REPO_ROOT / ".cache"))
+
+
+def mirror_var(name: str) -> str:
+    return "MEGATRON_ENV_MIRROR_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def repo_url(name: str, url: str) -> str:
+    return os.environ.get(mirror_var(name), url)
+
+
+def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
+    r = proc.run(["git", *map(str, args)], cwd=cwd, timeout=timeout,
+                 env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    if r.missing:
+        raise UserError("git is not installed", fix="install git (apt-get install git)")
+    return r
+
+
+def mirror(name: str, url: str, echo=output.status) -> Path:
+    """A bare mirror of `url` under the cache, created or brought up to date (tags forced)."""
+    url = repo_url(name, url)
+    local = Path(url[len("file://"):] if url.startswith("file://") else url)
+    if url.startswith(("/", "file://")) and local.is_dir() and not (
+            (local / "HEAD").exists() or (local / ".git").exists()):
+        where = (f"{mirror_var(name)}={url}" if os.environ.get(mirror_var(name))
+                 else f"the {name} repository {url}")
+        raise UserError(f"{where} is a directory but not a git repository"
+                        + (" (it is empty)" if not any(local.iterdir()) else ""),
+                        fix=f"fill it with `git clone --mirror <upstream URL> {local}` on a "
+                            "machine that can reach upstream, or point at another mirror")
+    key = digest.hexpart(digest.of_bytes(url.encode()), 12)
+    path = cache_dir() / "git" / f"{name}-{key}.git"
+    if path.exists():
+        echo(f"{name}: updating the mirror of {url}")
+        r = _git("--git-dir", path, "fetch", "--prune", "--force", "--tags", "origin",
+                 "+refs/heads/*:refs/heads/*")
+    else:
+        echo(f"{name}: mirroring {url}")
+        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        r = _git("clone", "--mirror", "--quiet", url, tmp)
+        if r.ok:
+            os.replace(tmp, path)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if not r.ok:
+        raise UserError(f"cannot reach the {name} repository {url}: {r.tail(2)}",
+                        fix=f"set {mirror_var(name)} to a reachable mirror or a local bare "
+                            "repository (git clone --mirror URL on a machine that can reach it)")
+    return path
+
+
+def resolve(git_dir: Path, ref: str) -> str | None:
+    r = _git("--git-dir", git_dir, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    return r.stdout.strip() if r.ok else None
+
+
+def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
+             echo=output.status) -> Path:
+    """The tree of `commit` at `dest`, after checking that `tag` (when given) still points at it."""
+    git_dir = mirror(name, url, echo=echo)
+    at = resolve(git_dir, tag or commit)
+    if at is None:
+        what = f"tag {tag}" if tag else f"commit {commit}"
+        raise UserError(f"{name}: {what} does not exist in {repo_url(name, url)}",
+                        fix="check the pin in the profile, or the mirror")
+    if at != commit:
+        raise UserError(f"{name}: tag {tag} now points at {at}, the profile pins {commit}: "
+                        "the tag moved", fix="check upstream; if the move is intended, update "
+                                             "the commit in the profile through a reviewed change")
+    tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    r = _git("clone", "--quiet", "--no-checkout", "--shared", git_dir, tmp)
+    if r.ok:
+        r = _git("-C", tmp, "-c", "advice.detachedHead=false", "checkout", "--quiet", commit)
+    if not r.ok:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"{name}: checkout of {commit} failed: {r.tail(3)}")
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
