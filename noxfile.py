@@ -17,7 +17,8 @@ def tests(session):
     # torch alone (no numpy): verify_nccl runs for real with gloo, where it must run anywhere
     session.install("-e", ".[test]", "torch")
     # temporary directories of its own: another pytest on the machine cannot rotate them away
-    session.run("pytest", f"--basetemp={session.create_tmp()}/pytest", *session.posargs)
+    session.run("pytest", "--durations=25", f"--basetemp={session.create_tmp()}/pytest",
+                *session.posargs)
 
 
 @nox.session
