@@ -74,6 +74,6 @@ def build_check(session):
     from megatron_env import commands
 
     args = dict(zip(session.posargs[::2], session.posargs[1::2], strict=False))
-    code = commands.build_check(args.get("--profile"), args.get("--python"))
+    code = commands.build_check(profile=args.get("--profile"), python=args.get("--python"))
     if code:
         session.error("compiled kernels are missing")

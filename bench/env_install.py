@@ -61,7 +61,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     prof = profile.load(args.profile)
-    lockfile = prof.dir / lock.LOCK_FILE
+    lockfile = prof.lock_file
     python, _ = lock.find_python(prof.python)
     with tempfile.TemporaryDirectory(prefix="bench-env-") as tmp:
         where = Path(tmp)

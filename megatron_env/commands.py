@@ -1,21 +1,28 @@
 """What the front doors call: one function per command, each returning an exit code.
 
-`tasks.py` parses arguments and calls these; nothing here parses command lines. A `UserError`
-raised anywhere below is printed as `error:` plus its `hint:` by `guarded`, with exit status 2.
-Every line goes through `output`: status to stderr, results and the summary line to stdout.
+Each command and each of its options is declared once, here: the function's keyword parameters
+are the options (names and defaults), `OPTIONS` says what each option means (once for every
+command that takes it), `@command` adds what is particular to one command. `tasks.py` makes its
+invoke tasks from `COMMANDS`; nothing here parses a command line. A `UserError` raised anywhere
+below is printed as `error:` plus its `hint:` by `guarded`, with exit status 2. Every line goes
+through `output`: status to stderr, results and the summary line to stdout.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, findings, output, profile
+from megatron_env import REPO_ROOT, findings, output
 from megatron_env.errors import UserError
 from megatron_env.host import checks, snapshot
+from megatron_env.profile import Profile, check_default, load_all
+from megatron_env.profile import load as load_profile
 
 
 def guarded(fn: Callable[..., int]) -> Callable[..., int]:
@@ -38,20 +45,71 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
     return wrapper
 
 
-@guarded
+#: What each option means, written once for every command that takes it.
+OPTIONS = {
+    "profile": "profile name (default: the default profile)",
+    "prefix": "where the environment lives (default .megatron-env/<profile>)",
+    "python": "the interpreter to use instead of the profile's environment",
+    "json": "print {\"findings\": [...]} on stdout instead of a table",
+    "dry_run": "print the plan (what would run and why) and stop",
+    "verify_deep": "re-hash every installed file against its RECORD and import again",
+    "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)",
+    "adopt": "use this existing interpreter (an NGC container's python) as the environment",
+    "conda": "conda/mamba/micromamba executable for the conda path",
+}
+
+
+@dataclass(frozen=True)
+class Command:
+    """One front-door command: its function (options = keyword parameters) and their help."""
+
+    name: str
+    fn: Callable[..., int]
+    help: dict[str, str] = field(default_factory=dict)
+    iterable: tuple[str, ...] = ()
+
+    @property
+    def summary(self) -> str:
+        return (self.fn.__doc__ or "").strip().splitlines()[0]
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str | None = None, iterable: tuple[str, ...] = (),
+            **help: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """Register a command; `help` holds the meaning of options `OPTIONS` does not have, or that
+    this command takes in another sense."""
+
+    def register(fn: Callable[..., int]) -> Callable[..., int]:
+        params = inspect.signature(fn).parameters
+        unknown = [k for k in params if k not in help and k not in OPTIONS]
+        assert not unknown, f"{fn.__name__}: no help for {unknown}"  # a programming error
+        wrapped = guarded(fn)
+        cmd = Command(name or fn.__name__, wrapped,
+                      {k: help.get(k) or OPTIONS[k] for k in params}, iterable)
+        COMMANDS[cmd.name] = cmd
+        return wrapped
+
+    return register
+
+
+@command()
 def profiles() -> int:
-    items = profile.load_all()
+    """List the profiles under envs/ (* marks the default)."""
+    items = load_all()
     output.table([("*" if p.is_default else " ", p.name, f"python {p.python}",
                    f"torch {p.torch}", f"cuda {p.cuda}", f"megatron {p.megatron['tag']}")
                   for p in items])
     output.summary(f"{len(items)} profiles under envs/; * marks the default")
-    profile.check_default(items)
+    check_default(items)
     return 0
 
 
-@guarded
-def collect(out_dir: str) -> int:
-    path = Path(out_dir)
+@command(out="directory to write the snapshot into")
+def collect(out: str) -> int:
+    """Record this host's GPU, driver, network and limits facts into a snapshot directory."""
+    path = Path(out)
     output.status(f"Collecting host facts into {path}")
     snapshot.collect(path)
     output.summary(f"snapshot written to {path}; analyse it anywhere with "
@@ -59,35 +117,36 @@ def collect(out_dir: str) -> int:
     return 0
 
 
-@guarded
-def check(profile_name: str | None = None, snapshot_dir: str | None = None,
-          as_json: bool = False) -> int:
-    prof = profile.load(profile_name)
-    found = checks.evaluate(prof, Path(snapshot_dir) if snapshot_dir else None)
-    source = snapshot_dir or "this host"
-    if as_json:
+@command(snapshot="analyse a snapshot directory instead of this host")
+def check(profile: str | None = None, snapshot: str | None = None, json: bool = False) -> int:
+    """Check whether this host (or a snapshot) can train the profile's stack at full speed."""
+    prof = load_profile(profile)
+    found = checks.evaluate(prof, Path(snapshot) if snapshot else None)
+    source = snapshot or "this host"
+    if json:
         findings.emit_json(found, profile=prof.name, source=source)
     else:
         findings.print_findings(found, f"Checked {source} against profile {prof.name}")
     return findings.exit_code(found)
 
 
-@guarded
-def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: bool = False,
-          only: str | None = None, start: str | None = None, adopt: str | None = None,
-          no_builds: bool = False, deep: bool = False, bundle: list[str] | None = None) -> int:
-    """The whole chain (see megatron_env.setup.pipeline); one summary table at the end."""
-    from megatron_env.pyenv import env as env_mod
+@command(iterable=("bundle",), only="run this one step", from_="start at this step",
+         no_builds="leave the kernel builds out")
+def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool = False,
+          only: str | None = None, from_: str | None = None, adopt: str | None = None,
+          no_builds: bool = False, verify_deep: bool = False,
+          bundle: list[str] | None = None) -> int:
+    """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
+    from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
 
-    profile_name = _use_bundle(bundle, profile_name, adopt, None if no_builds else "all")
-    prof = profile.load(profile_name)
-    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
-                           env_mod.default_prefix(prof),
+    profile = _use_bundle(bundle, profile, adopt, None if no_builds else "all")
+    prof = load_profile(profile)
+    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
                            adopt=Path(adopt).absolute() if adopt else None,
-                           no_builds=no_builds, deep=deep)
+                           no_builds=no_builds, deep=verify_deep)
     t0 = time.monotonic()
-    rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
+    rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
     if ctx.findings and not only:
         findings.print_findings(ctx.findings, f"check: this host against {prof.name}")
     output.table([(r.step, r.status, f"{r.seconds:.1f}", r.detail) for r in rows],
@@ -102,25 +161,41 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     return 0 if ok else 1
 
 
+@command(prefix="the environment to install into (default .megatron-env/<profile>)")
+def megatron(profile: str | None = None, prefix: str | None = None) -> int:
+    """Check out Megatron-LM at the profile's tag (pinned commit), patch it, install it."""
+    return setup.__wrapped__(profile, prefix, only="megatron")
+
+
 @guarded
 def verify(name: str, args: list[str]) -> int:
-    from megatron_env.megatron import programs as verify_mod
+    """A verification program of scripts/ in the profile's environment (the nox sessions)."""
+    from megatron_env.megatron import programs
 
-    return verify_mod.run(name, args)
+    return programs.run(name, args)
 
 
-@guarded
-def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str] | None = None,
-         python: str | None = None, conda: str | None = None, channels: list[str] | None = None,
-         lookup: str | None = None, resolve: bool = False) -> int:
-    """Write (or with check=True, verify) the locks of one profile, or of all with check."""
-    from megatron_env.pyenv import lock as lock_mod
+@command(iterable=("upgrade_package", "channel"),
+         profile="profile name (default: the default profile; with --check: all)",
+         check="exit 1 naming every lock that no longer matches its inputs or its seal "
+               "(a pin or hash edited by hand); no network",
+         resolve="with --check: resolve again (network) and fail on any difference",
+         upgrade_package="move this one pin to its newest allowed version (repeatable)",
+         python="interpreter of the profile's Python version to resolve with",
+         conda="conda/mamba/micromamba executable for conda-lock",
+         channel="conda channel or mirror overriding the profile's (repeatable)",
+         pypi_to_conda_lookup_file="local name-mapping file for conda-lock's pip section")
+def lock(profile: str | None = None, check: bool = False, upgrade_package: list[str] | None = None,
+         python: str | None = None, conda: str | None = None, channel: list[str] | None = None,
+         pypi_to_conda_lookup_file: str | None = None, resolve: bool = False) -> int:
+    """Resolve a profile into hashed locks (requirements.lock, environment.yml, conda-lock.yml)."""
+    from megatron_env.pyenv import lock
 
     if check:
-        profs = [profile.load(profile_name)] if profile_name else profile.load_all()
-        problems = [p for prof in profs for p in lock_mod.stale(prof)]
+        profs = [load_profile(profile)] if profile else load_all()
+        problems = [p for prof in profs for p in lock.stale(prof)]
         if resolve and not problems:
-            problems = [p for prof in profs for p in lock_mod.resolve_check(prof, python)]
+            problems = [p for prof in profs for p in lock.resolve_check(prof, python)]
         for p in problems:
             output.result(f"{output.paint('stale')} {p}")
         if problems:
@@ -129,40 +204,46 @@ def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str
         output.summary(f"fresh locks of {len(profs)} profile(s) match their inputs"
                        + (" and a new resolution" if resolve else ""), "fresh")
         return 0
-    prof = profile.load(profile_name)
-    env_file = prof.dir / lock_mod.ENV_FILE
-    env_file.write_text(lock_mod.environment_yml(prof))
-    res = lock_mod.compile_lock(prof, python=python, upgrade=upgrade)
-    lock_mod.conda_lock(prof, solver=conda, lookup=Path(lookup) if lookup else None,
-                        channels=channels)
+    prof = load_profile(profile)
+    prof.env_file.write_text(lock.environment_yml(prof))
+    res = lock.compile_lock(prof, python=python, upgrade=upgrade_package)
+    lock.conda_lock(prof, solver=conda, channels=channel,
+                    lookup=Path(pypi_to_conda_lookup_file) if pypi_to_conda_lookup_file else None)
     output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
                    f"{res.path.relative_to(REPO_ROOT)}")
     return 0
 
 
-@guarded
+@command(name="lock-diff", base="git revision to compare with (default: merge base with main)")
 def lock_diff(base: str | None = None) -> int:
+    """Markdown table of package changes between the locks at BASE and the working tree."""
     from megatron_env.pyenv import lockdiff
 
     output.result(lockdiff.markdown(lockdiff.diff_all(base)))
     return 0
 
 
-@guarded
-def env(profile_name: str | None = None, prefix: str | None = None, python: str | None = None,
+@command(iterable=("find_links", "bundle"),
+         python="interpreter of the profile's Python for the venv (default: found)",
+         adopt="check an existing environment (--python, or this interpreter) instead",
+         install_missing="with --adopt: install what the lock has and it lacks",
+         use_conda="force the conda path (--no-use-conda forces uv)",
+         find_links="a wheelhouse directory to install from (repeatable)",
+         no_index="install only from --find-links")
+def env(profile: str | None = None, prefix: str | None = None, python: str | None = None,
         adopt: bool = False, install_missing: bool = False, conda: str | None = None,
         use_conda: bool | None = None, find_links: list[str] | None = None,
-        no_index: bool = False, deep: bool = False, bundle: list[str] | None = None) -> int:
-    """Build (or verify) the profile's environment, or check an adopted one."""
+        no_index: bool = False, verify_deep: bool = False,
+        bundle: list[str] | None = None) -> int:
+    """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
     import sys
 
-    from megatron_env.pyenv import env as env_mod
+    from megatron_env.pyenv import env
 
-    profile_name = _use_bundle(bundle, profile_name,
-                               (python or sys.executable) if adopt else python, None)
-    prof = profile.load(profile_name)
+    profile = _use_bundle(bundle, profile, (python or sys.executable) if adopt else python, None)
+    prof = load_profile(profile)
     if adopt:
-        v = env_mod.adopt(prof, python, install_missing, find_links, no_index)
+        v = env.adopt(prof, python, install_missing, find_links, no_index)
         f = v.facts
         output.result(f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}"
                       f", CUDA {f.get('torch_cuda')}, cuDNN {f.get('cudnn')}, NCCL "
@@ -171,45 +252,51 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
         verdict = "matches" if v.ok else f"{len(v.differences)} difference(s) from"
         output.summary(f"env: the environment {verdict} profile {prof.name}", "matches")
         return 0 if v.ok else 1
-    summary = env_mod.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
-                            use_conda=use_conda, find_links=find_links, no_index=no_index,
-                            deep=deep)
+    summary = env.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
+                        use_conda=use_conda, find_links=find_links, no_index=no_index,
+                        deep=verify_deep)
     output.summary(f"env {summary.line()}")
     return 0
 
 
-def _interpreter(prof: profile.Profile, prefix: str | None, python: str | None) -> Path:
-    from megatron_env.pyenv import env as env_mod
+def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
+    from megatron_env.pyenv import env
 
-    py = Path(python).absolute() if python else env_mod.python_of(
-        Path(prefix) if prefix else env_mod.default_prefix(prof))
+    py = Path(python).absolute() if python else env.python_of(
+        Path(prefix) if prefix else env.default_prefix(prof))
     if not py.exists():
         raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)")
     return py
 
 
-@guarded
-def build(which: str = "all", profile_name: str | None = None, prefix: str | None = None,
-          arch: str | None = None, dry_run: bool = False, cache_dir: str | None = None,
-          python: str | None = None, bundle: list[str] | None = None) -> int:
-    """Build, cache, install and verify one kernel recipe (or all the profile pins)."""
-    from megatron_env.kernels import build as build_mod
+@command(iterable=("bundle",),
+         what="a kernel recipe (`invoke kernels` lists them) or all the profile pins",
+         prefix="the environment to build for (default .megatron-env/<profile>)",
+         python="build for this interpreter instead (an adopted environment)",
+         arch="compute capabilities, e.g. 9.0 or 8.0,9.0, or native (default: profile)",
+         dry_run="print the build plan (sources, patches, flags, cache key) and stop",
+         cache_dir="wheel cache shared by the nodes (default .cache, or MEGATRON_ENV_CACHE)")
+def build(what: str, profile: str | None = None, prefix: str | None = None,
+          python: str | None = None, arch: str | None = None, dry_run: bool = False,
+          cache_dir: str | None = None, bundle: list[str] | None = None) -> int:
+    """Build a kernel recipe from pinned, patched sources; cache by content; install; verify."""
+    from megatron_env.kernels import build
     from megatron_env.pyenv import probe
 
     if cache_dir:
-        os.environ[build_mod.CACHE_DIR_ENV] = cache_dir
+        os.environ[build.CACHE_DIR_ENV] = cache_dir
     if bundle:  # the environment to build for must be the bundle's Python
-        name = _bundle_profile(bundle, profile_name)
-        profile_name = _use_bundle(bundle, name,
-                                   str(_interpreter(profile.load(name), prefix, python)), which)
-    prof = profile.load(profile_name)
+        name = _bundle_profile(bundle, profile)
+        profile = _use_bundle(bundle, name,
+                              str(_interpreter(load_profile(name), prefix, python)), what)
+    prof = load_profile(profile)
     py = _interpreter(prof, prefix, python)
     archs = (probe.native_archs(py) if arch == "native" else
              arch.split(",") if arch else prof.archs)
-    chosen = build_mod.selected(prof, which, archs)
+    chosen = build.selected(prof, what, archs)
     for pkg in chosen:
-        res = build_mod.build_and_install(pkg, py, archs, dry_run=dry_run)
-        if isinstance(res, build_mod.Result):
+        res = build.build_and_install(pkg, py, archs, dry_run=dry_run)
+        if isinstance(res, build.Result):
             how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
             output.summary(f"{pkg.name}: {how}, installed and verified "
                            f"({', '.join(res.modules)}) in {res.seconds:.1f} s", "cache hit")
@@ -218,16 +305,16 @@ def build(which: str = "all", profile_name: str | None = None, prefix: str | Non
     return 0
 
 
-@guarded
-def build_check(profile_name: str | None = None, python: str | None = None) -> int:
-    """Do the compiled modules of the profile's kernels import in the environment? (no build)"""
-    from megatron_env.kernels import build as build_mod
+@command(name="build-check", python="check this interpreter instead of the profile's env")
+def build_check(profile: str | None = None, python: str | None = None) -> int:
+    """Do the compiled modules of the profile's kernels import in the environment?"""
+    from megatron_env.kernels import build
     from megatron_env.pyenv import probe
 
-    prof = profile.load(profile_name)
+    prof = load_profile(profile)
     py = _interpreter(prof, None, python)
     rows, bad = [], 0
-    for pkg in build_mod.packages(prof).values():
+    for pkg in build.packages(prof).values():
         missing, _facts = probe.missing_modules(py, pkg.modules)
         bad += bool(missing)
         rows.append((pkg.name, "missing" if missing else "ok",
@@ -238,12 +325,12 @@ def build_check(profile_name: str | None = None, python: str | None = None) -> i
     return 1 if bad else 0
 
 
-@guarded
-def kernels(profile_name: str | None = None) -> int:
-    """The declared recipes, and what each profile pins of them (version or commit, variants)."""
+@command(profile="show this profile's pins only (default: every profile)")
+def kernels(profile: str | None = None) -> int:
+    """List the kernel recipes with each profile's pins and variants."""
     from megatron_env import recipes
 
-    profs = [profile.load(profile_name)] if profile_name else profile.load_all()
+    profs = [load_profile(profile)] if profile else load_all()
     rows = []
     for r in recipes.declared().values():
         rows.append((r.name, f"{r.source:<5}  {r.about}"))
@@ -268,162 +355,92 @@ def kernels(profile_name: str | None = None) -> int:
     return 0
 
 
-@guarded
-def triage(logs: list[str], as_json: bool = False) -> int:
-    """Read a failed or hung job's console logs; findings, most likely cause first."""
+@command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\")")
+def triage(logs: str, json: bool = False) -> int:
+    """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
     from megatron_env.diagnose import joblog
-    from megatron_env.diagnose import triage as triage_mod
+    from megatron_env.diagnose import triage as judge
 
-    lines = joblog.read(logs)
-    found = triage_mod.triage(lines)
+    lines = joblog.read([x for x in logs.split(",") if x])
+    found = judge.triage(lines)
     sources = sorted({x.source for x in lines})
-    if as_json:
+    if json:
         findings.emit_json(found, logs=sources, lines=len(lines))
     else:
         findings.print_findings(found, f"Triage of {len(lines)} lines from {len(sources)} "
-                                        f"log(s), most likely cause first")
+                                       f"log(s), most likely cause first")
     return findings.exit_code(found)
 
 
-@guarded
-def bug_report(profile_name: str | None = None, prefix: str | None = None,
-               as_json: bool = False) -> int:
-    """One block to paste into a bug report (secrets redacted); works before anything is built."""
-    from megatron_env.diagnose import report as bug_report_mod
-    from megatron_env.pyenv import env as env_mod
+@command(name="report", prefix="the environment to report on (default .megatron-env/<profile>)",
+         json="print the facts as JSON instead of the block")
+def bug_report(profile: str | None = None, prefix: str | None = None, json: bool = False) -> int:
+    """One block to paste into a bug report: host, GPUs, environment, builds, check, variables."""
+    from megatron_env.diagnose import report
+    from megatron_env.pyenv import env
 
-    prof = profile.load(profile_name)
+    prof = load_profile(profile)
     output.status(f"Gathering a report for profile {prof.name} ...")
-    bug_report_mod.write(bug_report_mod.main(
-        prof, Path(prefix).absolute() if prefix else env_mod.default_prefix(prof), as_json))
+    report.write(report.main(
+        prof, Path(prefix).absolute() if prefix else env.default_prefix(prof), json))
     return 0
 
 
-@guarded
-def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool = False,
-              profile_name: str | None = None, python: str | None = None,
-              run_dir: str | None = None, slow: str | float | None = None,
-              gpu_health: bool = True, size: str | int = 8192, against: str | None = None,
-              nccl: bool = False, nccl_args: str = "") -> int:
-    """Every node of the allocation through srun (or --local: this node; or --fleet DIR: a
-    directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a node fails.
-    `against`: a reference fleet directory whose nodes the medians and majorities include (a
-    Slurm prolog or HealthCheckProgram judging one node against the last fleet run).
-    `nccl`: then scripts/verify_nccl.py through srun across the nodes that did not fail."""
-    import sys
+@command(fleet="analyse this directory (one sub-directory per host) instead of running",
+         local="run the per-node work on this host only (no Slurm), then analyse it",
+         json="print {\"nodes\": [...], \"exclude\": [...]} on stdout",
+         profile="profile name (default: the fingerprints' profile, else the default)",
+         python="the training interpreter to fingerprint and run gpu_health with",
+         run_dir="where the nodes write (default runs/<time>-preflight; shared by nodes)",
+         slow="fail a GPU this fraction below its model's fleet median (default 0.1)",
+         no_gpu_health="leave the per-GPU GEMM/copy run out",
+         size="gpu_health's GEMM edge (default 8192)",
+         against="a reference fleet directory to judge these nodes among (--local)",
+         nccl="then run verify_nccl through srun across the nodes that did not fail",
+         nccl_args="options for verify_nccl.py, e.g. \"--sizes 1M:1G\"")
+def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
+              profile: str | None = None, python: str | None = None, run_dir: str | None = None,
+              slow: str | None = None, no_gpu_health: bool = False, size: int = 8192,
+              against: str | None = None, nccl: bool = False, nccl_args: str = "") -> int:
+    """Find the bad node before the job does: every node through srun, then the fleet verdict."""
+    from megatron_env.fleet import preflight
 
-    from megatron_env.fleet import analysis
-    from megatron_env.fleet import preflight as pf
-
-    try:
-        slow = analysis.DEFAULT_SLOW if slow is None else float(slow)
-        size = int(size)
-    except ValueError as e:
-        raise UserError(f"--slow {slow} / --size {size}: {e}",
-                        fix="--slow takes a fraction (0.1), --size an integer (8192)") from None
-    if not 0 < slow < 1:
-        raise UserError(f"--slow {slow}: expected a fraction between 0 and 1",
-                        fix="e.g. --slow 0.1 fails GPUs more than 10% below the fleet median")
-    expected: list[str] = []
-    if fleet_dir:
-        root = Path(fleet_dir)
-    else:
-        root = Path(run_dir) if run_dir else (
-            REPO_ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-preflight")
-        if local:
-            pf.run_node(root, profile_name, python, health=gpu_health, size=size,
-                        echo=output.status)
-        else:
-            code, expected = pf.launch(root, profile_name, python, health=gpu_health,
-                                       size=size, echo=lambda s: output.status(s.rstrip("\n")))
-            if code:
-                output.warning(f"srun exited {code}; analysing what the nodes wrote")
-    nodes = analysis.load(root)
-    if local:  # a run directory other nodes also write into: judge this node alone
-        nodes = [n for n in nodes if n.host == pf.host_name()]
-    hosts = {n.host for n in nodes}
-    if against:  # judge these nodes among a reference fleet's, report only these
-        nodes += [n for n in analysis.load(Path(against)) if n.host not in hosts]
-    prof = profile.load(profile_name or _fleet_profile(nodes))
-    rep = analysis.analyse(nodes, prof, slow=slow, expected=expected)
-    rep.nodes = [n for n in rep.nodes if n.host in hosts or n.host in expected]
-    png = root / "fleet.png"
-    try:
-        drawn = analysis.plot(nodes, png, slow)
-    except OSError:
-        drawn = False
-    if as_json:
-        import json
-
-        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
-    else:
-        findings.print_fleet(rep.nodes, rep.exclude)
-    counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}
-    # on stderr: with --json, stdout is the document alone
-    output.status(f"preflight: {len(rep.nodes)} node(s) against {prof.name}: "
-              + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
-              + (f"; plot {png}" if drawn else "; no plot (matplotlib missing or no GPU "
-                 "results)") + f"; results in {root}")
-    if rep.exclude:
-        output.hint(f"srun/sbatch --exclude={','.join(rep.exclude)}")
-    if nccl and not (fleet_dir or local):  # only where this run launched the nodes itself
-        import shlex
-
-        from megatron_env.fleet import fingerprint
-
-        healthy = [n.host for n in rep.nodes if n.status != "fail"]
-        per_node = max((len(analysis.gpus(n)) for n in nodes if n.host in healthy), default=0)
-        code = pf.verify_nccl(root, healthy, max(per_node, 1),
-                              fingerprint.interpreter(prof, python), shlex.split(nccl_args),
-                              echo=lambda s: output.status(s.rstrip("\n")))
-        if code is not None:
-            output.status(f"verify_nccl: {'pass' if code == 0 else 'fail'} across "
-                      f"{len(healthy)} node(s); results in {root / 'nccl'}")
-            if code:
-                return 2
-    elif nccl:
-        output.status("verify_nccl: skipped: --nccl runs inside an allocation, after its "
-                      "preflight")
-    return rep.exit_code
+    return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
+                         python=python, run_dir=run_dir, slow=slow, health=not no_gpu_health,
+                         size=size, against=against, nccl=nccl, nccl_args=nccl_args)
 
 
-def _fleet_profile(nodes) -> str | None:
-    """The profile most nodes' fingerprints name (None: the default profile)."""
-    from collections import Counter
-
-    names = Counter(n.fingerprint.get("profile") for n in nodes if n.fingerprint.get("profile"))
-    return names.most_common(1)[0][0] if names else None
-
-
-def _bundle_profile(bundle: list[str], profile_name: str | None) -> str:
+def _bundle_profile(bundle: list[str], profile: str | None) -> str:
     from megatron_env.bundle import layout
 
-    return profile_name or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
+    return profile or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
 
 
-def _use_bundle(bundle: list[str] | None, profile_name: str | None,
+def _use_bundle(bundle: list[str] | None, profile: str | None,
                 python: str | None, builds: str | None) -> str | None:
     """With --bundle: check it and point the chain at it (nothing else is reached); `builds`:
     the kernel package to be built (`all`, a name, None)."""
     if not bundle:
-        return profile_name
+        return profile
     from megatron_env.bundle import offline
 
-    name, _root = offline.use(bundle, profile_name, python, builds)
+    name, _root = offline.use(bundle, profile, python, builds)
     return name
 
 
-@guarded
-def bundle(profile_name: str | None = None, out_file: str | None = None, adopt: bool = False,
-           with_builds: bool = False, since: str | None = None,
-           without: list[str] | None = None) -> int:
-    """One archive with everything the profile's setup needs offline (megatron_env.bundle)."""
+@command(iterable=("without",), out="the archive to write (FILE.tar)",
+         adopt="leave the lock's wheels out: for nodes that adopt their own torch",
+         with_builds="add the cached kernel wheels built for this profile",
+         since="write only what this older bundle lacks (a delta)",
+         without="leave this kernel package out (repeat; its builds then need a bundle that "
+                 "has it)")
+def bundle(out: str, profile: str | None = None, adopt: bool = False, with_builds: bool = False,
+           since: str | None = None, without: list[str] | None = None) -> int:
+    """One archive with everything `invoke setup --bundle` needs on a node without network."""
     from megatron_env.bundle import make
 
-    if not out_file:
-        raise UserError("--out FILE.tar is required", fix="invoke bundle --out my-bundle.tar")
-    prof = profile.load(profile_name)
-    made = make.make(prof, Path(out_file), adopt=adopt, with_builds=with_builds,
+    prof = load_profile(profile)
+    made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
                      since=Path(since) if since else None,
                      without=[n for w in without or () for n in w.split(",") if n])
     output.table([(role, f"{size / 2**20:.1f} MiB") for role, size

@@ -27,6 +27,10 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 ENVS_DIR = REPO_ROOT / "envs"
+# The files `invoke lock` generates beside a profile.toml (megatron_env.pyenv.lock writes them).
+LOCK_FILE = "requirements.lock"
+ENV_FILE = "environment.yml"
+CONDA_LOCK_FILE = "conda-lock.yml"
 PROFILE_FILE = "profile.toml"
 
 # --- field validators: each returns an error text ("expected ...") or None -------------------
@@ -130,6 +134,21 @@ class Profile:
     @property
     def dir(self) -> Path:
         return self.path.parent
+
+    @property
+    def lock_file(self) -> Path:
+        """The hashed pip lock (requirements.lock): what every environment installs."""
+        return self.dir / LOCK_FILE
+
+    @property
+    def env_file(self) -> Path:
+        """environment.yml: the conda layer's input, derived from the profile."""
+        return self.dir / ENV_FILE
+
+    @property
+    def conda_lock_file(self) -> Path:
+        """conda-lock.yml: the conda layer resolved, every package with its sha256."""
+        return self.dir / CONDA_LOCK_FILE
 
     @property
     def description(self) -> str:

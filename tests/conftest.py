@@ -63,7 +63,7 @@ def wheelhouse(tmp_path_factory):
     from megatron_env.pyenv import lock
 
     wh = tmp_path_factory.mktemp("wheelhouse")
-    lockfile = profile.load("core_v0.4.0-cu121").dir / lock.LOCK_FILE
+    lockfile = profile.load("core_v0.4.0-cu121").lock_file
     r = lock.download_wheels(lockfile, wh, "3.10")
     assert r.ok, r.output[-2000:]
     assert len(list(wh.glob("*.whl"))) == len(lock.parse_lock(lockfile.read_text()))

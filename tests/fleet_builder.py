@@ -48,11 +48,10 @@ def fingerprint(**changes: str) -> dict:
     bench README: torch 2.11.0+cu130, NCCL 2.28.9, cuDNN 91900)."""
     from megatron_env import digest, profile
     from megatron_env.megatron import checkout
-    from megatron_env.pyenv import lock
 
     prof = profile.load(PROFILE)
     doc = {"profile": PROFILE,
-           "lock_digest": digest.of_file(prof.dir / lock.LOCK_FILE),
+           "lock_digest": digest.of_file(prof.lock_file),
            "torch": "2.11.0+cu130", "torch_cuda": "13.0", "nccl": "2.28.9", "cudnn": 91900,
            "megatron_commit": prof.megatron["commit"],
            "megatron_patch_digest": digest.of_files(checkout.patch_series(prof)),

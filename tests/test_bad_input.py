@@ -14,7 +14,6 @@ from filelock import FileLock
 
 from megatron_env import profile
 from megatron_env.errors import UserError
-from megatron_env.pyenv import lock
 from megatron_env.sources import repos
 
 from .test_lock import ROOT, copy_repo, invoke
@@ -212,7 +211,7 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
     text = text.replace('version = "12.1"', f'version = "{want}"')
     text = text.replace('version = "2.1.0"', f'version = "{torch.__version__.split("+")[0]}"')
     (d / "profile.toml").write_text(text)
-    (d / lock.LOCK_FILE).write_text((base.dir / lock.LOCK_FILE).read_text())
+    (d / profile.LOCK_FILE).write_text(base.lock_file.read_text())
     prof = profile.load_file(d / "profile.toml")
     ctx = pipeline.Context(prof, tmp_path / "env", adopt=Path(sys.executable))
     with pytest.raises(UserError) as e:

@@ -129,7 +129,7 @@ def test_full_bundle_sets_up_a_verified_env_with_no_network(repo, wheelhouse, to
     with tarfile.open(out) as tar:
         names = tar.getnames()
         manifest = json.loads(tar.extractfile("manifest.json").read())
-    pins = lock.parse_lock((repo / "envs" / PROFILE / lock.LOCK_FILE).read_text())
+    pins = lock.parse_lock((repo / "envs" / PROFILE / profile.LOCK_FILE).read_text())
     assert len([n for n in names if n.startswith("wheels/")]) == len(pins)
     assert any(n.startswith("tool/megatron_env-") for n in names)
     assert {r["name"] for r in manifest["git"]} >= {"megatron"}

@@ -14,6 +14,7 @@ import zipfile
 
 import pytest
 
+from megatron_env import profile
 from megatron_env.pyenv import lock
 
 from .conftest import kill_when_installing
@@ -46,7 +47,7 @@ def torch_facts(prefix):
 
 def touch_lock(repo, note):
     """A lock change with the same pins: the environment must be rebuilt from it."""
-    f = repo / "envs" / PROFILE / lock.LOCK_FILE
+    f = repo / "envs" / PROFILE / profile.LOCK_FILE
     f.write_text(f.read_text() + f"# {note}\n")
 
 

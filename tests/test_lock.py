@@ -18,7 +18,7 @@ CURRENT = profile.load("core_v0.19.0-cu130")
 
 
 def pins(prof):
-    return lock.parse_lock((prof.dir / lock.LOCK_FILE).read_text())
+    return lock.parse_lock((prof.lock_file).read_text())
 
 
 def test_default_lock_pins_the_cuda_121_stack():
@@ -39,7 +39,7 @@ def test_current_lock_pins_the_cuda_130_stack():
 
 @pytest.mark.parametrize("prof", [DEFAULT, CURRENT], ids=lambda p: p.name)
 def test_every_file_is_hashed_and_no_index_is_named(prof):
-    text = (prof.dir / lock.LOCK_FILE).read_text()
+    text = (prof.lock_file).read_text()
     body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     entries = re.split(r"\n(?=[A-Za-z0-9])", body.strip())
     assert len(entries) == len(pins(prof))

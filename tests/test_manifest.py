@@ -19,7 +19,7 @@ PINS = {"six", "einops"}
 def small_env(tmp_path):
     """(python, lockfile, sources) of a fresh venv holding six and einops, installed by uv."""
     lockfile = tmp_path / "requirements.lock"
-    full = (profile.load("core_v0.4.0-cu121").dir / lock.LOCK_FILE).read_text()
+    full = (profile.load("core_v0.4.0-cu121").dir / profile.LOCK_FILE).read_text()
     lockfile.write_text(lock.subset(full, PINS))
     venv = tmp_path / "venv"
     r = env.proc.run([uv.exe(), "venv", "-q", "--python", sys.executable, venv],
@@ -150,7 +150,7 @@ def test_adopted_deep_check_stops_on_pinned_packages_and_names_the_sites_own(
     prof = profile.load("core_v0.4.0-cu121")
     prof_dir = tmp_path / "prof"
     prof_dir.mkdir()
-    (prof_dir / lock.LOCK_FILE).write_text(lock.subset(lockfile.read_text(), {"einops"}))
+    (prof_dir / profile.LOCK_FILE).write_text(lock.subset(lockfile.read_text(), {"einops"}))
     monkeypatch.setattr(type(prof), "dir", property(lambda _self: prof_dir))
     sites = probe(python, torch=False)["sites"]
     # megatron.core cannot import here (no torch): the import probe is the boundary

@@ -33,17 +33,14 @@ from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
-from megatron_env.pyenv import lock
 from megatron_env.sources import patches
 
 FORMAT = 1
 MANIFEST = "manifest.json"
-# The tool's own tree as shipped (envs/ holds only the bundled profile).
 MACHINE = "x86_64"  # the locks are made for linux x86_64 (lock.PLATFORM)
 def profile_digest(prof: Profile) -> str:
     """The profile, its locks and every patch series it uses: what a bundle was made from."""
-    files = [prof.path, *(prof.dir / f for f in (lock.LOCK_FILE, lock.ENV_FILE,
-                                                  lock.CONDA_LOCK_FILE))]
+    files = [prof.path, prof.lock_file, prof.env_file, prof.conda_lock_file]
     return digest.of({
         "files": {f.name: digest.of_file(f) for f in files},
         "megatron": digest.of_files(checkout.patch_series(prof)),

@@ -34,6 +34,7 @@ from megatron_env.profile import Profile
 from megatron_env.pyenv import lock, uv
 from megatron_env.sources import patches, repos
 
+# The tool's own tree as shipped (envs/ holds only the bundled profile).
 SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
                 "pyproject.toml", "README.md")
 _PIP_NAME = re.compile(r"[-_.]+")
@@ -131,7 +132,7 @@ def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> lis
 
 def _env_wheels(prof: Profile, echo) -> list[Path]:
     """The lock's files, downloaded once into the cache and each checked against the lock."""
-    lockfile = prof.dir / lock.LOCK_FILE
+    lockfile = prof.lock_file
     text = lockfile.read_text()
     allowed = lock.parse_hashes(text)
     total = len(allowed)
@@ -176,7 +177,7 @@ def _env_wheels(prof: Profile, echo) -> list[Path]:
 def conda_packages(prof: Profile) -> list[dict]:
     """The linux-64 conda packages of the profile's conda-lock.yml (none without one): name,
     url, the file's place in a bundle (`conda/<subdir>/<file>`) and the lock's hashes."""
-    f = prof.dir / lock.CONDA_LOCK_FILE
+    f = prof.conda_lock_file
     if not f.exists():
         return []
     try:

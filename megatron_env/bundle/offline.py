@@ -130,10 +130,10 @@ def check_serves(doc: dict, prof: Profile, python: Path | str | None) -> None:
 def local_conda_lock(prof: Profile, root: Path, doc: dict) -> Path:
     """The profile's conda-lock.yml with each package URL pointing at the bundle's copy: what
     `invoke env` installs offline (written under the cache; the bundle may be read-only)."""
-    text = (prof.dir / lock.CONDA_LOCK_FILE).read_text()
+    text = (prof.conda_lock_file).read_text()
     for c in doc["conda"]:
         if c["url"] not in text:
-            raise UserError(f"{prof.dir / lock.CONDA_LOCK_FILE} does not list {c['url']}, "
+            raise UserError(f"{prof.conda_lock_file} does not list {c['url']}, "
                             "which the bundle carries", fix="run the tool from the bundle's "
                             "source/ directory")
         local = (root / c["path"]).as_uri()

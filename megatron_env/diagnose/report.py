@@ -48,7 +48,7 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
     from megatron_env import digest
     from megatron_env.kernels import build
     from megatron_env.megatron import checkout
-    from megatron_env.pyenv import env, lock
+    from megatron_env.pyenv import env
     from megatron_env.pyenv.probe import probe as probe_env
 
     environ = os.environ if environ is None else environ
@@ -62,8 +62,8 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
     facts["topology"] = next((f.summary for f in findings if f.id == "gpu.topology"), None)
     facts["profile"] = {"name": profile.name,
                         "profile.toml": digest.of_file(profile.path),
-                        lock.LOCK_FILE: (digest.of_file(profile.dir / lock.LOCK_FILE)
-                                         if (profile.dir / lock.LOCK_FILE).exists() else None)}
+                        profile.lock_file.name: (digest.of_file(profile.lock_file)
+                                         if (profile.lock_file).exists() else None)}
     py = env.python_of(prefix)
     kernels = list(build.packages(profile).values())
     env_facts: dict[str, Any] = {"prefix": str(prefix)}

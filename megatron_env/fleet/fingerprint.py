@@ -16,7 +16,7 @@ from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
-from megatron_env.pyenv import env, lock, probe
+from megatron_env.pyenv import env, probe
 
 
 def interpreter(profile: Profile, python: str | None) -> Path:
@@ -26,7 +26,7 @@ def interpreter(profile: Profile, python: str | None) -> Path:
 
 def collect(profile: Profile, python: Path) -> dict[str, Any]:
     """The fingerprint of `python` for `profile`; what cannot be known says why under errors."""
-    lockfile = profile.dir / lock.LOCK_FILE
+    lockfile = profile.lock_file
     doc: dict[str, Any] = {
         "profile": profile.name,
         "lock_digest": digest.of_file(lockfile) if lockfile.is_file() else None,

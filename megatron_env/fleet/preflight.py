@@ -17,18 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from megatron_env import REPO_ROOT, output, proc, profile
+from megatron_env import REPO_ROOT, findings, output, proc, profile
 from megatron_env.errors import UserError
-from megatron_env.fleet import fingerprint
+from megatron_env.fleet import analysis, fingerprint
 from megatron_env.host import checks, snapshot
 
 OVERRIDE_ENV = "MEGATRON_ENV_PREFLIGHT_OVERRIDE"
@@ -194,6 +196,86 @@ def verify_nccl(run_dir: Path, healthy: list[str], gpus_per_node: int, python: P
     echo(f"verify_nccl: {len(healthy)} node(s) x {gpus_per_node} rank(s): {', '.join(healthy)}")
     r = proc.run(argv, timeout=None, log=out / "srun.log", stream=True, on_line=echo)
     return r.returncode
+
+
+def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
+        profile_name: str | None = None, python: str | None = None, run_dir: str | None = None,
+        slow: str | float | None = None, health: bool = True, size: str | int = 8192,
+        against: str | None = None, nccl: bool = False, nccl_args: str = "") -> int:
+    """`invoke preflight`: every node of the allocation through srun (or `local`: this node; or
+    `fleet`: a directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a
+    node fails. `against`: a reference fleet directory whose nodes the medians and majorities
+    include (a Slurm prolog or HealthCheckProgram judging one node against the last fleet run).
+    `nccl`: then scripts/verify_nccl.py through srun across the nodes that did not fail."""
+    try:
+        slow = analysis.DEFAULT_SLOW if slow is None else float(slow)
+        size = int(size)
+    except ValueError as e:
+        raise UserError(f"--slow {slow} / --size {size}: {e}",
+                        fix="--slow takes a fraction (0.1), --size an integer (8192)") from None
+    if not 0 < slow < 1:
+        raise UserError(f"--slow {slow}: expected a fraction between 0 and 1",
+                        fix="e.g. --slow 0.1 fails GPUs more than 10% below the fleet median")
+    expected: list[str] = []
+    if fleet:
+        root = Path(fleet)
+    else:
+        root = Path(run_dir) if run_dir else (
+            REPO_ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-preflight")
+        if local:
+            run_node(root, profile_name, python, health=health, size=size, echo=output.status)
+        else:
+            code, expected = launch(root, profile_name, python, health=health, size=size,
+                                    echo=lambda s: output.status(s.rstrip("\n")))
+            if code:
+                output.warning(f"srun exited {code}; analysing what the nodes wrote")
+    nodes = analysis.load(root)
+    if local:  # a run directory other nodes also write into: judge this node alone
+        nodes = [n for n in nodes if n.host == host_name()]
+    hosts = {n.host for n in nodes}
+    if against:  # judge these nodes among a reference fleet's, report only these
+        nodes += [n for n in analysis.load(Path(against)) if n.host not in hosts]
+    prof = profile.load(profile_name or _fleet_profile(nodes))
+    rep = analysis.analyse(nodes, prof, slow=slow, expected=expected)
+    rep.nodes = [n for n in rep.nodes if n.host in hosts or n.host in expected]
+    png = root / "fleet.png"
+    try:
+        drawn = analysis.plot(nodes, png, slow)
+    except OSError:
+        drawn = False
+    if as_json:
+        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+    else:
+        findings.print_fleet(rep.nodes, rep.exclude)
+    counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}
+    # on stderr: with --json, stdout is the document alone
+    output.status(f"preflight: {len(rep.nodes)} node(s) against {prof.name}: "
+                  + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
+                  + (f"; plot {png}" if drawn else "; no plot (matplotlib missing or no GPU "
+                     "results)") + f"; results in {root}")
+    if rep.exclude:
+        output.hint(f"srun/sbatch --exclude={','.join(rep.exclude)}")
+    if nccl and not (fleet or local):  # only where this run launched the nodes itself
+        healthy = [n.host for n in rep.nodes if n.status != "fail"]
+        per_node = max((len(analysis.gpus(n)) for n in nodes if n.host in healthy), default=0)
+        code = verify_nccl(root, healthy, max(per_node, 1),
+                           fingerprint.interpreter(prof, python), shlex.split(nccl_args),
+                           echo=lambda s: output.status(s.rstrip("\n")))
+        if code is not None:
+            output.status(f"verify_nccl: {'pass' if code == 0 else 'fail'} across "
+                          f"{len(healthy)} node(s); results in {root / 'nccl'}")
+            if code:
+                return 2
+    elif nccl:
+        output.status("verify_nccl: skipped: --nccl runs inside an allocation, after its "
+                      "preflight")
+    return rep.exit_code
+
+
+def _fleet_profile(nodes: list[analysis.Node]) -> str | None:
+    """The profile most nodes' fingerprints name (None: the default profile)."""
+    names = Counter(n.fingerprint.get("profile") for n in nodes if n.fingerprint.get("profile"))
+    return names.most_common(1)[0][0] if names else None
 
 
 def main(argv: list[str] | None = None) -> int:

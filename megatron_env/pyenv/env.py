@@ -148,7 +148,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
     """
     t0 = time.monotonic()
     prefix = Path(prefix or default_prefix(profile)).absolute()
-    lockfile = profile.dir / lock.LOCK_FILE
+    lockfile = profile.lock_file
     if not lockfile.exists():
         raise UserError(f"{lockfile} does not exist",
                         fix=f"run `invoke lock --profile {profile.name}`")
@@ -364,7 +364,7 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
           find_links: list[str] | None = None, no_index: bool = False) -> Verification:
     """Check an existing environment against the profile; optionally add what is missing."""
     exe = python or sys.executable
-    lockfile = profile.dir / lock.LOCK_FILE
+    lockfile = profile.lock_file
     v = verify(exe, profile, lockfile)
     if install_missing and v.missing:
         with tempfile.TemporaryDirectory() as tmp:

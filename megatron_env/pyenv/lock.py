@@ -27,13 +27,10 @@ from pathlib import Path
 
 from megatron_env import digest, output, proc
 from megatron_env.errors import UserError
-from megatron_env.profile import Profile
+from megatron_env.profile import LOCK_FILE, Profile
 from megatron_env.pyenv import uv
 
 FORMAT = 1
-LOCK_FILE = "requirements.lock"
-ENV_FILE = "environment.yml"
-CONDA_LOCK_FILE = "conda-lock.yml"
 PLATFORM = "x86_64-manylinux_2_28"
 # Packages whose version is the CUDA toolkit's own version (12.1.105 for CUDA 12.1).
 CUDA_VERSIONED = ["cuda-runtime", "cuda-nvrtc", "cuda-cupti", "nvjitlink", "nvtx", "cuda-nvcc"]
@@ -232,7 +229,7 @@ def compile_lock(profile: Profile, *, python: str | None = None,
     """Resolve the profile into envs/<name>/requirements.lock (kept pins stay unless upgraded)."""
     exe, where = find_python(profile.python, python)
     echo(f"Resolving {profile.name} for Python {profile.python} with {exe} (found on {where})")
-    target = profile.dir / LOCK_FILE
+    target = profile.lock_file
     body = _resolve(profile, exe, target, upgrade)
     tmp_target = target.with_suffix(".lock.tmp")
     tmp_target.write_text(seal(profile, body))
@@ -245,7 +242,7 @@ def resolve_check(profile: Profile, python: str | None = None,
     """Resolve again (network) with the committed lock's versions as constraints; every
     difference named. So a new release upstream is no difference; a pin that no longer
     satisfies the profile, or a hash the index does not serve, is."""
-    path = profile.dir / LOCK_FILE
+    path = profile.lock_file
     exe, _ = find_python(profile.python, python)
     echo(f"Resolving {profile.name} again with {exe} to compare with {path.name}")
     fresh = blocks(_resolve(profile, exe, None, pinned=parse_lock(path.read_text())))
@@ -318,7 +315,7 @@ def recorded_digest(path: Path) -> str | None:
 def stale(profile: Profile) -> list[str]:
     """Why this profile's committed lock files do not match their inputs (empty: all fresh)."""
     problems = []
-    lock = profile.dir / LOCK_FILE
+    lock = profile.lock_file
     got = recorded_digest(lock)
     if got is None:
         problems.append(f"{lock}: missing or has no inputs-digest line")
@@ -326,7 +323,7 @@ def stale(profile: Profile) -> list[str]:
         problems.append(f"{lock}: made from other inputs than {profile.path} now holds")
     else:
         problems += hand_edits(lock)
-    env = profile.dir / ENV_FILE
+    env = profile.env_file
     if not env.exists() or env.read_text() != environment_yml(profile):
         problems.append(f"{env}: differs from what {profile.path} generates")
     return problems
@@ -349,7 +346,7 @@ CONDA_LOCKFILE_ENV = "MEGATRON_ENV_CONDA_LOCKFILE"
 
 def conda_lockfile(profile: Profile) -> Path:
     """The conda-lock.yml `invoke env` installs: the profile's, or the copy a bundle points at."""
-    return Path(os.environ.get(CONDA_LOCKFILE_ENV) or profile.dir / CONDA_LOCK_FILE)
+    return Path(os.environ.get(CONDA_LOCKFILE_ENV) or profile.conda_lock_file)
 
 
 def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | None = None,
@@ -360,7 +357,7 @@ def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | No
     air-gapped clusters; `lookup` is a local PyPI-to-conda name mapping, so conda-lock fetches
     nothing from its default URL.
     """
-    env_file = profile.dir / ENV_FILE
+    env_file = profile.env_file
     if not channels and os.environ.get(CHANNELS_ENV):
         channels = [c for c in os.environ[CHANNELS_ENV].split(",") if c]
     solver = solver or conda_solver()
@@ -373,7 +370,7 @@ def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | No
         echo("conda-lock skipped: conda-lock is not installed "
              "(the extra: pip install 'megatron-env[conda]')")
         return None
-    out = profile.dir / CONDA_LOCK_FILE
+    out = profile.conda_lock_file
     argv = [exe, "lock", "-f", env_file, "-p", "linux-64", "--lockfile", out, "--conda", solver]
     for c in channels or []:
         argv += ["--channel", c]

@@ -7,7 +7,8 @@ from packaging.version import InvalidVersion, Version
 
 from megatron_env import REPO_ROOT, proc
 from megatron_env.errors import UserError
-from megatron_env.pyenv.lock import LOCK_FILE, parse_lock
+from megatron_env.profile import LOCK_FILE
+from megatron_env.pyenv.lock import parse_lock
 
 
 def _git(*args: str) -> proc.Result:

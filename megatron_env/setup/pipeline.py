@@ -81,8 +81,8 @@ def _check_run(ctx: Context) -> str:
 
 def _lock_inputs(ctx: Context) -> str:
     p = ctx.profile
-    return _digest(*(digest.of_file(f) for f in (p.path, p.dir / lock.LOCK_FILE,
-                                                  p.dir / lock.ENV_FILE)))
+    return _digest(*(digest.of_file(f) for f in (p.path, p.lock_file,
+                                                  p.env_file)))
 
 
 def _lock_run(ctx: Context) -> str:
@@ -90,7 +90,8 @@ def _lock_run(ctx: Context) -> str:
     if problems:
         raise UserError("; ".join(problems),
                         fix=f"run `invoke lock --profile {ctx.profile.name}` and commit the locks")
-    return f"{lock.LOCK_FILE} and {lock.ENV_FILE} match {ctx.profile.path.name}"
+    prof = ctx.profile
+    return f"{prof.lock_file.name} and {prof.env_file.name} match {prof.path.name}"
 
 
 def _env_run(ctx: Context) -> str:
@@ -104,7 +105,7 @@ def _env_run(ctx: Context) -> str:
 def _adopt(ctx: Context) -> str:
     """An existing environment: Python, torch and its CUDA must match; other packages may differ
     from the lock (an NGC container has its own), and each difference is listed."""
-    v = audit.verify(ctx.adopt, ctx.profile, ctx.profile.dir / lock.LOCK_FILE)
+    v = audit.verify(ctx.adopt, ctx.profile, ctx.profile.lock_file)
     f = v.facts
     if fatal := v.text(audit.STACK):
         raise UserError(f"{ctx.adopt} cannot serve profile {ctx.profile.name}: {fatal}",
@@ -117,7 +118,7 @@ def _adopt(ctx: Context) -> str:
 
 
 def _env_inputs(ctx: Context) -> str:
-    return _digest(digest.of_file(ctx.profile.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
+    return _digest(digest.of_file(ctx.profile.lock_file), str(ctx.adopt or ""))
 
 
 def _env_verify(ctx: Context) -> str | None:
@@ -163,7 +164,7 @@ def _builds_inputs(ctx: Context) -> str:
                 list(k.modules), digest.of_files(patches.series(k.name, k.pin))]
                for k in _kernel_packages(ctx)]
     return _digest(json.dumps([kernels, p.archs], sort_keys=True),
-                   digest.of_file(p.dir / lock.LOCK_FILE), str(ctx.adopt or ""))
+                   digest.of_file(p.lock_file), str(ctx.adopt or ""))
 
 
 def _sources_run(ctx: Context) -> str:
@@ -195,7 +196,7 @@ def _megatron_inputs(ctx: Context) -> str:
     m = ctx.profile.megatron
     series = checkout.patch_series(ctx.profile)
     return _digest(m["repo"], m["tag"], m["commit"], digest.of_files(series),
-                   digest.of_file(ctx.profile.dir / lock.LOCK_FILE))
+                   digest.of_file(ctx.profile.lock_file))
 
 
 def _megatron_run(ctx: Context) -> str:
@@ -238,7 +239,7 @@ def _verify_run(ctx: Context) -> str:
             # The lock's packages are what training imports: a change there stops the chain.
             # The rest is the site's own (an image's replaced CA bundle, its other tools): named.
             pinned = {manifest.normalize(n) for n in
-                      lock.parse_lock((ctx.profile.dir / lock.LOCK_FILE).read_text())}
+                      lock.parse_lock((ctx.profile.lock_file).read_text())}
             diffs = manifest.hash_check(m)
             bad = [d for d in diffs if d.package in pinned]
             if others := [d for d in diffs if d.package not in pinned]:
