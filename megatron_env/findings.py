@@ -34,7 +34,13 @@ class Finding:
 
 
 def worst(findings: list[Finding]) -> str:
-    return min((f.status for f in findings), key=ORDER.__getitem__, default="pass")
+    """The verdict of a set of findings: its worst status, where a skipped check says nothing
+    (a node whose apex is not installed but whose every other check passed is a passing node);
+    skip only when every check was skipped, pass when there are none."""
+    judged = [f.status for f in findings if f.status != "skip"]
+    if not judged:
+        return "skip" if findings else "pass"
+    return min(judged, key=ORDER.__getitem__)
 
 
 def exit_code(findings: list[Finding]) -> int:

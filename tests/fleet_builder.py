@@ -11,6 +11,7 @@ are planted by editing exactly the values they concern.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -19,14 +20,27 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = FIXTURES / "captures"
 REPO = Path(__file__).parent.parent
 H200_HEALTH = REPO / "bench/results/2026-12-02-h200-1gpu/flash-attn/gpu_health.json"
+GPU_HEALTH = REPO / "scripts" / "gpu_health.py"
 PROFILE = "core_v0.19.0-cu130"
 
 
+def gpu_health():
+    """scripts/gpu_health.py itself (loaded by path, as preflight runs it): its `judge` turns each
+    GPU's measurements into findings, so these fleets carry the findings that script would
+    write, thresholds included."""
+    spec = importlib.util.spec_from_file_location("gpu_health_script", GPU_HEALTH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def health(node: int, gpus: int = 8, slow: dict[int, float] | None = None) -> dict:
-    """The real H200 gpu_health.json for `gpus` GPUs; slow = {gpu index: factor on GEMM}."""
+    """The real H200 gpu_health.json for `gpus` GPUs; slow = {gpu index: factor on GEMM}; the
+    findings are gpu_health.py's own judgement of each GPU."""
     doc = json.loads(H200_HEALTH.read_text())
     real = doc["gpus"][0]
     doc["gpus"], doc["findings"] = [], []
+    judge = gpu_health().judge
     for i in range(gpus):
         g = copy.deepcopy(real)
         jitter = 1 + 0.004 * ((node * gpus + i) % 5 - 2)
@@ -35,11 +49,7 @@ def health(node: int, gpus: int = 8, slow: dict[int, float] | None = None) -> di
                                       1)
         g["copy_tbs"] = round(real["copy_tbs"] * jitter, 3)
         doc["gpus"].append(g)
-        ratio = g["gemm_bf16_tflops"] / 780.0  # gpu_health's own line for an H200
-        doc["findings"].append({"id": "gpu.speed", "status": "pass" if ratio >= 0.85 else "warn",
-                                "summary": f"GPU{i} (NVIDIA H200): bf16 GEMM "
-                                           f"{g['gemm_bf16_tflops']} TFLOP/s ({ratio:.0%} of 780.0 "
-                                           "for H200)", "evidence": [], "fix": ""})
+        doc["findings"] += judge(g)
     return doc
 
 

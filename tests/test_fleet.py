@@ -61,7 +61,7 @@ def test_findings_name_host_gpu_and_odd_value(planted):
 def test_slow_gpu_passes_its_own_absolute_line_but_not_the_fleet(planted):
     """88% of the median is 87% of gpu_health's H200 expectation: a pass on the node alone."""
     health = json.loads((planted / "node02" / "gpu_health.json").read_text())
-    assert all(f["status"] == "pass" for f in health["findings"])
+    assert all(f["status"] == "pass" for f in health["findings"] if f["id"] == "gpu.speed")
     assert analyse(planted).exclude[0] == "node02"
 
 
