@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from megatron_env.errors import UserError
-from megatron_env.kernels import build, progress
+from megatron_env.kernels import build, progress, toolkit
 from megatron_env.pyenv import uv
 from megatron_env.recipes import recipe
 
@@ -278,18 +278,18 @@ def test_cuda_home_skips_a_wrapper_script_and_refuses_a_major_mismatch(tmp_path,
     # /usr/local/bin/nvcc -> exec /usr/local/cuda-13.0/bin/nvcc) is no CUDA_HOME: its parent has
     # no include/cuda_runtime.h, and a build against it fails at the first #include.
     release = Path(__file__).parent / "fixtures" / "h200-live" / "nvcc-version.txt"
-    toolkit, wrapper = tmp_path / "cuda-13.0", tmp_path / "local"
-    for home in (toolkit, wrapper):
+    kit, wrapper = tmp_path / "cuda-13.0", tmp_path / "local"
+    for home in (kit, wrapper):
         (home / "bin").mkdir(parents=True)
-    (toolkit / "include").mkdir()
-    (toolkit / "include" / "cuda_runtime.h").write_text("")
-    (toolkit / "bin" / "nvcc").write_text(f"#!/bin/sh\ncat '{release}'\n")
-    (wrapper / "bin" / "nvcc").write_text(f"#!/bin/sh\nexec '{toolkit}/bin/nvcc' \"$@\"\n")
-    for f in (toolkit / "bin" / "nvcc", wrapper / "bin" / "nvcc"):
+    (kit / "include").mkdir()
+    (kit / "include" / "cuda_runtime.h").write_text("")
+    (kit / "bin" / "nvcc").write_text(f"#!/bin/sh\ncat '{release}'\n")
+    (wrapper / "bin" / "nvcc").write_text(f"#!/bin/sh\nexec '{kit}/bin/nvcc' \"$@\"\n")
+    for f in (kit / "bin" / "nvcc", wrapper / "bin" / "nvcc"):
         f.chmod(0o755)
     monkeypatch.setenv("CUDA_HOME", str(wrapper))
-    monkeypatch.setenv("CUDA_PATH", str(toolkit))
-    assert toolkit.cuda_home("13.0") == (toolkit, "13.0")
+    monkeypatch.setenv("CUDA_PATH", str(kit))
+    assert toolkit.cuda_home("13.0") == (kit, "13.0")
     with pytest.raises(UserError, match=r"no CUDA 12.x toolkit .*local \(no include/cuda_runti"
                                         r"me.h\).*cuda-13.0 \(nvcc 13.0\)"):
         toolkit.cuda_home("12.1")

@@ -92,5 +92,13 @@ def test_unreadable_cgroup_files_are_ignored_and_no_meminfo_means_a_small_machin
 
 
 def test_cores_are_the_ones_this_process_may_use():
-    import os
-    assert resources.cores() == len(os.sched_getaffinity(0)) >= 1
+    """Pinned to one CPU (taskset, Slurm's --cpus-per-task), a process may use one core however
+    many the machine has; cpu_count() would say all of them."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from megatron_env.host import resources; print(resources.cores(), os.cpu_count())")
+    one, machine = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                           text=True, check=True).stdout.split())
+    assert one == 1 and machine >= 1

@@ -344,7 +344,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
         entries += [Entry(c["path"], f, "") for c, f in zip(conda, _conda_fetch(conda, echo),
                                                             strict=True)]
-        repos, sdists = [], []
+        bares, sdists = [], []
         for k in build.packages(prof).values():
             if k.source.repo or k.name in without:  # a repository below, or left out
                 continue
@@ -356,7 +356,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
         for name, url, commit, tag in git_pins(prof, without):
             rel = repo_path(name, commit)
-            repos.append({"name": name, "commit": commit, "tag": tag, "path": rel})
+            bares.append({"name": name, "commit": commit, "tag": tag, "path": rel})
             if base and any(f.startswith(rel + "/") for f in base["files"]):
                 echo(f"{name}: {rel} is in the base bundle")
                 continue
@@ -380,7 +380,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             else:
                 written.append(e)
         if base:  # git repositories the base already holds: its entries stand
-            for rel in (r["path"] for r in repos):
+            for rel in (r["path"] for r in bares):
                 for f, meta in base["files"].items():
                     if f.startswith(rel + "/"):
                         files[f] = {**meta, "in": "base"}
@@ -393,7 +393,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
                                                 "wheels": lock.PLATFORM},
             "mode": "adopt" if adopt else "full", "with_builds": with_builds,
             "base": manifest_digest(base) if base else None, "without": without,
-            "git": repos, "sources": sdists,
+            "git": bares, "sources": sdists,
             "conda": [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda],
             "files": dict(sorted(files.items())),
         }

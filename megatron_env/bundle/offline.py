@@ -154,14 +154,14 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
 
     Nothing reaches the network afterwards: uv and pip are told there is no index, git sources
     come from the bundle's repositories, sdists and cached builds from its files."""
-    from megatron_env import profile as profile_mod
+    from megatron_env.profile import load as load_profile
 
     paths = [Path(p).absolute() for p in paths]
     root = _unpack(paths, echo)
     doc = read_manifest(root)
     t0 = time.monotonic()
     verify(root, doc)
-    prof = profile_mod.load(profile_name or doc["profile"]["name"])
+    prof = load_profile(profile_name or doc["profile"]["name"])
     if python is None and doc["mode"] == "full":
         python = lock.find_python(prof.python)[0]
     check_serves(doc, prof, python)

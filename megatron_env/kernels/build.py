@@ -25,8 +25,8 @@ from pathlib import Path
 from megatron_env import digest, mutex, output, proc, recipes
 from megatron_env.errors import UserError
 from megatron_env.host import resources
-from megatron_env.kernels import jobs as jobs_mod
 from megatron_env.kernels import ninjalog
+from megatron_env.kernels.jobs import Jobs, derive
 from megatron_env.kernels.progress import Progress
 from megatron_env.kernels.toolkit import cuda_home, site_paths
 from megatron_env.profile import Profile
@@ -183,11 +183,11 @@ class Plan:
         return out
 
 
-def max_jobs(gb_per_job: float, parallel_var: str = "") -> jobs_mod.Jobs:
+def max_jobs(gb_per_job: float, parallel_var: str = "") -> Jobs:
     """From free memory, not from cores: one nvcc job can take several GiB. A package that
     builds several extensions at once gets both numbers (see jobs.derive)."""
     avail, source = resources.memory()
-    return jobs_mod.derive(gb_per_job, avail, source, resources.cores(), parallel_var,
+    return derive(gb_per_job, avail, source, resources.cores(), parallel_var,
                            os.environ)
 
 
