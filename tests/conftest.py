@@ -41,13 +41,22 @@ def make_snapshot(tmp_path):
     return make
 
 
+def test_cache() -> Path:
+    """Where test runs keep what they download, between runs (MEGATRON_ENV_TEST_CACHE, else
+    ~/.cache/megatron-env-tests): entries are keyed by content, so a changed lock gets a new
+    one and a stale one is never used."""
+    return Path(os.environ.get("MEGATRON_ENV_TEST_CACHE")
+                or Path.home() / ".cache" / "megatron-env-tests")
+
+
 @pytest.fixture(scope="session", autouse=True)
-def private_uv_cache(tmp_path_factory):
-    """uv's cache for this test run only, removed with the run's temporary directory: the
-    environments unpack 2.6 GB of wheels from a wheelhouse whose path is new every run, which
-    would otherwise pile up in the user's uv cache run after run."""
+def shared_uv_cache():
+    """uv's cache for every test run on this machine: the environments unpack 2.6 GB of wheels
+    from the wheelhouse, once per machine instead of once per run. The wheelhouse's path is
+    stable (keyed by the lock), so uv's entries for it are reused, not piled up. A test that
+    damages a cache entry makes its own cache (tests/test_manifest.py)."""
     old = os.environ.get("UV_CACHE_DIR")
-    os.environ["UV_CACHE_DIR"] = str(tmp_path_factory.mktemp("uv-cache"))
+    os.environ["UV_CACHE_DIR"] = str(test_cache() / "uv")
     yield
     if old is None:
         os.environ.pop("UV_CACHE_DIR", None)
@@ -56,16 +65,26 @@ def private_uv_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def wheelhouse(tmp_path_factory):
-    """Every wheel of the default profile's lock (about 2.6 GB), downloaded once per test run:
-    the only package source of the environment tests, as on an air-gapped cluster."""
-    from megatron_env import profile
+def wheelhouse():
+    """Every wheel of the default profile's lock (about 2.6 GB), downloaded once per lock and
+    kept between runs: the only package source of the environment tests, as on an air-gapped
+    cluster. Downloaded beside the entry and renamed into place complete, under a lock: two
+    test runs at once never see half a wheelhouse."""
+    from filelock import FileLock
+
+    from megatron_env import digest, profile
     from megatron_env.pyenv import lock
 
-    wh = tmp_path_factory.mktemp("wheelhouse")
     lockfile = profile.load("core_v0.4.0-cu121").lock_file
-    r = lock.download_wheels(lockfile, wh, "3.10")
-    assert r.ok, r.output[-2000:]
+    wh = test_cache() / f"wheelhouse-{digest.hexpart(digest.of_file(lockfile), 16)}"
+    wh.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(wh) + ".lock"):
+        if not wh.is_dir():
+            part = wh.with_name(wh.name + f".part-{os.getpid()}")
+            shutil.rmtree(part, ignore_errors=True)
+            r = lock.download_wheels(lockfile, part, "3.10")
+            assert r.ok, r.output[-2000:]
+            os.rename(part, wh)
     assert len(list(wh.glob("*.whl"))) == len(lock.parse_lock(lockfile.read_text()))
     return wh
 

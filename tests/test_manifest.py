@@ -16,8 +16,10 @@ PINS = {"six", "einops"}
 
 
 @pytest.fixture
-def small_env(tmp_path):
-    """(python, lockfile, sources) of a fresh venv holding six and einops, installed by uv."""
+def small_env(tmp_path, monkeypatch):
+    """(python, lockfile, sources) of a fresh venv holding six and einops, installed by uv with
+    a cache of its own: one test here damages a cache entry, the shared cache must not see it."""
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     lockfile = tmp_path / "requirements.lock"
     full = (profile.load("core_v0.4.0-cu121").dir / profile.LOCK_FILE).read_text()
     lockfile.write_text(lock.subset(full, PINS))
