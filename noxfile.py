@@ -9,13 +9,23 @@ sys.path.insert(0, str(Path(__file__).parent))  # megatron_env from this checkou
 
 nox.options.sessions = ["tests", "lint", "lock_check"]
 nox.options.reuse_existing_virtualenvs = True
+nox.options.default_venv_backend = "uv"  # seconds where pip takes minutes; its cache is kept
+
+
+def _torch_pin() -> str:
+    """The torch of the profile with the newest one: the tests run what a profile pins, not
+    whatever the index serves that day."""
+    from megatron_env import profile
+
+    return max((p.torch for p in profile.load_all()),
+               key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
 
 
 @nox.session
 def tests(session):
     """Install the tool with its test extras and run the test suite."""
     # torch alone (no numpy): verify_nccl runs for real with gloo, where it must run anywhere
-    session.install("-e", ".[test]", "torch")
+    session.install("-e", ".[test]", f"torch=={_torch_pin()}")
     # temporary directories of its own: another pytest on the machine cannot rotate them away
     session.run("pytest", "--durations=25", f"--basetemp={session.create_tmp()}/pytest",
                 *session.posargs)

@@ -41,6 +41,28 @@ def make_snapshot(tmp_path):
     return make
 
 
+_SKIPPED: list[str] = []
+
+
+def _note_skip(report) -> None:
+    if report.skipped:
+        why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        _SKIPPED.append(f"{report.nodeid}: {why}")
+
+
+pytest_runtest_logreport = pytest_collectreport = _note_skip
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With CI set, a skipped test fails the run: CI has every tool the tests need (it installs
+    them), so a skip there is a test that silently stopped testing."""
+    if os.environ.get("CI") and _SKIPPED and exitstatus == 0:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line("CI is set and these tests were skipped (a failure here):\n  "
+                            + "\n  ".join(_SKIPPED), red=True)
+        session.exitstatus = 1
+
+
 def test_cache() -> Path:
     """Where test runs keep what they download, between runs (MEGATRON_ENV_TEST_CACHE, else
     ~/.cache/megatron-env-tests): entries are keyed by content, so a changed lock gets a new
