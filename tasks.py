@@ -56,10 +56,13 @@ def megatron(c, profile=None, prefix=None):
     _done(commands.setup(profile, prefix, only="megatron"))
 
 
-@task(help={"profile": "profile name (default: the default profile; with --check: all)",
+@task(help={"profile": "profile name (default: the default profile; with --check or --refresh: "
+                       "all)",
             "check": "exit 1 naming every lock that no longer matches its inputs or its seal "
                      "(a pin or hash edited by hand); no network",
             "resolve": "with --check: resolve again (network) and fail on any difference",
+            "refresh": "re-resolve without the old pins: every package the profile does not pin "
+                       "moves to its newest allowed version (no file changes when nothing did)",
             "upgrade_package": "move this one pin to its newest allowed version (repeatable)",
             "python": "interpreter of the profile's Python version to resolve with",
             "conda": "conda/mamba/micromamba executable for conda-lock",
@@ -67,17 +70,27 @@ def megatron(c, profile=None, prefix=None):
             "pypi_to_conda_lookup_file": "local name-mapping file for conda-lock's pip section"},
       iterable=["upgrade_package", "channel"])
 def lock(c, profile=None, check=False, upgrade_package=None, python=None, conda=None,
-         channel=None, pypi_to_conda_lookup_file=None, resolve=False):
+         channel=None, pypi_to_conda_lookup_file=None, resolve=False, refresh=False):
     """Resolve a profile into hashed locks (requirements.lock, environment.yml, conda-lock.yml)."""
     _done(commands.lock(profile, check, upgrade_package, python, conda, channel,
-                        pypi_to_conda_lookup_file, resolve))
+                        pypi_to_conda_lookup_file, resolve, refresh))
 
 
 @task(name="lock-diff",
-      help={"base": "git revision to compare with (default: merge base with main)"})
-def lock_diff(c, base=None):
-    """Markdown table of package changes between the locks at BASE and the working tree."""
-    _done(commands.lock_diff(base))
+      help={"base": "git revision to compare with (default: merge base with main)",
+            "markdown": "print the markdown body of a pull request (the default)",
+            "json": "print the stable JSON document instead (docs/locks.md)",
+            "profile": "this profile only (default: every profile)",
+            "offline": "do not read the package index: sizes and yanked flags left out",
+            "index_url": "the index to read sizes and yanked flags from (default: the "
+                         "installer's: uv's, then pip's configuration)"})
+def lock_diff(c, base=None, markdown=False, json=False, profile=None, offline=False,
+              index_url=None):
+    """What the lock changes do: packages moved, download size, yanked files, kernel rebuilds."""
+    if markdown and json:
+        commands.output.error("--markdown and --json both given", "pass one of them")
+        raise Exit(code=2)
+    _done(commands.lock_diff(base, json, profile, offline, index_url))
 
 
 @task(help={"profile": "profile name (default: the default profile)",

@@ -112,8 +112,9 @@ def verify(name: str, args: list[str]) -> int:
 @guarded
 def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str] | None = None,
          python: str | None = None, conda: str | None = None, channels: list[str] | None = None,
-         lookup: str | None = None, resolve: bool = False) -> int:
-    """Write (or with check=True, verify) the locks of one profile, or of all with check."""
+         lookup: str | None = None, resolve: bool = False, refresh: bool = False) -> int:
+    """Write (or with check=True, verify) the locks of one profile, or of all with check;
+    refresh=True re-resolves without the old pins, every profile unless one is named."""
     from megatron_env.pyenv import lock as lock_mod
 
     if check:
@@ -129,22 +130,44 @@ def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str
         output.summary(f"fresh locks of {len(profs)} profile(s) match their inputs"
                        + (" and a new resolution" if resolve else ""), "fresh")
         return 0
-    prof = profile.load(profile_name)
-    env_file = prof.dir / lock_mod.ENV_FILE
-    env_file.write_text(lock_mod.environment_yml(prof))
-    res = lock_mod.compile_lock(prof, python=python, upgrade=upgrade)
-    lock_mod.conda_lock(prof, solver=conda, lookup=Path(lookup) if lookup else None,
-                        channels=channels)
-    output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
-                   f"{res.path.relative_to(REPO_ROOT)}")
+    if refresh and upgrade:
+        raise UserError("--refresh moves every package; --upgrade-package moves one",
+                        fix="pass one of them")
+    profs = ([profile.load(profile_name)] if profile_name or not refresh
+             else profile.load_all())
+    moved = []
+    for prof in profs:
+        env_file = prof.dir / lock_mod.ENV_FILE
+        if not env_file.exists() or env_file.read_text() != lock_mod.environment_yml(prof):
+            env_file.write_text(lock_mod.environment_yml(prof))
+        res = lock_mod.compile_lock(prof, python=python, upgrade=upgrade, refresh=refresh)
+        lock_mod.conda_lock(prof, solver=conda, lookup=Path(lookup) if lookup else None,
+                            channels=channels)
+        moved += [prof.name] if res.changed else []
+        output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
+                       f"{res.path.relative_to(REPO_ROOT)}"
+                       + ("" if res.changed else " (unchanged)"))
+    if refresh and len(profs) > 1:
+        output.summary(f"refreshed {len(profs)} profiles: "
+                       + (f"{', '.join(moved)} moved" if moved else "nothing moved"))
     return 0
 
 
 @guarded
-def lock_diff(base: str | None = None) -> int:
-    from megatron_env.pyenv import lockdiff
+def lock_diff(base: str | None = None, as_json: bool = False, profile_name: str | None = None,
+              offline: bool = False, index_url: str | None = None) -> int:
+    """What the lock change does, per profile (lockdiff's report), as markdown or JSON."""
+    import json
 
-    output.result(lockdiff.markdown(lockdiff.diff_all(base)))
+    from megatron_env.kernels import build as build_mod
+    from megatron_env.pyenv import lockdiff, simple
+
+    if profile_name:
+        profile.load(profile_name)  # an unknown name: one clear line
+    report = lockdiff.report(base, profile_name, index_url=None if offline else
+                             (index_url or simple.index_url()),
+                             kernel_keys=build_mod.static_key_docs)
+    output.result(json.dumps(report, indent=2) if as_json else lockdiff.markdown(report))
     return 0
 
 
