@@ -133,41 +133,29 @@ def lock(profile_name: str | None = None, check: bool = False, upgrade: list[str
     if refresh and upgrade:
         raise UserError("--refresh moves every package; --upgrade-package moves one",
                         fix="pass one of them")
-    profs = ([profile.load(profile_name)] if profile_name or not refresh
-             else profile.load_all())
-    moved = []
+    profs = [profile.load(profile_name)] if profile_name or not refresh else profile.load_all()
     for prof in profs:
-        env_file = prof.dir / lock_mod.ENV_FILE
-        if not env_file.exists() or env_file.read_text() != lock_mod.environment_yml(prof):
-            env_file.write_text(lock_mod.environment_yml(prof))
+        lock_mod.write_environment_yml(prof)
         res = lock_mod.compile_lock(prof, python=python, upgrade=upgrade, refresh=refresh)
         lock_mod.conda_lock(prof, solver=conda, lookup=Path(lookup) if lookup else None,
                             channels=channels)
-        moved += [prof.name] if res.changed else []
         output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
-                       f"{res.path.relative_to(REPO_ROOT)}"
-                       + ("" if res.changed else " (unchanged)"))
-    if refresh and len(profs) > 1:
-        output.summary(f"refreshed {len(profs)} profiles: "
-                       + (f"{', '.join(moved)} moved" if moved else "nothing moved"))
+                       f"{res.path.relative_to(REPO_ROOT)}" + " (unchanged)" * (not res.changed))
     return 0
 
 
 @guarded
 def lock_diff(base: str | None = None, as_json: bool = False, profile_name: str | None = None,
               offline: bool = False, index_url: str | None = None) -> int:
-    """What the lock change does, per profile (lockdiff's report), as markdown or JSON."""
-    import json
-
+    """What the lock change does, per profile (lockdiff.report), as markdown or JSON."""
     from megatron_env.kernels import build as build_mod
     from megatron_env.pyenv import lockdiff, simple
 
     if profile_name:
         profile.load(profile_name)  # an unknown name: one clear line
-    report = lockdiff.report(base, profile_name, index_url=None if offline else
-                             (index_url or simple.index_url()),
-                             kernel_keys=build_mod.static_key_docs)
-    output.result(json.dumps(report, indent=2) if as_json else lockdiff.markdown(report))
+    report = lockdiff.report(base, profile_name, kernel_keys=build_mod.static_key_docs,
+                             index_url=None if offline else index_url or simple.index_url())
+    output.result(lockdiff.render(report, as_json))
     return 0
 
 

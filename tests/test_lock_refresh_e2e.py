@@ -333,6 +333,11 @@ def test_kernel_keys_torch_and_megatron_moves_are_named(tmp_path, index):
     offline = ok(run(work, index, "lock-diff", "--base", "origin/main", "--json", "--offline"))
     doc = json.loads(offline.stdout)
     assert doc["index_read"] is False and doc["profiles"][0]["size_after"] is None
+    # an index that cannot be read: one warning line (no credentials in it), the rest holds
+    gone = ok(run(work, index, "lock-diff", "--base", "origin/main", "--json", "--index-url",
+                  "http://u:secret@127.0.0.1:9/simple"))
+    assert json.loads(gone.stdout)["profiles"][0]["kernels"] == prof["kernels"]
+    assert "could not be read" in gone.stderr and "secret" not in gone.stderr + gone.stdout
 
 
 def test_bad_input_is_one_line(tmp_path, index):

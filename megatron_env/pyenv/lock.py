@@ -70,6 +70,13 @@ def environment_yml(profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_environment_yml(profile: Profile) -> None:
+    """envs/<name>/environment.yml, written only when it changes (a refresh touches nothing)."""
+    path, text = profile.dir / ENV_FILE, environment_yml(profile)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
 def inputs_digest(profile: Profile) -> str:
     doc = {"format": FORMAT, "python": profile.python, "platform": PLATFORM,
            "requirements": requirements(profile), "constraints": constraints(profile)}

@@ -13,6 +13,7 @@ yanked flags are null and the rest still holds.
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 import tarfile
@@ -297,6 +298,10 @@ def _signed(n: int) -> str:
 
 def quiet(p: dict) -> bool:
     return not (p["changes"] or p["yanked"] or p["kernels"] or p["megatron"]["moved"])
+
+
+def render(rep: dict, as_json: bool) -> str:
+    return json.dumps(rep, indent=2) if as_json else markdown(rep)
 
 
 def markdown(rep: dict) -> str:
