@@ -289,7 +289,7 @@ def report(base: str | None, only: str | None = None, *, index_url: str | None,
 
 
 def mb(n: int | None) -> str:
-    return "?" if n is None else f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} kB"
+    return "?" if n is None else f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:,.1f} kB"
 
 
 def _signed(n: int) -> str:
