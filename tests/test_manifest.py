@@ -21,7 +21,7 @@ def small_env(tmp_path, monkeypatch):
     a cache of its own: one test here damages a cache entry, the shared cache must not see it."""
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
     lockfile = tmp_path / "requirements.lock"
-    full = (profile.load("core_v0.4.0-cu121").dir / profile.LOCK_FILE).read_text()
+    full = profile.load("core_v0.4.0-cu121").lock_file.read_text()
     lockfile.write_text(lock.subset(full, PINS))
     venv = tmp_path / "venv"
     r = env.proc.run([uv.exe(), "venv", "-q", "--python", sys.executable, venv],

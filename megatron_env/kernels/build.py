@@ -191,6 +191,27 @@ def max_jobs(gb_per_job: float, parallel_var: str = "") -> Jobs:
                            os.environ)
 
 
+def cache_key_doc(pkg: Package, series: list[Path], torch: str, cuda: str, python_tag: str,
+                  abi: object, archs: list[str]) -> dict:
+    """What a build's cache key is made of: one definition for the build and for lock-diff."""
+    return {"source": pkg.source.digest, "patches": digest.of_files(series),
+            "torch": torch, "cuda": cuda, "python": python_tag, "cxx11_abi": abi,
+            "archs": sorted(archs) if pkg.cuda else [],
+            "switches": pkg.switches, "build_options": list(pkg.build_options)}
+
+
+def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str, dict]:
+    """recipe -> its cache key document as far as it is known without an environment: torch is
+    the lock's pin (the installed one adds a local tag such as +cu130), CUDA the profile's, the
+    Python tag from the profile, the C++ ABI left out (torch decides it at run time). Two of
+    these differ exactly when a build's real key will (lock-diff: which kernels every node
+    rebuilds)."""
+    tag = "cpython-" + profile.python.replace(".", "")  # sys.implementation.cache_tag
+    return {name: cache_key_doc(pkg, patches.series(name, pkg.pin, patch_root), torch,
+                                profile.cuda, tag, None, profile.archs)
+            for name, pkg in packages(profile).items()}
+
+
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
          facts: dict | None = None) -> Plan:
     """`facts`: probe.torch_facts(python) when the caller has them already (one torch import)."""
@@ -210,10 +231,8 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
         build_env[pkg.parallel_var] = str(derived.extensions)
     if not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
-    key_doc = {"source": pkg.source.digest, "patches": digest.of_files(series),
-               "torch": facts["torch"], "cuda": facts["cuda"], "python": facts["tag"],
-               "cxx11_abi": facts["abi"], "archs": sorted(archs) if pkg.cuda else [],
-               "switches": pkg.switches, "build_options": list(pkg.build_options)}
+    key_doc = cache_key_doc(pkg, series, facts["torch"], facts["cuda"], facts["tag"],
+                            facts["abi"], archs)
     key = digest.hexpart(digest.of(key_doc), 32)
     return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
 

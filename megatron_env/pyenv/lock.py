@@ -7,6 +7,9 @@ pins and the constraints derived from them), so `invoke lock --check` can tell a
 a fresh one without the network; and a digest of its body, with a short digest per package in
 its footer (the seal), so a pin or a hash edited by hand fails the same check, naming the
 package. `invoke lock --check --resolve` goes further: it resolves again and compares.
+`invoke lock --refresh` resolves without the old pins: every package the profile does not pin
+moves to its newest allowed version; torch, the profile's own pins and the CUDA constraints stay,
+because they are inputs, not pins of the old lock.
 
 Derived, never written by hand:
 - the requirements: torch from [torch], the rest from [requirements];
@@ -62,6 +65,13 @@ def environment_yml(profile: Profile) -> str:
     lines += ["dependencies:", f"  - python={profile.python}"]
     lines += [f"  - {p}" for p in conda["packages"]]
     return "\n".join(lines) + "\n"
+
+
+def write_environment_yml(profile: Profile) -> None:
+    """envs/<name>/environment.yml, written only when it changes (a refresh touches nothing)."""
+    path, text = profile.env_file, environment_yml(profile)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
 
 
 def inputs_digest(profile: Profile) -> str:
@@ -196,12 +206,15 @@ class LockResult:
     python: str
     where: str
     packages: int
+    changed: bool = True  # False: the resolution gave the bytes already on disk (file untouched)
 
 
 def _resolve(profile: Profile, exe: str, seed: Path | None,
-             upgrade: list[str] | None = None, pinned: dict[str, str] | None = None) -> str:
+             upgrade: list[str] | None = None, pinned: dict[str, str] | None = None,
+             fresh_index: bool = False) -> str:
     """uv's hashed resolution of the profile (the pins of `seed`, a lock, kept unless upgraded;
-    `pinned` versions as constraints: their hashes then come from the index, not from a seed)."""
+    `pinned` versions as constraints: their hashes then come from the index, not from a seed).
+    `fresh_index`: revalidate uv's cached index pages, so a release made minutes ago is seen."""
     with tempfile.TemporaryDirectory(prefix="megatron-env-lock-") as tmp:
         t = Path(tmp)
         (t / "requirements.in").write_text("\n".join(requirements(profile)) + "\n")
@@ -216,6 +229,8 @@ def _resolve(profile: Profile, exe: str, seed: Path | None,
                 "--no-annotate", "-o", out, "--quiet"]
         for name in upgrade or []:
             argv += ["--upgrade-package", name]
+        if fresh_index:
+            argv.append("--refresh")
         r = proc.run(argv, env=uv.env(), timeout=1800)
         if not r.ok:
             raise UserError(f"uv could not resolve profile {profile.name}:\n{r.tail(15)}",
@@ -225,16 +240,23 @@ def _resolve(profile: Profile, exe: str, seed: Path | None,
 
 
 def compile_lock(profile: Profile, *, python: str | None = None,
-                 upgrade: list[str] | None = None, echo=output.status) -> LockResult:
-    """Resolve the profile into envs/<name>/requirements.lock (kept pins stay unless upgraded)."""
+                 upgrade: list[str] | None = None, refresh: bool = False,
+                 echo=output.status) -> LockResult:
+    """Resolve the profile into envs/<name>/requirements.lock (kept pins stay unless upgraded;
+    `refresh`: no pin of the old lock is kept). The file is rewritten only when its bytes change,
+    so a refresh with nothing new leaves it untouched (idempotent, no spurious diff)."""
     exe, where = find_python(profile.python, python)
-    echo(f"Resolving {profile.name} for Python {profile.python} with {exe} (found on {where})")
+    how = "Refreshing" if refresh else "Resolving"
+    echo(f"{how} {profile.name} for Python {profile.python} with {exe} (found on {where})")
     target = profile.lock_file
-    body = _resolve(profile, exe, target, upgrade)
-    tmp_target = target.with_suffix(".lock.tmp")
-    tmp_target.write_text(seal(profile, body))
-    os.replace(tmp_target, target)  # a reader never sees half a lock
-    return LockResult(target, exe, where, len(parse_lock(target.read_text())))
+    body = _resolve(profile, exe, None if refresh else target, upgrade, fresh_index=refresh)
+    text = seal(profile, body)
+    changed = not target.exists() or target.read_text() != text
+    if changed:
+        tmp_target = target.with_suffix(".lock.tmp")
+        tmp_target.write_text(text)
+        os.replace(tmp_target, target)  # a reader never sees half a lock
+    return LockResult(target, exe, where, len(parse_lock(text)), changed)
 
 
 def resolve_check(profile: Profile, python: str | None = None,

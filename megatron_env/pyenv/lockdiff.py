@@ -1,14 +1,50 @@
-"""What a lock change does: added, removed, upgraded and downgraded packages between a git
-revision and the working tree, as the markdown body of a lock-update pull request."""
+"""What a lock change does, per profile, between a git revision and the working tree: the body
+of a lock-update pull request, as markdown or as a stable JSON document (docs/locks.md).
+
+Per profile: packages added, removed, upgraded and downgraded (major-version jumps flagged); the
+download each node makes before and after (per package the one file an installer picks for linux
+x86_64 and the profile's Python: the best-ranked wheel among the lock's hashed files, else the
+sdist; sizes from the index's simple API); locked files the index has yanked (PEP 592); kernel
+builds whose cache key changes (every node rebuilds them); whether Megatron's commit moved.
+The index is read, never named in the output; without it (--offline, unreachable) sizes and
+yanked flags are null and the rest still holds.
+"""
 
 from __future__ import annotations
 
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from packaging import tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from megatron_env import REPO_ROOT, proc
+from megatron_env import REPO_ROOT, output, proc
 from megatron_env.errors import UserError
-from megatron_env.profile import LOCK_FILE
-from megatron_env.pyenv.lock import parse_lock
+from megatron_env.profile import LOCK_FILE, PROFILE_FILE, Profile, load_file
+from megatron_env.pyenv import simple
+from megatron_env.pyenv.lock import WHEEL_PLATFORMS, parse_hashes, parse_lock
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+FORMAT = 1
+SIZE_BASIS = ("per package the file a linux x86_64 node downloads: the best-ranked wheel for "
+              "the profile's Python (manylinux_2_28 and older) among the lock's hashed files, "
+              "else its sdist; sizes from the package index")
+NO_CHANGES = "No lock changes."
+# profile, torch pin, patches root -> recipe -> cache key document (kernels.build.static_key_docs)
+KeyDocs = Callable[[Profile, str, Path], dict[str, dict]]
 
 
 def _git(*args: str) -> proc.Result:
@@ -33,6 +69,15 @@ def change(old: str | None, new: str | None) -> str:
         return "changed"
 
 
+def major(old: str | None, new: str | None) -> bool:
+    """A major-version jump (for 0.x versions, the minor number is the major one)."""
+    try:
+        a, b = Version(old or ""), Version(new or "")
+    except InvalidVersion:
+        return False
+    return a.major != b.major or (a.major == 0 and a.minor != b.minor)
+
+
 def diff(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str, str]]:
     rows = []
     for name in sorted(set(old) | set(new)):
@@ -42,25 +87,265 @@ def diff(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str, 
     return rows
 
 
-def diff_all(base: str | None) -> dict[str, list[tuple[str, str, str, str]]]:
-    base = base or default_base()
-    if not _git("rev-parse", "--verify", f"{base}^{{commit}}").ok:
-        raise UserError(f"{base!r} is not a git revision here", fix="pass --base REF")
+@contextmanager
+def tree_at(base: str) -> Iterator[Path]:
+    """envs/ and patches/ as they were at `base`, in a temporary directory."""
+    listed = _git("ls-tree", "--name-only", base, "--", "envs", "patches")
+    with tempfile.TemporaryDirectory(prefix="megatron-env-lockdiff-") as tmp:
+        paths = listed.stdout.split()
+        if paths:
+            r = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", base,
+                                "--", *paths], capture_output=True, timeout=120)
+            if r.returncode:
+                raise UserError(f"git archive {base}: {r.stderr.decode(errors='replace')[-200:]}",
+                                fix="pass --base REF naming a commit of this repository")
+            with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tar:
+                tar.extractall(tmp, filter="data")
+        yield Path(tmp)
+
+
+# --- what a node downloads, and what the index yanked ---------------------------------------
+
+
+def _ranks(python: str) -> dict[tags.Tag, int]:
+    """Wheel tags a linux x86_64 CPython `python` runs, best first (pip's order)."""
+    v = tuple(int(x) for x in python.split("."))
+    order = [*tags.cpython_tags(v, platforms=WHEEL_PLATFORMS),
+             *tags.compatible_tags(v, interpreter=f"cp{v[0]}{v[1]}", platforms=WHEEL_PLATFORMS)]
+    return {t: i for i, t in reversed(list(enumerate(order)))}
+
+
+def pick(found: list[simple.IndexFile], hashes: set[str], python: str) -> simple.IndexFile | None:
+    """The file of a locked package a node fetches: the best-ranked compatible wheel whose hash
+    the lock allows, else such an sdist."""
+    ranks, best, sdist = _ranks(python), None, None
+    for f in found:
+        if f.sha256 not in hashes:
+            continue
+        if f.name.endswith(".whl"):
+            try:
+                rank = min((ranks[t] for t in parse_wheel_filename(f.name)[3] if t in ranks),
+                           default=None)
+            except InvalidWheelFilename:
+                continue
+            if rank is not None and (best is None or rank < best[0]):
+                best = (rank, f)
+        elif f.name.endswith((".tar.gz", ".zip")):
+            sdist = f
+    return best[1] if best else sdist
+
+
+def read_index(names: set[str], index: str | None) -> dict[str, list[simple.IndexFile] | None]:
+    """name -> the index's files for it (None: not read), eight requests at a time."""
+    if index is None:
+        return dict.fromkeys(names)
+
+    def one(name: str) -> list[simple.IndexFile] | None:
+        try:
+            return simple.files(name, index)
+        except (OSError, ValueError):
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        got = dict(zip(sorted(names), pool.map(one, sorted(names)), strict=True))
+    if names and all(v is None for v in got.values()):
+        output.warning(f"the package index {simple.shown(index)} could not be read: sizes and "
+                       "yanked flags are left out (pass --index-url URL, or --offline)")
+    return got
+
+
+def facts(text: str, python: str, pages: dict[str, list[simple.IndexFile] | None]
+          ) -> dict[str, tuple[int | None, str | None]]:
+    """name -> (download size, yanked reason or None) of a lock's packages."""
+    hashes = parse_hashes(text)
+    chosen = {n: pick(pages.get(n) or [], h, python) for n, h in hashes.items()}
+    with ThreadPoolExecutor(8) as pool:
+        sizes = dict(zip(chosen, pool.map(lambda f: f and simple.size(f), chosen.values()),
+                         strict=True))
     out = {}
-    for path in sorted((REPO_ROOT / "envs").glob(f"*/{LOCK_FILE}")):
-        rel = path.relative_to(REPO_ROOT).as_posix()
-        r = _git("show", f"{base}:{rel}")
-        old = parse_lock(r.stdout) if r.ok else {}
-        out[rel] = diff(old, parse_lock(path.read_text()))
+    for name, h in hashes.items():
+        yanked = [f.yanked for f in pages.get(name) or [] if f.sha256 in h and f.yanked is not None]
+        out[name] = (sizes[name], yanked[0] if yanked else None)
     return out
 
 
-def markdown(changes: dict[str, list[tuple[str, str, str, str]]]) -> str:
+# --- the report ----------------------------------------------------------------------------
+
+
+def _load(path: Path) -> Profile | None:
+    try:
+        return load_file(path) if path.exists() else None
+    except UserError:  # a profile the current schema no longer reads: its keys are unknown
+        return None
+
+
+def _megatron(path: Path) -> str | None:
+    try:
+        return tomllib.loads(path.read_text())["megatron"]["commit"]
+    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _recipe_code_moved(base: str) -> set[str]:
+    """Recipes whose module (or the shared recipe.py) differs at `base`: their switches and build
+    options, read from the working tree's code for both sides, may differ too."""
+    r = _git("diff", "--name-only", base, "--", "megatron_env/recipes")
+    moved = {Path(p).stem for p in r.stdout.split()} if r.ok else set()
+    return {n for n in _recipe_names() if "recipe" in moved or n.replace("-", "_") in moved}
+
+
+def _recipe_names() -> list[str]:
+    from megatron_env import recipes
+
+    return list(recipes.declared())
+
+
+def kernel_changes(old: dict[str, dict] | None, new: dict[str, dict],
+                   code_moved: set[str]) -> list[dict]:
+    """Recipes whose cache key differs: which inputs moved (a rebuild on every node)."""
+    out = []
+    for name in sorted(set(old or {}) | set(new)):
+        if old is None:
+            out.append({"recipe": name, "status": "unknown",
+                        "inputs": ["the base's profile.toml does not load here"]})
+        elif name not in old or name not in new:
+            out.append({"recipe": name, "status": "added" if name in new else "removed",
+                        "inputs": []})
+        else:
+            inputs = sorted(k for k in new[name] if old[name].get(k) != new[name][k])
+            inputs += ["recipe code"] if name in code_moved else []
+            if inputs:
+                out.append({"recipe": name, "status": "new key", "inputs": inputs})
+    return out
+
+
+def _profile_report(name: str, base_root: Path, pages: dict, texts: tuple[str | None, str | None],
+                    key_docs: KeyDocs | None, code_moved: set[str]) -> dict:
+    old_text, new_text = texts
+    old, new = parse_lock(old_text or ""), parse_lock(new_text or "")
+    head_prof = _load(REPO_ROOT / "envs" / name / PROFILE_FILE)
+    base_prof = _load(base_root / "envs" / name / PROFILE_FILE)
+    python = (head_prof or base_prof).python if (head_prof or base_prof) else "3.12"
+    before = facts(old_text or "", base_prof.python if base_prof else python, pages)
+    after = facts(new_text or "", python, pages)
+    changes = []
+    for pkg, kind, a, b in diff(old, new):
+        changes.append({"name": pkg, "change": kind, "old": a or None, "new": b or None,
+                        "major": kind in ("upgraded", "downgraded") and major(a, b),
+                        "yanked": after.get(pkg, (None, None))[1],
+                        "size_old": before.get(pkg, (None, None))[0],
+                        "size_new": after.get(pkg, (None, None))[0]})
+    read = any(pages.get(n) is not None for n in set(old) | set(new))
+    kernels: list[dict] = []
+    if key_docs and head_prof:
+        new_docs = key_docs(head_prof, new.get("torch", head_prof.torch), REPO_ROOT / "patches")
+        old_docs = (key_docs(base_prof, old.get("torch", base_prof.torch), base_root / "patches")
+                    if base_prof else None if (base_root / "envs" / name).exists() else {})
+        kernels = kernel_changes(old_docs, new_docs, code_moved)
+    m_old = _megatron(base_root / "envs" / name / PROFILE_FILE)
+    m_new = _megatron(REPO_ROOT / "envs" / name / PROFILE_FILE)
+    return {
+        "profile": name, "lock": f"envs/{name}/{LOCK_FILE}", "changes": changes,
+        "size_before": _total(before) if read else None,
+        "size_after": _total(after) if read else None,
+        "size_unknown": sorted(f"{n}=={new[n]}" for n, (s, _y) in after.items()
+                               if s is None) if read else [],
+        "yanked": [{"name": n, "version": new[n], "reason": y}
+                   for n, (_s, y) in sorted(after.items()) if y is not None],
+        "kernels": kernels,
+        "megatron": {"old": m_old, "new": m_new, "moved": m_old != m_new},
+    }
+
+
+def _total(f: dict[str, tuple[int | None, str | None]]) -> int:
+    return sum(s for s, _y in f.values() if s is not None)
+
+
+def report(base: str | None, only: str | None = None, *, index_url: str | None,
+           kernel_keys: KeyDocs | None = None) -> dict:
+    """The lock-diff document (format 1: docs/locks.md) for every profile, or `only` one."""
+    base = base or default_base()
+    commit = _git("rev-parse", "--verify", f"{base}^{{commit}}")
+    if not commit.ok:
+        raise UserError(f"{base!r} is not a git revision here", fix="pass --base REF")
+    with tree_at(base) as root:
+        names = sorted({p.parent.name for r in (root, REPO_ROOT)
+                        for p in (r / "envs").glob(f"*/{LOCK_FILE}")})
+        names = [n for n in names if only in (None, n)]
+        texts = {n: tuple(p.read_text() if p.exists() else None
+                          for p in (root / "envs" / n / LOCK_FILE,
+                                    REPO_ROOT / "envs" / n / LOCK_FILE)) for n in names}
+        pages = read_index({p for t in texts.values() for x in t if x for p in parse_lock(x)},
+                           index_url)
+        code_moved = _recipe_code_moved(base) if kernel_keys else set()
+        profiles = [_profile_report(n, root, pages, texts[n], kernel_keys, code_moved)
+                    for n in names]
+    return {"format": FORMAT, "base": base, "base_commit": commit.stdout.strip(),
+            "index_read": any(v is not None for v in pages.values()),
+            "size_basis": SIZE_BASIS, "profiles": profiles}
+
+
+# --- markdown --------------------------------------------------------------------------------
+
+
+def mb(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1e6:,.1f} MB" if n >= 1e6 else f"{n / 1e3:,.1f} kB"
+
+
+def _signed(n: int) -> str:
+    return ("+" if n >= 0 else "−") + mb(abs(n))
+
+
+def quiet(p: dict) -> bool:
+    return not (p["changes"] or p["yanked"] or p["kernels"] or p["megatron"]["moved"])
+
+
+def render(rep: dict, as_json: bool) -> str:
+    return json.dumps(rep, indent=2) if as_json else markdown(rep)
+
+
+def markdown(rep: dict) -> str:
     parts = []
-    for path, rows in changes.items():
-        if not rows:
+    for p in rep["profiles"]:
+        if quiet(p):
             continue
-        parts.append(f"### {path}\n\n| package | change | old | new |\n|---|---|---|---|")
-        parts += [f"| {n} | {c} | {a} | {b} |" for n, c, a, b in rows]
+        counts: dict[str, int] = {}
+        for c in p["changes"]:
+            counts[c["change"]] = counts.get(c["change"], 0) + 1
+        line = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no package moved"
+        if p["size_before"] is not None and p["size_before"] == p["size_after"]:
+            line += f"; download per node {mb(p['size_after'])} (unchanged)"
+        elif p["size_before"] is not None:
+            line += (f"; download per node {mb(p['size_before'])} → {mb(p['size_after'])} "
+                     f"({_signed(p['size_after'] - p['size_before'])})")
+        parts.append(f"### {p['profile']} (`{p['lock']}`)\n\n{line}\n")
+        if p["changes"]:
+            parts.append("| package | change | old | new | size old | size new | flags |\n"
+                         "|---|---|---|---|---|---|---|")
+            for c in p["changes"]:
+                flags = (["**major**"] if c["major"] else []) + (
+                    [f"**yanked**: {c['yanked'] or 'no reason given'}"]
+                    if c["yanked"] is not None else [])
+                sizes = [mb(c["size_old"]) if c["old"] else "", mb(c["size_new"]) if c["new"]
+                         else ""] if p["size_before"] is not None else ["", ""]
+                parts.append(f"| {c['name']} | {c['change']} | {c['old'] or ''} | "
+                             f"{c['new'] or ''} | {sizes[0]} | {sizes[1]} | {' '.join(flags)} |")
+            parts.append("")
+        for y in (y for y in p["yanked"] if y["name"] not in {c["name"] for c in p["changes"]}):
+            parts.append(f"- **yanked** on the index: {y['name']}=={y['version']} "
+                         f"({y['reason'] or 'no reason given'})")
+        for k in p["kernels"]:
+            why = f" ({', '.join(k['inputs'])})" if k["inputs"] else ""
+            then = ("no longer built" if k["status"] == "removed" else
+                    "every node builds it again (or takes it from the shared build cache)")
+            parts.append(f"- kernel build **{k['recipe']}**: {k['status']}{why}: {then}")
+        m = p["megatron"]
+        if m["moved"]:
+            parts.append(f"- Megatron-LM commit moved: {(m['old'] or 'none')[:12]} → "
+                         f"{(m['new'] or 'none')[:12]}")
         parts.append("")
-    return "\n".join(parts) if parts else "No lock changes."
+    if not parts:
+        return NO_CHANGES
+    if not rep["index_read"]:
+        parts.append("_Sizes and yanked flags unknown: the package index was not read._")
+    return "\n".join(parts).rstrip() + "\n"
