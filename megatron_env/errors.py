@@ -9,14 +9,17 @@ from __future__ import annotations
 
 
 class UserError(Exception):
-    """A problem the user can fix: `message` says what, `fix` says how."""
+    """A problem the user can fix: `message` says what, `fix` says how, `kind` names the problem
+    for code (a stable id such as "profile.invalid" or "source.sha256"; the wording of `message`
+    may change, the kind does not: callers and tests decide by it)."""
 
     exit_code = 2
 
-    def __init__(self, message: str, fix: str = "") -> None:
+    def __init__(self, message: str, fix: str = "", *, kind: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix
+        self.kind = kind
 
     def __str__(self) -> str:
         return f"{self.message}\n  hint: {self.fix}" if self.fix else self.message
