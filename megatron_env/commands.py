@@ -80,12 +80,13 @@ def setup(profile_name: str | None = None, prefix: str | None = None, dry_run: b
     from megatron_env.pyenv import env as env_mod
     from megatron_env.setup import pipeline
 
-    profile_name = _use_bundle(bundle, profile_name, adopt, None if no_builds else "all")
-    prof = profile.load(profile_name)
+    b = _use_bundle(bundle, profile_name, adopt, None if no_builds else "all",
+                    "--adopt PYTHON")
+    prof = b.profile if b else profile.load(profile_name)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else
                            env_mod.default_prefix(prof),
                            adopt=Path(adopt).absolute() if adopt else None,
-                           no_builds=no_builds, deep=deep)
+                           no_builds=no_builds, deep=deep, bundle=b)
     t0 = time.monotonic()
     rows, ok = pipeline.run(ctx, only=only, start=start, dry_run=dry_run)
     if ctx.findings and not only:
@@ -158,9 +159,11 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
 
     from megatron_env.pyenv import env as env_mod
 
-    profile_name = _use_bundle(bundle, profile_name,
-                               (python or sys.executable) if adopt else python, None)
-    prof = profile.load(profile_name)
+    b = _use_bundle(bundle, profile_name, (python or sys.executable) if adopt else python,
+                    None, "--adopt --python PYTHON")
+    prof = b.profile if b else profile.load(profile_name)
+    if b:
+        find_links, no_index = [*(find_links or []), *b.find_links], True
     if adopt:
         v = env_mod.adopt(prof, python, install_missing, find_links, no_index)
         f = v.facts
@@ -173,7 +176,7 @@ def env(profile_name: str | None = None, prefix: str | None = None, python: str 
         return 0 if v.ok else 1
     summary = env_mod.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
                             use_conda=use_conda, find_links=find_links, no_index=no_index,
-                            deep=deep)
+                            deep=deep, conda_lock=b.conda_lock if b else None)
     output.summary(f"env {summary.line()}")
     return 0
 
@@ -196,19 +199,20 @@ def build(which: str = "all", profile_name: str | None = None, prefix: str | Non
     from megatron_env.kernels import build as build_mod
     from megatron_env.pyenv import probe
 
-    if cache_dir:
-        os.environ[build_mod.CACHE_DIR_ENV] = cache_dir
+    cache = Path(cache_dir).absolute() if cache_dir else None
+    b = None
     if bundle:  # the environment to build for must be the bundle's Python
         name = _bundle_profile(bundle, profile_name)
-        profile_name = _use_bundle(bundle, name,
-                                   str(_interpreter(profile.load(name), prefix, python)), which)
-    prof = profile.load(profile_name)
+        b = _use_bundle(bundle, name, str(_interpreter(profile.load(name), prefix, python)),
+                        which, "--python PYTHON", build_cache=cache)
+    prof = b.profile if b else profile.load(profile_name)
     py = _interpreter(prof, prefix, python)
     archs = (probe.native_archs(py) if arch == "native" else
              arch.split(",") if arch else prof.archs)
     chosen = build_mod.selected(prof, which, archs)
     for pkg in chosen:
-        res = build_mod.build_and_install(pkg, py, archs, dry_run=dry_run)
+        res = build_mod.build_and_install(pkg, py, archs, dry_run=dry_run,
+                                          given=b.given if b else None, cache=cache)
         if isinstance(res, build_mod.Result):
             how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
             output.summary(f"{pkg.name}: {how}, installed and verified "
@@ -401,16 +405,20 @@ def _bundle_profile(bundle: list[str], profile_name: str | None) -> str:
     return profile_name or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
 
 
-def _use_bundle(bundle: list[str] | None, profile_name: str | None,
-                python: str | None, builds: str | None) -> str | None:
-    """With --bundle: check it and point the chain at it (nothing else is reached); `builds`:
-    the kernel package to be built (`all`, a name, None)."""
+def _use_bundle(bundle: list[str] | None, profile_name: str | None, python: str | None,
+                builds: str | None, adopt_flag: str, build_cache: Path | None = None):
+    """With --bundle: check it; -> the `Bundle` value the command passes down (None without).
+    `builds`: the kernel package to be built (`all`, a name, None); `adopt_flag`: how this
+    command takes an existing interpreter. uv and pip, the child processes, are told through
+    their own variables (the only ones set: nothing in this process reads them)."""
     if not bundle:
-        return profile_name
+        return None
     from megatron_env.bundle import offline
 
-    name, _root = offline.use(bundle, profile_name, python, builds)
-    return name
+    b = offline.use(bundle, profile_name, python, builds, adopt_flag=adopt_flag,
+                    build_cache=build_cache)
+    os.environ.update(b.child_env())
+    return b
 
 
 @guarded

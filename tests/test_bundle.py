@@ -20,6 +20,7 @@ from megatron_env.kernels import build
 from megatron_env.pyenv import lock
 from megatron_env.recipes import recipe
 from megatron_env.sources import patches, repos
+from megatron_env.sources.given import Given
 
 from . import test_setup
 from .test_setup import PATCH, PROFILE, git, statuses
@@ -42,13 +43,13 @@ offline = pytest.mark.skipif(not shutil.which("unshare") or not _no_network_poss
 def toolhouse(tmp_path_factory):
     """The tool's runtime dependencies and build backend as wheels for the default profile's
     Python: with the lock's wheelhouse, every package the bundle needs, from local files."""
-    from megatron_env.bundle import make
+    from megatron_env.bundle import tool
 
     house = tmp_path_factory.mktemp("toolhouse")
     py = profile.load(PROFILE).python
     argv = [sys.executable, "-m", "pip", "download", "-q", "-d", house, "--python-version", py,
             "--implementation", "cp", "--only-binary=:all:", "--no-deps",
-            *make.tool_pins(ROOT / "pyproject.toml", py)]
+            *tool.tool_pins(ROOT / "pyproject.toml", py)]
     for plat in lock.WHEEL_PLATFORMS:
         argv += ["--platform", plat]
     subprocess.run(argv, check=True)
@@ -314,9 +315,9 @@ def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path,
     assert git("--git-dir", shallow, "rev-list", "--all", cwd=tmp_path) == first  # depth 1
     shutil.rmtree(headers)
     shutil.rmtree(top_repo)
-    for name, _url, commit, _tag in pins[1:]:  # what `bundle.use` points the chain at
-        monkeypatch.setenv(repos.mirror_var(name), str(root / layout.repo_path(name, commit)))
-    tree = build.fetch(pkg, Path("/nonexistent/python"), echo=lambda *_: None)
+    given = Given(mirrors={name: root / layout.repo_path(name, commit)  # what `use` passes on
+                           for name, _url, commit, _tag in pins[1:]})
+    tree = build.fetch(pkg, echo=lambda *_: None, given=given)
     assert (tree / "third_party/headers/include/h.h").read_text() == "// one\n"
     assert (tree / "setup.py").exists()
 
