@@ -96,7 +96,7 @@ def what_is(path: Path) -> str:
     if size == 0:
         return "an empty file"
     if _is_tar(head):
-        return "a tar archive without manifest.json first"
+        return f"a tar archive without {MANIFEST} first"
     for magic, words in _MAGIC:
         if head.startswith(magic):
             return words
@@ -143,7 +143,8 @@ def read_manifest_bytes(path: Path) -> bytes:
                 raise KeyError(MANIFEST)
             return f.read()
     except (EOFError, tarfile.ReadError) as e:
-        if "end of data" in str(e) or isinstance(e, EOFError) or "truncated" in str(e):
+        cut = isinstance(e, EOFError) or "end of data" in str(e) or "truncated" in str(e)
+        if cut and what_is(path) in (f"a tar archive without {MANIFEST} first", "a gzip file"):
             raise truncated_error(path) from None
         raise UserError(f"{path} is not a megatron-env bundle: it is {what_is(path)}",
                         fix="pass the .tar `invoke bundle` wrote, or the directory it was "

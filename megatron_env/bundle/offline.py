@@ -53,7 +53,7 @@ def _chain(docs: dict[Path, dict]) -> list[Path]:
     return chain[::-1]
 
 
-def _archives(paths: list[Path], echo) -> Path:
+def unpacked(paths: list[Path], echo) -> Path:
     """Archives unpacked once (base first, deltas over it) under the cache, keyed by the chain
     of manifests, and verified (by the run that unpacked them, and again when reused)."""
     for p in paths:
@@ -201,7 +201,7 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
         doc = read_manifest(root)
         verify(root, doc)
     else:
-        root = _archives(paths, echo)
+        root = unpacked(paths, echo)
         doc = read_manifest(root)
     prof = profile_mod.load(profile_name or doc["profile"]["name"])
     if python is None and doc["mode"] == "full":
