@@ -253,6 +253,15 @@ class Fetched:
     yanked: IndexFile | None = None
 
 
+def _credentials(url: str, index_url: str) -> str:
+    """The index's user:pass@ carried to a file on the same host (as pip does)."""
+    f, i = urllib.parse.urlsplit(url), urllib.parse.urlsplit(index_url)
+    if i.username is None or f.username is not None or (f.hostname, f.port) != (i.hostname,
+                                                                                 i.port):
+        return url
+    return urllib.parse.urlunsplit(f._replace(netloc=i.netloc))
+
+
 def _download(url: str, dest: Path, cfg: Config) -> str:
     """Stream `url` to `dest`; -> its sha256."""
     h = hashlib.sha256()
@@ -281,9 +290,15 @@ def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | No
             tmp.unlink()
             wrong.append(str(local))
         tried.append(link)
+    unreadable: list[UserError] = []
     for index in cfg.indexes:
         tried.append(mask_urls(index))
-        hit = next((f for f in files(project, index, cfg) if f.name == filename), None)
+        try:
+            listed = files(project, index, cfg)
+        except UserError as e:  # as pip does: the next index may have it
+            unreadable.append(e)
+            continue
+        hit = next((f for f in listed if f.name == filename), None)
         if hit is None:
             continue
         if hit.sha256 and hit.sha256 != sha256:
@@ -293,7 +308,7 @@ def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | No
              + (f" ({hit.size / 2**20:.1f} MiB)" if hit.size else ""))
         tmp = dest.with_name(dest.name + ".part")
         try:
-            got = _download(hit.url, tmp, cfg)
+            got = _download(_credentials(hit.url, index), tmp, cfg)
         except (OSError, ValueError) as e:
             tmp.unlink(missing_ok=True)
             raise UserError(f"cannot download {mask_urls(hit.url)}: "
@@ -305,6 +320,8 @@ def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | No
             continue
         os.replace(tmp, dest)
         return Fetched(dest, mask_urls(hit.url), hit if hit.yanked else None)
+    if unreadable:
+        raise unreadable[0]
     if wrong:
         raise UserError(f"{filename}: no copy with the pinned sha256 {sha256}; other files of "
                         f"that name at {', '.join(wrong)}",
