@@ -87,6 +87,7 @@ class Index(http.server.BaseHTTPRequestHandler):
     """/simple/<project>/ in JSON or HTML by the Accept header (or HTML only), /files/<name>;
     requests are recorded; with `auth` set, only that Basic credential gets through."""
 
+    project = "tinyk"
     files: dict[str, Path] = {}
     yanked: dict[str, str] = {}
     html_only = False
@@ -105,14 +106,14 @@ class Index(http.server.BaseHTTPRequestHandler):
         parts = self.path.strip("/").split("/")
         if parts[0] == "files" and parts[1] in Index.files:
             return self._send(Index.files[parts[1]].read_bytes(), "application/octet-stream")
-        if parts[0] != "simple" or len(parts) != 2 or parts[1] != "tinyk":
+        if parts[0] != "simple" or len(parts) != 2 or parts[1] != Index.project:
             self.send_response(404)
             self.end_headers()
             return
         rows = [(n, hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size)
                 for n, p in Index.files.items()]
         if "vnd.pypi.simple.v1+json" in self.headers.get("Accept", "") and not Index.html_only:
-            doc = {"meta": {"api-version": "1.1"}, "name": "tinyk", "files": [
+            doc = {"meta": {"api-version": "1.1"}, "name": Index.project, "files": [
                 {"filename": n, "url": f"../../files/{n}", "hashes": {"sha256": h}, "size": s,
                  "yanked": Index.yanked.get(n, False)} for n, h, s in rows]}
             return self._send(json.dumps(doc).encode(), "application/vnd.pypi.simple.v1+json")
@@ -132,6 +133,7 @@ class Index(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def served(tmp_path):
     Index.files, Index.yanked, Index.html_only, Index.auth = {}, {}, False, None
+    Index.project = "tinyk"
     Index.seen = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
     threading.Thread(target=server.serve_forever, daemon=True).start()
