@@ -82,13 +82,14 @@ def test_a_tampered_copy_is_refused_and_the_good_bundle_then_unpacks(cache, tmp_
     said = []
     root = offline.unpacked([good], said.append)
     assert (root / "source/README.md").read_bytes() == FILES["source/README.md"]
-    assert said == ["bundle: unpacking good.tar"]
+    assert said == [f"bundle: unpacking good.tar into {root}"]
     offline.verify(root, layout.read_manifest(root))
     # a published entry changed later is not trusted: it is unpacked again from the archive
     (root / "source/README.md").write_bytes(b"edited in the cache\n")
     said.clear()
     assert offline.unpacked([good], said.append) == root
-    assert "changed since it was unpacked" in said[0] and said[1] == "bundle: unpacking good.tar"
+    assert "changed since it was unpacked" in said[0]
+    assert said[1] == f"bundle: unpacking good.tar into {root}"
     assert (root / "source/README.md").read_bytes() == FILES["source/README.md"]
 
 
@@ -295,3 +296,64 @@ def test_check_out_sees_through_symlinks_and_relative_paths(tmp_path, monkeypatc
     with pytest.raises(UserError, match="is the bundle given to --since"):
         make.check_out(Path("b.tar"), [Path("./sub/../b.tar")])
     assert make.check_out(Path("other.tar"), [base]) == tmp_path / "other.tar"
+
+
+def tiny_wheel(where: Path, name: str = "tinytool", version: str = "1.0") -> Path:
+    """A real, minimal pure-Python wheel that pip installs."""
+    import base64
+
+    files = {f"{name}/__init__.py": b"X = 1\n",
+             f"{name}-{version}.dist-info/METADATA":
+                 f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+             f"{name}-{version}.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(
+        f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()}"
+        f",{len(b)}\n" for n, b in files.items()) + f"{name}-{version}.dist-info/RECORD,,\n"
+    path = where / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for n, b in {**files, f"{name}-{version}.dist-info/RECORD": record.encode()}.items():
+            z.writestr(n, b)
+    return path
+
+
+def test_the_tools_offline_install_takes_exactly_the_manifests_wheels(tmp_path):
+    """scripts/install_tool.py: tool/ must hold what manifest.json lists, with those sha256;
+    an extra or changed wheel refuses the install by name, nothing installed; the bundle as
+    made installs with pip --no-index --require-hashes."""
+    from megatron_env.bundle import tool
+
+    d = tmp_path / "b"
+    (d / "tool").mkdir(parents=True)
+    tiny_wheel(d / "tool")
+    tool.requirements(d / "tool")
+    assert (d / "tool" / "requirements.txt").read_text().startswith("tinytool==1.0 --hash=sha256:")
+    files = {f"tool/{p.name}": p.read_bytes() for p in (d / "tool").iterdir()}
+    doc = manifest(files, python=f"{sys.version_info[0]}.{sys.version_info[1]}")
+    (d / "manifest.json").write_text(json.dumps(doc))
+    script = ROOT / "scripts" / "install_tool.py"
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+
+    def install(bundle: Path, venv: Path):
+        return subprocess.run([sys.executable, script, bundle, venv], capture_output=True,
+                              text=True, env=env, timeout=300)
+
+    extra = tiny_wheel(d / "tool", "planted")
+    r = install(d, tmp_path / "v1")
+    assert r.returncode == 2 and "1 not in manifest.json: tool/planted-1.0-py3-none-any.whl" in \
+        r.stderr and not (tmp_path / "v1").exists(), r.stderr
+    extra.unlink()
+    wheel = d / "tool" / "tinytool-1.0-py3-none-any.whl"
+    good = wheel.read_bytes()
+    wheel.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    r = install(d, tmp_path / "v2")
+    assert r.returncode == 2 and "1 changed: tool/tinytool-1.0-py3-none-any.whl" in r.stderr
+    wheel.write_bytes(good)
+    archive = write_bundle(tmp_path / "b.tar", files, doc)
+    for bundle, venv in ((d, tmp_path / "v3"), (archive, tmp_path / "v4")):
+        r = install(bundle, venv)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"megatron-env installed into {venv} from 2 checked files" in r.stdout
+        check = subprocess.run([venv / "bin" / "python", "-c", "import tinytool; print(tinytool.X)"],
+                               capture_output=True, text=True)
+        assert check.stdout == "1\n", check.stderr

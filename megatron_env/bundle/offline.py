@@ -217,7 +217,8 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
         raise UserError(f"the bundle was made without {', '.join(missing)}: it carries no "
                         "source to build from", fix="set up with --no-builds, or bundle again "
                         f"without `--without {missing[0]}`")
-    echo(f"bundle: {len(doc['files'])} files match {MANIFEST} ({time.monotonic() - t0:.1f} s); "
+    echo(f"bundle: {root}: {len(doc['files'])} files match {MANIFEST} "
+         f"({time.monotonic() - t0:.1f} s); "
          f"profile {prof.name}, Python {doc['python']}, made {doc['made_at']}")
     _cached_builds(root, doc, build_cache or build.cache_dir())
     given = Given(mirrors={r["name"]: root / r["path"] for r in doc["git"]},

@@ -143,11 +143,12 @@ def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path) -> tuple[str,
     return h.hexdigest(), size
 
 
-def _extract(paths: list[Path], docs: dict[Path, dict], tmp: Path, echo) -> dict[str, tuple]:
+def _extract(paths: list[Path], docs: dict[Path, dict], tmp: Path, dest: Path, echo
+             ) -> dict[str, tuple]:
     """Base first, deltas over it, into `tmp`; -> name -> (sha256, size) of what was written."""
     sums: dict[str, tuple[str, int]] = {}
     for p in paths:
-        echo(f"bundle: unpacking {p.name}")
+        echo(f"bundle: unpacking {p.name} into {dest}")
         try:
             with tarfile.open(p) as tar:
                 for m in check_members(p, tar, docs[p]):
@@ -216,7 +217,7 @@ def unpack(paths: list[Path], docs: dict[Path, dict], top_raw: bytes, dest: Path
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         try:
-            sums = _extract(paths, docs, tmp, echo)
+            sums = _extract(paths, docs, tmp, dest, echo)
             changed, missing = mismatch(docs[paths[-1]], sums)
             if changed or missing:
                 raise refusal(paths[-1], changed, missing, "nothing was unpacked or installed")
