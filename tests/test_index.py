@@ -60,6 +60,9 @@ def test_the_configured_indexes_come_from_pip_and_uv_settings():
         "https://u/simple"]
     s = index.settings({"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/a /b"}, [conf])
     assert s.no_index and s.indexes == [] and s.find_links == ["/a", "/b"]
+    assert index.settings({"UV_NO_INDEX": "1"}, [conf]).no_index
+    s = index.settings({"UV_NO_INDEX": "1", "PIP_INDEX_URL": "https://p/simple"}, [])
+    assert not s.no_index and s.indexes == ["https://p/simple"]  # pip's own word wins for pip
     user = "[global]\nindex-url = https://user.example/simple\n"
     assert index.settings({}, [conf, user]).indexes[0] == "https://user.example/simple"
     assert index.pip_config_files({"PIP_CONFIG_FILE": "/dev/null"}) == []

@@ -172,7 +172,9 @@ def settings(environ: Mapping[str, str], conf_texts: list[str]) -> Config:
               *_words(environ.get("UV_INDEX")), *_words(environ.get("UV_EXTRA_INDEX_URL"))]
     links = [*_words(pick("PIP_FIND_LINKS", "find-links")),
              *(environ.get("UV_FIND_LINKS", "").replace(",", " ").split())]
-    no_index = _true(environ.get("PIP_NO_INDEX")) or _true(environ.get("UV_NO_INDEX")) or (
+    pip_said = any(environ.get(v) for v in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"))
+    no_index = _true(environ.get("PIP_NO_INDEX")) or (  # uv's only where pip names no index
+        _true(environ.get("UV_NO_INDEX")) and not pip_said) or (
         "PIP_NO_INDEX" not in environ and _true(conf.get("no-index")))
     named = [i.split("=", 1)[1] if re.match(r"^[\w-]+=", i) else i  # uv's `name=url`
              for i in (primary, *extras)]
