@@ -140,11 +140,11 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
 
-    profile = _use_bundle(bundle, profile, adopt, None if no_builds else "all")
-    prof = load_profile(profile)
+    b = _use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON")
+    prof = b.profile if b else load_profile(profile)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
                            adopt=Path(adopt).absolute() if adopt else None,
-                           no_builds=no_builds, deep=verify_deep)
+                           no_builds=no_builds, deep=verify_deep, bundle=b)
     t0 = time.monotonic()
     rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
     if ctx.findings and not only:
@@ -262,8 +262,11 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
 
     from megatron_env.pyenv import env
 
-    profile = _use_bundle(bundle, profile, (python or sys.executable) if adopt else python, None)
-    prof = load_profile(profile)
+    b = _use_bundle(bundle, profile, (python or sys.executable) if adopt else python,
+                    None, "--adopt --python PYTHON")
+    prof = b.profile if b else load_profile(profile)
+    if b:
+        find_links, no_index = [*(find_links or []), *b.find_links], True
     if adopt:
         v = env.adopt(prof, python, install_missing, find_links, no_index)
         f = v.facts
@@ -276,7 +279,7 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
         return 0 if v.ok else 1
     summary = env.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
                         use_conda=use_conda, find_links=find_links, no_index=no_index,
-                        deep=verify_deep)
+                        deep=verify_deep, conda_lock=b.conda_lock if b else None)
     output.summary(f"env {summary.line()}")
     return 0
 
@@ -305,19 +308,20 @@ def build(what: str, profile: str | None = None, prefix: str | None = None,
     from megatron_env.kernels import build
     from megatron_env.pyenv import probe
 
-    if cache_dir:
-        os.environ[build.CACHE_DIR_ENV] = cache_dir
+    cache = Path(cache_dir).absolute() if cache_dir else None
+    b = None
     if bundle:  # the environment to build for must be the bundle's Python
         name = _bundle_profile(bundle, profile)
-        profile = _use_bundle(bundle, name,
-                              str(_interpreter(load_profile(name), prefix, python)), what)
-    prof = load_profile(profile)
+        b = _use_bundle(bundle, name, str(_interpreter(load_profile(name), prefix, python)),
+                        what, "--python PYTHON", build_cache=cache)
+    prof = b.profile if b else load_profile(profile)
     py = _interpreter(prof, prefix, python)
     archs = (probe.native_archs(py) if arch == "native" else
              arch.split(",") if arch else prof.archs)
     chosen = build.selected(prof, what, archs)
     for pkg in chosen:
-        res = build.build_and_install(pkg, py, archs, dry_run=dry_run)
+        res = build.build_and_install(pkg, py, archs, dry_run=dry_run,
+                                      given=b.given if b else None, cache=cache)
         if isinstance(res, build.Result):
             how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
             output.summary(f"{pkg.name}: {how}, installed and verified "
@@ -438,16 +442,20 @@ def _bundle_profile(bundle: list[str], profile: str | None) -> str:
     return profile or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
 
 
-def _use_bundle(bundle: list[str] | None, profile: str | None,
-                python: str | None, builds: str | None) -> str | None:
-    """With --bundle: check it and point the chain at it (nothing else is reached); `builds`:
-    the kernel package to be built (`all`, a name, None)."""
+def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | None,
+                builds: str | None, adopt_flag: str, build_cache: Path | None = None):
+    """With --bundle: check it; -> the `Bundle` value the command passes down (None without).
+    `builds`: the kernel package to be built (`all`, a name, None); `adopt_flag`: how this
+    command takes an existing interpreter. uv and pip, the child processes, are told through
+    their own variables (the only ones set: nothing in this process reads them)."""
     if not bundle:
-        return profile
+        return None
     from megatron_env.bundle import offline
 
-    name, _root = offline.use(bundle, profile, python, builds)
-    return name
+    b = offline.use(bundle, profile, python, builds, adopt_flag=adopt_flag,
+                    build_cache=build_cache)
+    os.environ.update(b.child_env())
+    return b
 
 
 @command(iterable=("without",), out="the archive to write (FILE.tar)",

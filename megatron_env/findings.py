@@ -35,7 +35,7 @@ class Finding:
 
 def worst(findings: list[Finding]) -> str:
     """The verdict of a set of findings: its worst status, where a skipped check says nothing
-    (a node whose apex is not installed but whose every other check passed is a passing node);
+    (a node where one kernel is not installed but every other check passed is a passing node);
     skip only when every check was skipped, pass when there are none."""
     judged = [f.status for f in findings if f.status != "skip"]
     if not judged:

@@ -231,7 +231,7 @@ def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
     monkeypatch.delenv(build.source_var("flash-attn"), raising=False)
     pkg = build.packages(profile.load(DEFAULT))["flash-attn"]
     with pytest.raises(UserError) as e:
-        build.fetch(pkg, Path(sys.executable), echo=lambda *_: None)
+        build.fetch(pkg, echo=lambda *_: None)
     assert "cannot fetch the flash-attn" in e.value.message
     assert "MEGATRON_ENV_SOURCE_FLASH_ATTN" in e.value.fix and "--no-builds" in e.value.fix
 

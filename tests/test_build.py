@@ -231,9 +231,9 @@ def test_git_source_with_a_moved_tag_is_refused(tmp_path, monkeypatch):
     subprocess.run([*git, "tag", "25.09"], cwd=work, check=True)
     pkg = recipe.Package("apex", pinned, recipe.Source(repo=str(work), commit=pinned, tag="25.09"))
     with pytest.raises(UserError, match="tag 25.09 now points at .* the profile pins " + pinned):
-        build.fetch(pkg, Path(sys.executable), echo=lambda *_: None)
+        build.fetch(pkg, echo=lambda *_: None)
     ok = recipe.Package("apex", pinned, recipe.Source(repo=str(work), commit=pinned))
-    tree = build.fetch(ok, Path(sys.executable), echo=lambda *_: None)
+    tree = build.fetch(ok, echo=lambda *_: None)
     assert (tree / "setup.py").read_text() == ""
 
 

@@ -20,6 +20,7 @@ from megatron_env.kernels import build
 from megatron_env.pyenv import lock
 from megatron_env.recipes import recipe
 from megatron_env.sources import patches, repos
+from megatron_env.sources.given import Given
 
 from . import test_setup
 from .test_setup import PATCH, PROFILE, git, statuses
@@ -42,13 +43,13 @@ offline = pytest.mark.skipif(not shutil.which("unshare") or not _no_network_poss
 def toolhouse(tmp_path_factory):
     """The tool's runtime dependencies and build backend as wheels for the default profile's
     Python: with the lock's wheelhouse, every package the bundle needs, from local files."""
-    from megatron_env.bundle import make
+    from megatron_env.bundle import tool
 
     house = tmp_path_factory.mktemp("toolhouse")
     py = profile.load(PROFILE).python
     argv = [sys.executable, "-m", "pip", "download", "-q", "-d", house, "--python-version", py,
             "--implementation", "cp", "--only-binary=:all:", "--no-deps",
-            *make.tool_pins(ROOT / "pyproject.toml", py)]
+            *tool.tool_pins(ROOT / "pyproject.toml", py)]
     for plat in lock.WHEEL_PLATFORMS:
         argv += ["--platform", plat]
     subprocess.run(argv, check=True)
@@ -59,7 +60,8 @@ def toolhouse(tmp_path_factory):
 _FAKED: dict[Path, dict[str, str]] = {}
 
 
-def fake_kernel_sources(repo_dir: Path, tmp: Path) -> dict[str, str]:
+def fake_kernel_sources(repo_dir: Path, tmp: Path, setup_py: str = "from setuptools import "
+                        "setup\nsetup()\n") -> dict[str, str]:
     """Every kernel package of the profile given a local source: a bare repository (its pinned
     commit replaced by the local one) or an sdist (its sha256 replaced); -> the variables that
     point the online side at them. Made once per checkout: a second bundle sees the same pins."""
@@ -72,7 +74,7 @@ def fake_kernel_sources(repo_dir: Path, tmp: Path) -> dict[str, str]:
         work = tmp / f"{pkg.name}-src"
         (work / pkg.name.replace("-", "_")).mkdir(parents=True)
         (work / pkg.name.replace("-", "_") / "__init__.py").write_text("")
-        (work / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+        (work / "setup.py").write_text(setup_py)
         if pkg.source.repo:
             git("init", "-q", cwd=work)
             git("add", "-A", cwd=work)
@@ -103,14 +105,15 @@ def invoke(cwd: Path, *args, env=None, offline_run=False, python=sys.executable,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def make_bundle(repo_dir, tmp, houses, *args):
+def make_bundle(repo_dir, tmp, houses, *args, env_over=None):
     """`invoke bundle` with only local sources: the wheelhouses, the bare repositories, sdists."""
     shutil.copy(ROOT / "README.md", repo_dir / "README.md")  # the tool's wheel names it
     env = {"PYTHONPATH": str(repo_dir), "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull,
            "PIP_FIND_LINKS": " ".join(map(str, houses)), "UV_NO_INDEX": "1",
            "UV_FIND_LINKS": ",".join(map(str, houses)),
            "MEGATRON_ENV_CACHE": str(tmp / "online-cache"),
-           **fake_kernel_sources(repo_dir, tmp)}
+           **fake_kernel_sources(repo_dir, tmp), **(env_over or {})}
+    env = {k: v for k, v in env.items() if v is not None}
     r = invoke(repo_dir, "bundle", "--profile", PROFILE, *args, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
@@ -201,6 +204,19 @@ def test_adopt_bundle_refusals_and_a_delta_after_one_moved_pin(repo, toolhouse, 
         return invoke(repo, "setup", "--profile", profile_name, *args, "--adopt", py310,
                       "--only", "lock", env=node, offline_run=True)
 
+    # a tampered copy first, into a fresh cache: refused by name; the good one then serves
+    tampered = tmp_path / "tampered.tar"
+    shutil.copy(old, tampered)
+    with tarfile.open(tampered) as tar:
+        at = tar.getmember("source/README.md").offset_data
+    with open(tampered, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 1]))
+    r = lock_step(tampered)
+    assert r.returncode == 2, flat(r)[-2000:]
+    assert "does not match its manifest (1 changed: source/README.md)" in flat(r)
     r = lock_step(old)
     assert r.returncode == 0 and statuses(r.stdout)["lock"] == "done", flat(r)[-2000:]
     r = lock_step(old, profile_name="core_v0.19.0-cu130")
@@ -208,10 +224,18 @@ def test_adopt_bundle_refusals_and_a_delta_after_one_moved_pin(repo, toolhouse, 
     assert f"the bundle was made for profile {PROFILE}, not core_v0.19.0-cu130" in flat(r)
     r = invoke(repo, "setup", "--bundle", old, "--only", "lock", env=node, offline_run=True)
     assert r.returncode == 2 and "made with --adopt" in flat(r)
+    assert "hint: pass --adopt PYTHON" in flat(r)
+    r = invoke(repo, "env", "--bundle", old, env=node, offline_run=True)
+    assert r.returncode == 2 and "hint: pass --adopt --python PYTHON" in flat(r), flat(r)
     garbage = tmp_path / "garbage.tar"
     garbage.write_text("not a tar")
     r = lock_step(garbage)
-    assert r.returncode == 2 and "garbage.tar is not a megatron-env bundle" in flat(r)
+    assert r.returncode == 2
+    assert "garbage.tar is not a megatron-env bundle: it is a text file" in flat(r)
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(old.read_bytes()[:old.stat().st_size // 2])
+    r = lock_step(cut)
+    assert r.returncode == 2 and "cut.tar is truncated (copy it again)" in flat(r), flat(r)
     # one pin moves (the Megatron patch series): the delta holds that and little else
     series = repo / "patches" / "megatron" / "core_v0.4.0"
     (series / "0001-mark-patched.patch").write_text(PATCH.format(n=2))
@@ -314,9 +338,9 @@ def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path,
     assert git("--git-dir", shallow, "rev-list", "--all", cwd=tmp_path) == first  # depth 1
     shutil.rmtree(headers)
     shutil.rmtree(top_repo)
-    for name, _url, commit, _tag in pins[1:]:  # what `bundle.use` points the chain at
-        monkeypatch.setenv(repos.mirror_var(name), str(root / layout.repo_path(name, commit)))
-    tree = build.fetch(pkg, Path("/nonexistent/python"), echo=lambda *_: None)
+    given = Given(mirrors={name: root / layout.repo_path(name, commit)  # what `use` passes on
+                           for name, _url, commit, _tag in pins[1:]})
+    tree = build.fetch(pkg, echo=lambda *_: None, given=given)
     assert (tree / "third_party/headers/include/h.h").read_text() == "// one\n"
     assert (tree / "setup.py").exists()
 
@@ -366,3 +390,49 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     with pytest.raises(UserError, match="does not match the sha256 in conda-lock.yml"):
         make._conda_fetch(bad, said.append)
     assert not list((tmp_path / "cache" / "conda-pkgs").glob("*.part-*"))
+
+
+@offline
+def test_a_bundle_made_by_a_tool_without_torch_takes_the_sdist_from_the_index(
+        repo, toolhouse, tmp_path):
+    """`invoke bundle` run by the tool's own interpreter, which has no torch (a fresh `pip
+    install -e .`), with only git mirrors set: flash-attn's sdist comes from the configured
+    package index by its file name, checked by sha256, and its setup.py (which would raise and
+    leave a mark) never runs. Before, `pip download --no-binary` ran it and failed on torch."""
+    import http.server
+    import threading
+
+    from .test_index import RAISES, Index
+
+    assert subprocess.run([sys.executable, "-c", "import torch"],
+                          capture_output=True).returncode != 0
+    env = fake_kernel_sources(repo, tmp_path, setup_py=RAISES)
+    sdists = {k: Path(v) for k, v in env.items() if k.startswith("MEGATRON_ENV_SOURCE_")}
+    pkgs = build.packages(profile.load_file(repo / "envs" / PROFILE / "profile.toml"))
+    fa = pkgs["flash-attn"]
+    Index.project, Index.files = "flash-attn", {fa.source.url: sdists[recipe.source_var(fa.name)]}
+    Index.yanked, Index.html_only, Index.auth, Index.seen = {}, False, None, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    served = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    out = tmp_path / "b.tar"
+    try:
+        r = make_bundle(repo, tmp_path, [toolhouse], "--out", out, "--adopt",
+                        env_over={**{k: None for k in sdists}, "PIP_NO_INDEX": None,
+                                  "PIP_INDEX_URL": served})
+    finally:
+        server.shutdown()
+    assert f"flash-attn: downloading {fa.source.url} from {served}" in flat(r), flat(r)[-3000:]
+    assert tuple(p for p, _a in Index.seen if "simple/flash" in p) == ("/simple/flash-attn/", )
+    with tarfile.open(out) as tar:
+        doc = json.load(tar.extractfile("manifest.json"))
+        assert tar.extractfile(f"sources/flash-attn/flash-attn-{fa.pin}.tar.gz").read() == \
+            sdists[recipe.source_var(fa.name)].read_bytes()
+        assert "tool/requirements.txt" in tar.getnames()
+    assert [s["name"] for s in doc["sources"]] == ["flash-attn"]
+    assert not list((tmp_path / "online-cache").rglob("RAN"))
+    py310 = lock.find_python("3.10")[0]
+    r = invoke(repo, "setup", "--bundle", out, "--adopt", py310, "--only", "lock",
+               env={"MEGATRON_ENV_CACHE": str(tmp_path / "node-cache"), "PYTHONPATH": str(repo)},
+               offline_run=True)
+    assert r.returncode == 0 and statuses(r.stdout)["lock"] == "done", flat(r)[-2000:]

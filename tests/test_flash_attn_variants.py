@@ -14,7 +14,6 @@ import ast
 import os
 import re
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -67,7 +66,7 @@ def patched(request, tmp_path_factory):
     pkg = build.packages(profile.load(PINS[version]))["flash-attn"]
     with pytest.MonkeyPatch.context() as mp:  # the sdist is fetched and hash-checked for real
         mp.setenv(build.CACHE_DIR_ENV, str(root / "cache"))
-        pristine = build.fetch(pkg, Path(sys.executable), echo=lambda *_: None)
+        pristine = build.fetch(pkg, echo=lambda *_: None)
     series = patches.series("flash-attn", version)
     assert any(PATCH_NAME in p.name for p in series)
     tree = root / "src"

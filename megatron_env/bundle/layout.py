@@ -38,6 +38,10 @@ from megatron_env.sources import patches
 FORMAT = 1
 MANIFEST = "manifest.json"
 MACHINE = "x86_64"  # the locks are made for linux x86_64 (lock.PLATFORM)
+# The places a bundle owns: nothing may lie there that its manifest does not list (source/ is
+# left out: the tool writes its checkout and cache there when run from it)
+OWNED = ("tool", "wheels", "sources", "git", "builds", "conda")
+
 def profile_digest(prof: Profile) -> str:
     """The profile, its locks and every patch series it uses: what a bundle was made from."""
     files = [prof.path, prof.lock_file, prof.env_file, prof.conda_lock_file]
@@ -70,27 +74,104 @@ def role(arcname: str) -> str:
             "git": "git", "builds": "kernel-build", "conda": "conda-package"}.get(top, top)
 
 
-def read_manifest(path: Path) -> dict:
-    """The manifest of an archive or of an unpacked bundle directory."""
+_MAGIC = [(b"\x1f\x8b", "a gzip file"), (b"PK\x03\x04", "a zip archive"),
+          (b"BZh", "a bzip2 file"), (b"\xfd7zXZ\x00", "an xz file"),
+          (b"\x28\xb5\x2f\xfd", "a zstd file"), (b"\x7fELF", "an executable (ELF)"),
+          (b"%PDF", "a PDF document")]
+BLOCK = 512
+
+
+def _is_tar(head: bytes) -> bool:
+    return len(head) >= 262 and head[257:262] == b"ustar"
+
+
+def what_is(path: Path) -> str:
+    """In words, what a file that is not a bundle is (for the error that refuses it)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(BLOCK)
+    if size == 0:
+        return "an empty file"
+    if _is_tar(head):
+        return f"a tar archive without {MANIFEST} first"
+    for magic, words in _MAGIC:
+        if head.startswith(magic):
+            return words
+    try:
+        head.decode("utf-8")
+        return "a text file"
+    except UnicodeDecodeError:
+        return "not a tar archive"
+
+
+def truncated(path: Path) -> bool:
+    """An uncompressed tar cut short: not a whole number of blocks, or no end-of-archive zero
+    blocks (tarfile and GNU tar always write two, padded with zeros to a record)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(BLOCK)
+        if not _is_tar(head):
+            return False
+        if size % BLOCK:
+            return True
+        f.seek(max(0, size - 2 * BLOCK))
+        return f.read(2 * BLOCK).strip(b"\0") != b""
+
+
+def truncated_error(path: Path) -> UserError:
+    return UserError(f"{path} is truncated (copy it again): its {path.stat().st_size} bytes "
+                     "end inside the archive", fix="copy the bundle again from where it was "
+                     "made, and compare its size and sha256 with the original")
+
+
+def read_manifest_bytes(path: Path) -> bytes:
+    """manifest.json of an archive (its first member, as `make` writes it) or a directory."""
     try:
         if path.is_dir():
-            text = (path / MANIFEST).read_text()
-        else:
-            with tarfile.open(path) as tar:
-                member = tar.extractfile(MANIFEST)
-                if member is None:
-                    raise KeyError(MANIFEST)
-                text = member.read().decode()
-        doc = json.loads(text)
-    except (OSError, KeyError, tarfile.TarError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path} is not a megatron-env bundle (no readable {MANIFEST}: "
-                        f"{type(e).__name__})",
+            return (path / MANIFEST).read_bytes()
+        if truncated(path):
+            raise truncated_error(path)
+        with tarfile.open(path) as tar:
+            first = tar.next()
+            member = first if first is not None and first.name == MANIFEST else \
+                tar.getmember(MANIFEST)
+            f = tar.extractfile(member)
+            if f is None:
+                raise KeyError(MANIFEST)
+            return f.read()
+    except (EOFError, tarfile.ReadError) as e:
+        cut = isinstance(e, EOFError) or "end of data" in str(e) or "truncated" in str(e)
+        if cut and what_is(path) in (f"a tar archive without {MANIFEST} first", "a gzip file"):
+            raise truncated_error(path) from None
+        raise UserError(f"{path} is not a megatron-env bundle: it is {what_is(path)}",
                         fix="pass the .tar `invoke bundle` wrote, or the directory it was "
                             "unpacked into") from None
+    except (OSError, KeyError, tarfile.TarError) as e:
+        what = (what_is(path) if path.is_file() else f"a directory without {MANIFEST}"
+                if path.is_dir() else f"unreadable ({type(e).__name__})")
+        raise UserError(f"{path} is not a megatron-env bundle: it is {what}",
+                        fix="pass the .tar `invoke bundle` wrote, or the directory it was "
+                            "unpacked into") from None
+
+
+def parse_manifest(path: Path, raw: bytes) -> dict:
+    try:
+        doc = json.loads(raw.decode())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: {MANIFEST} is not JSON ({type(e).__name__})",
+                        fix="copy the bundle again from where it was made") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or "files" not in doc:
         raise UserError(f"{path}: {MANIFEST} is not a format-{FORMAT} bundle manifest",
                         fix="make the bundle with this version of megatron-env")
     return doc
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of an archive or of an unpacked bundle directory; a truncated or foreign
+    file is named as what it is."""
+    if not path.exists():
+        raise UserError(f"{path} does not exist", fix="pass the bundle's path")
+    return parse_manifest(path, read_manifest_bytes(path))
 
 
 def manifest_digest(doc: dict) -> str:

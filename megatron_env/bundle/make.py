@@ -8,15 +8,15 @@ import json
 import os
 import re
 import shutil
-import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_env import REPO_ROOT, __version__, digest, output, proc
+from megatron_env.bundle import tool
 from megatron_env.bundle.layout import (
     FORMAT,
     MACHINE,
@@ -31,7 +31,7 @@ from megatron_env.bundle.layout import (
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
-from megatron_env.pyenv import lock, uv
+from megatron_env.pyenv import lock
 from megatron_env.sources import patches, repos
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
@@ -72,62 +72,6 @@ def _source_tree(prof: Profile, dest: Path) -> None:
         elif src.is_file():
             shutil.copy2(src, dest / item)
     shutil.copytree(prof.dir, dest / "envs" / prof.name, ignore=ignore)
-
-
-def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) -> None:
-    argv = [sys.executable, "-m", "pip", "download", "-q", "-d", dest, "--python-version", python,
-            "--implementation", "cp", "--only-binary=:all:"]
-    for plat in lock.WHEEL_PLATFORMS:
-        argv += ["--platform", plat]
-    r = proc.run([*argv, *args], timeout=1800)
-    if not r.ok:
-        raise UserError(f"cannot download {what} for Python {python}: {r.tail(4)}",
-                        fix="check the package index (pip's configuration, PIP_INDEX_URL) "
-                            "or PIP_FIND_LINKS")
-
-
-def _tool_wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...] = ()
-                 ) -> None:
-    """megatron-env as a wheel, its runtime dependencies and its build backend, for the profile's
-    Python: `pip install --no-index --find-links tool megatron-env` then needs nothing else."""
-    echo(f"tool: building the megatron-env {__version__} wheel")
-    with tempfile.TemporaryDirectory(prefix="megatron-env-wheel-") as tmp:
-        work = Path(tmp) / "src"
-        shutil.copytree(source, work)
-        # fixed zip timestamps: the same tree gives the same wheel, so a delta bundle skips it
-        r = proc.run([uv.exe(), "build", "--wheel", "--out-dir", Path(tmp) / "dist", work],
-                     env=uv.env(SOURCE_DATE_EPOCH="315532800"), timeout=900)
-        if not r.ok:
-            raise UserError(f"building the megatron-env wheel failed: {r.tail(5)}",
-                            fix="the build needs setuptools and wheel from the package index")
-        built = next((Path(tmp) / "dist").glob("megatron_env-*.whl"))
-        shutil.copy(built, dest / built.name)
-    echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
-    pins = tool_pins(source / "pyproject.toml", prof.python, extras)
-    _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
-
-
-def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> list[str]:
-    """The tool's runtime dependencies (and `extras`') and build backend resolved for `python`
-    on linux x86_64.
-
-    uv resolves, because `pip download --python-version` still judges markers by the running
-    interpreter (tomli for 3.10 would be left out when run by 3.12)."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    backend = tomllib.loads(pyproject.read_text())["build-system"]["requires"]
-    with tempfile.TemporaryDirectory(prefix="megatron-env-tool-") as tmp:
-        (Path(tmp) / "backend.in").write_text("\n".join(backend) + "\n")
-        r = proc.run([uv.exe(), "pip", "compile", pyproject, Path(tmp) / "backend.in",
-                      *(a for e in extras for a in ("--extra", e)),
-                      "--python-version", python, "--python-platform", lock.PLATFORM,
-                      "--no-header", "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
-    if not r.ok:
-        raise UserError(f"cannot resolve megatron-env's dependencies for Python {python}: "
-                        f"{r.tail(4)}", fix="check the package index (UV_INDEX_URL)")
-    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip() and ln[0].isalnum()]
 
 
 def _env_wheels(prof: Profile, echo) -> list[Path]:
@@ -266,20 +210,24 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, ec
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
-def git_pins(prof: Profile, without: Iterable[str] = ()) -> list[tuple[str, str, str, str | None]]:
+def git_pins(prof: Profile, without: Iterable[str] = (),
+             kernels: Mapping[str, build.Package] | None = None
+             ) -> list[tuple[str, str, str, str | None]]:
     """(name, repository, commit, tag) of every git source the profile's setup checks out:
     Megatron-LM, each git-sourced kernel package (but those `without` names) and each submodule
     it pins."""
     m = prof.megatron
+    kernels = build.packages(prof) if kernels is None else kernels
     return [("megatron", m["repo"], m["commit"], m["tag"]),
-            *((name, url, commit, tag) for k in build.packages(prof).values()
+            *((name, url, commit, tag) for k in kernels.values()
               if k.name not in without
               for name, url, commit, tag, _path in build.git_sources(k))]
 
 
-def _left_out(prof: Profile, without: Iterable[str]) -> list[str]:
+def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, build.Package]
+              ) -> list[str]:
     """The kernel packages a bundle leaves out, each checked against the profile's recipes."""
-    known = sorted(build.packages(prof))
+    known = sorted(kernels)
     for name in without:
         if name not in known:
             raise UserError(f"--without {name}: {prof.name} pins no kernel package of that name",
@@ -287,10 +235,12 @@ def _left_out(prof: Profile, without: Iterable[str]) -> list[str]:
     return sorted(set(without))
 
 
-def _builds(prof: Profile, without: Iterable[str] = ()) -> list[tuple[str, Path]]:
+def _builds(prof: Profile, without: Iterable[str] = (),
+            kernels: Mapping[str, build.Package] | None = None) -> list[tuple[str, Path]]:
     """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
     out = []
-    for k in build.packages(prof).values():
+    kernels = build.packages(prof) if kernels is None else kernels
+    for k in kernels.values():
         if k.name in without:
             continue
         want = {"source": k.source.digest,
@@ -310,6 +260,22 @@ def _builds(prof: Profile, without: Iterable[str] = ()) -> list[tuple[str, Path]
     return out
 
 
+def check_out(out: Path, inputs: list[Path]) -> Path:
+    """--out must be a file path that is none of the inputs (a --since base written over would
+    be lost: the delta is made from it); refused before anything is written."""
+    out = out.absolute()
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; the bundle is one file",
+                        fix=f"name a file in it: --out {out / 'bundle.tar'}")
+    for i in inputs:
+        same = out.exists() and i.exists() and os.path.samefile(out, i)
+        if same or out.resolve() == i.absolute().resolve():
+            raise UserError(f"--out {out} is the bundle given to --since ({i}); writing it "
+                            "would destroy the base the delta is made from. Nothing was changed",
+                            fix="write the delta to another file: --out delta.tar")
+    return out
+
+
 def _tree(root: Path, prefix: str) -> list[Entry]:
     return [Entry(f"{prefix}/{p.relative_to(root).as_posix()}", p, "")
             for p in sorted(root.rglob("*")) if p.is_file()]
@@ -323,12 +289,13 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
     that bring those kernels or set up with --no-builds; the manifest says which, and the offline
     side refuses to build them by name instead of reaching for the network."""
     t0 = time.monotonic()
-    without = _left_out(prof, without)
+    kernels = build.packages(prof)  # resolved once for the whole bundle
+    without = _left_out(prof, without, kernels)
     if problems := lock.stale(prof):
         raise UserError("; ".join(problems),
                         fix=f"run `invoke lock --profile {prof.name}` and commit the locks first")
+    out = check_out(out, [since] if since else [])
     base = read_manifest(since) if since else None
-    out = out.absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
         stage = Path(tmp)
@@ -337,24 +304,25 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         entries += _tree(stage / "source", "source")
         conda = [] if adopt else conda_packages(prof)  # an adopted node brings its own
         (stage / "tool").mkdir()
-        _tool_wheels(prof, stage / "source", stage / "tool", echo,
+        tool.wheels(prof, stage / "source", stage / "tool", echo,
                      ("conda",) if conda else ())  # conda-lock installs the conda layer
+        tool.requirements(stage / "tool")
         entries += _tree(stage / "tool", "tool")
         if not adopt:
             entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
         entries += [Entry(c["path"], f, "") for c, f in zip(conda, _conda_fetch(conda, echo),
                                                             strict=True)]
         bares, sdists = [], []
-        for k in build.packages(prof).values():
+        for k in kernels.values():
             if k.source.repo or k.name in without:  # a repository below, or left out
                 continue
             echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
-            build.fetch(k, Path(sys.executable), echo)  # downloads once, checks the sha256
+            build.fetch(k, echo)  # downloads once by file name, checks the sha256; runs nothing
             arc = build.sdist_archive(k)
             name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
             entries.append(Entry(name, arc, ""))
             sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
-        for name, url, commit, tag in git_pins(prof, without):
+        for name, url, commit, tag in git_pins(prof, without, kernels):
             rel = repo_path(name, commit)
             bares.append({"name": name, "commit": commit, "tag": tag, "path": rel})
             if base and any(f.startswith(rel + "/") for f in base["files"]):
@@ -363,7 +331,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             _bare_repo(name, url, commit, tag, stage / rel, echo)
             entries += _tree(stage / rel, rel)
         if with_builds:
-            found = _builds(prof, without)
+            found = _builds(prof, without, kernels)
             echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]
@@ -401,11 +369,14 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         part = out.with_name(out.name + f".part-{os.getpid()}")
         echo(f"writing {out.name}: {len(written)} files, "
              f"{sum(e.size for e in written) / 2**20:.1f} MiB")
-        with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
-            tar.add(stage / MANIFEST, arcname=MANIFEST)
-            for e in written:
-                tar.add(e.path, arcname=e.arcname, recursive=False)
-        os.replace(part, out)
+        try:
+            with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
+                tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
+                for e in written:
+                    tar.add(e.path, arcname=e.arcname, recursive=False)
+            os.replace(part, out)
+        finally:
+            part.unlink(missing_ok=True)
     by_role: dict[str, int] = {}
     for e in written:
         by_role[e.role] = by_role.get(e.role, 0) + e.size

@@ -1,9 +1,10 @@
 """The offline side of a bundle: unpacked once into the cache, checked against its manifest and
 against the profile, Python and platform it serves, then handed to the chain.
 
-Nothing is installed before the manifest matches (a changed or missing file is refused by name);
-the chain is then pointed at the bundle through the variables it already honours: uv's
-UV_FIND_LINKS/UV_NO_INDEX/UV_OFFLINE, MEGATRON_ENV_MIRROR_<NAME>, MEGATRON_ENV_SOURCE_<NAME>."""
+Nothing is installed before the manifest matches (a changed or missing file is refused by name).
+`use` returns a `Bundle`, a value the chain carries to the steps that fetch (repositories,
+sdists, the lock's wheels, the conda layer); the only variables it implies are those of the
+child processes, uv and pip (`Bundle.child_env`), which have no other way to be told."""
 
 from __future__ import annotations
 
@@ -11,19 +12,30 @@ import os
 import platform
 import shutil
 import sys
-import tarfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from megatron_env import digest, output, proc
-from megatron_env.bundle.layout import MANIFEST, manifest_digest, profile_digest, read_manifest
+from megatron_env.bundle import unpack
+from megatron_env.bundle.layout import (
+    MANIFEST,
+    OWNED,
+    manifest_digest,
+    parse_manifest,
+    profile_digest,
+    read_manifest,
+    read_manifest_bytes,
+)
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
-from megatron_env.recipes import recipe
+from megatron_env.recipes.recipe import Package
 from megatron_env.sources import repos
+from megatron_env.sources.given import Given
 
 
 def _chain(docs: dict[Path, dict]) -> list[Path]:
@@ -41,58 +53,53 @@ def _chain(docs: dict[Path, dict]) -> list[Path]:
     return chain[::-1]
 
 
-def _unpack(paths: list[Path], echo) -> Path:
-    """Archives unpacked once (base first, deltas over it) under the cache, keyed by the top
-    manifest; a directory is used where it is."""
-    if len(paths) == 1 and paths[0].is_dir():
-        return paths[0]
+def unpacked(paths: list[Path], echo) -> Path:
+    """Archives unpacked once (base first, deltas over it) under the cache, keyed by the chain
+    of manifests, and verified (by the run that unpacked them, and again when reused)."""
     for p in paths:
         if p.is_dir():
             raise UserError(f"{p} is a directory: pass it alone (unpack the deltas into it)",
                             fix=f"tar xf DELTA.tar -C {p}")
         if not p.exists():
             raise UserError(f"{p} does not exist", fix="pass the bundle's path")
-    docs = {p: read_manifest(p) for p in paths}
+    raws = {p: read_manifest_bytes(p) for p in paths}
+    docs = {p: parse_manifest(p, raw) for p, raw in raws.items()}
     ordered = _chain(docs)
     chain = "".join(manifest_digest(docs[p]) for p in ordered)  # a delta alone differs
     key = digest.hexpart(digest.of_bytes(chain.encode()), 16)
     dest = repos.cache_dir() / "bundles" / key
-    if (dest / MANIFEST).exists():
+    if unpack.unpack(ordered, docs, raws[ordered[-1]], dest, echo):
         return dest
-    tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for p in ordered:
-        echo(f"bundle: unpacking {p.name} into {dest}")
-        try:
-            with tarfile.open(p) as tar:
-                tar.extractall(tmp, filter="data")
-        except (tarfile.TarError, OSError) as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise UserError(f"{p}: cannot unpack ({e})", fix="copy the bundle again") from None
-    os.replace(tmp, dest)
+    try:  # an entry another run published: verified then, checked again now
+        verify(dest, docs[ordered[-1]])
+    except UserError as e:
+        echo(f"bundle: the cached copy {dest} changed since it was unpacked ({e.message}); "
+             "unpacking again")
+        unpack.discard(dest)
+        unpack.unpack(ordered, docs, raws[ordered[-1]], dest, echo)
     return dest
 
 
 def verify(root: Path, doc: dict) -> None:
-    """Every file the manifest lists is there, with its size and sha256; else refused by name."""
-    missing, changed = [], []
+    """Every file the manifest lists is there, with its size and sha256, and nothing else in
+    the places the bundle owns; else refused by name."""
+    sums = {}
     for rel, meta in doc["files"].items():
         p = root / rel
-        if not p.is_file():
-            missing.append(rel)
-        elif p.stat().st_size != meta["size"] or digest.file_hex(p) != meta["sha256"]:
-            changed.append(rel)
-    if missing or changed:
-        parts = []
-        if changed:
-            parts.append(f"{len(changed)} changed: {', '.join(changed[:8])}")
-        if missing:
-            parts.append(f"{len(missing)} missing: {', '.join(missing[:8])}")
-        raise UserError(f"bundle {root} does not match its manifest ({'; '.join(parts)}); "
-                        "nothing was installed",
-                        fix="copy the bundle again from where it was made (a delta needs its "
-                            "base unpacked first)")
+        if p.is_file():
+            size = p.stat().st_size
+            sums[rel] = (digest.file_hex(p) if size == meta["size"] else "", size)
+    changed, missing = unpack.mismatch(doc, sums)
+    listed = set(doc["files"])
+    extra = sorted(rel for top in OWNED if (root / top).is_dir()
+                   for rel in (f.relative_to(root).as_posix() for f in (root / top).rglob("*")
+                               if f.is_file() or f.is_symlink()) if rel not in listed)
+    if extra:
+        raise UserError(f"bundle {root} holds {len(extra)} file(s) its manifest does not list: "
+                        f"{', '.join(extra[:8])}; nothing was installed",
+                        fix="remove them, or unpack the bundle again into an empty directory")
+    if changed or missing:
+        raise unpack.refusal(root, changed, missing, "nothing was installed")
 
 
 def _python_version(python: Path | str) -> str:
@@ -145,57 +152,92 @@ def local_conda_lock(prof: Profile, root: Path, doc: dict) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class Bundle:
+    """A checked bundle as the chain uses it, passed down as a value: the profile it serves,
+    where it lies, its repositories and sdists (`given`), the lock's wheels, the conda layer."""
+
+    profile: Profile
+    root: Path
+    manifest: Mapping[str, Any]
+    given: Given
+    wheelhouse: Path | None
+    conda_lock: Path | None
+    kernels: Mapping[str, Package]  # the profile's kernel packages, resolved once
+
+    @property
+    def find_links(self) -> list[str]:
+        return [str(self.wheelhouse)] if self.wheelhouse else []
+
+    def child_env(self) -> dict[str, str]:
+        """What uv and pip, as child processes, are told: no index, nothing downloaded, the
+        bundle's wheels. uv gets a cache of its own: a cache that once saw an index makes uv
+        fetch a pinned wheel from the index's URL even with --no-index and the same file in
+        --find-links (uv 0.13.9)."""
+        out = {"UV_NO_INDEX": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
+               "UV_PYTHON_DOWNLOADS": "never",
+               "UV_CACHE_DIR": str(repos.cache_dir() / "uv-offline")}
+        if self.wheelhouse:
+            out["UV_FIND_LINKS"] = str(self.wheelhouse)
+        return out
+
+
 def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Path | None,
-        builds: str | None = "all", echo=output.status) -> tuple[str, Path]:
-    """Check the bundle, then point this process's chain at it; -> (profile name, its root).
+        builds: str | None = "all", echo=output.status, *, adopt_flag: str = "--adopt PYTHON",
+        build_cache: Path | None = None) -> Bundle:
+    """Check the bundle (unpacking an archive once under the cache); -> the `Bundle` the chain
+    is given. Nothing reaches the network afterwards: git sources come from the bundle's
+    repositories, sdists and cached builds from its files, the lock's wheels from wheels/.
 
     `builds` names the kernel package the caller will build (`all`, or None for none): one the
-    bundle was made without is refused here, before anything is installed.
-
-    Nothing reaches the network afterwards: uv and pip are told there is no index, git sources
-    come from the bundle's repositories, sdists and cached builds from its files."""
+    bundle was made without is refused here, before anything is installed. `adopt_flag`: how
+    the calling command takes an existing interpreter (for the hint of an adopt bundle)."""
     from megatron_env.profile import load as load_profile
 
     paths = [Path(p).absolute() for p in paths]
-    root = _unpack(paths, echo)
-    doc = read_manifest(root)
     t0 = time.monotonic()
-    verify(root, doc)
+    if len(paths) == 1 and paths[0].is_dir():
+        root = paths[0]
+        doc = read_manifest(root)
+        verify(root, doc)
+    else:
+        root = unpacked(paths, echo)
+        doc = read_manifest(root)
     prof = load_profile(profile_name or doc["profile"]["name"])
     if python is None and doc["mode"] == "full":
         python = lock.find_python(prof.python)[0]
     check_serves(doc, prof, python)
     if doc["mode"] == "adopt" and python is None:
         raise UserError("this bundle carries no environment (made with --adopt): it serves an "
-                        "existing torch", fix="pass --adopt PYTHON (or --python PYTHON)")
+                        "existing torch", fix=f"pass {adopt_flag}")
+    kernels = build.packages(prof)
     left_out = doc.get("without", [])
-    wanted = (set() if builds is None else set(build.packages(prof)) if builds == "all"
-              else {builds})
+    wanted = (set() if builds is None else set(kernels) if builds == "all" else {builds})
     if missing := sorted(wanted & set(left_out)):
         raise UserError(f"the bundle was made without {', '.join(missing)}: it carries no "
                         "source to build from", fix="set up with --no-builds, or bundle again "
                         f"without `--without {missing[0]}`")
-    echo(f"bundle: {len(doc['files'])} files match {MANIFEST} ({time.monotonic() - t0:.1f} s); "
+    echo(f"bundle: {root}: {len(doc['files'])} files match {MANIFEST} "
+         f"({time.monotonic() - t0:.1f} s); "
          f"profile {prof.name}, Python {doc['python']}, made {doc['made_at']}")
-    # uv's own cache of its own: a cache that once saw an index makes uv fetch a pinned wheel
-    # from the index's URL even with --no-index and the same file in --find-links (uv 0.13.9)
-    os.environ.update({"UV_NO_INDEX": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
-                       "UV_PYTHON_DOWNLOADS": "never",
-                       "UV_CACHE_DIR": str(repos.cache_dir() / "uv-offline")})
-    if (root / "wheels").is_dir():
-        os.environ["UV_FIND_LINKS"] = str(root / "wheels")
-    for repo in doc["git"]:
-        os.environ[repos.mirror_var(repo["name"])] = str(root / repo["path"])
-    for sdist in doc["sources"]:
-        os.environ[recipe.source_var(sdist["name"])] = str(root / sdist["path"])
-    if doc.get("conda"):
-        os.environ[lock.CONDA_LOCKFILE_ENV] = str(local_conda_lock(prof, root, doc))
-    cached = build.cache_dir() / "wheels"
+    _cached_builds(root, doc, build_cache or build.cache_dir())
+    given = Given(mirrors={r["name"]: root / r["path"] for r in doc["git"]},
+                  sdists={x["name"]: root / x["path"] for x in doc["sources"]})
+    return Bundle(prof, root, doc, given,
+                  root / "wheels" if (root / "wheels").is_dir() else None,
+                  local_conda_lock(prof, root, doc) if doc.get("conda") else None, kernels)
+
+
+def _cached_builds(root: Path, doc: dict, cache: Path) -> None:
+    """The bundle's kernel builds copied into the build cache (each slot by one rename)."""
+    cached = cache / "wheels"
     for slot in sorted({Path(f).parent for f in doc["files"] if f.startswith("builds/")}):
         target = cached / slot.name
         if not target.exists():
             cached.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(root / slot, target.with_name(target.name + ".tmp-bundle"),
-                            dirs_exist_ok=True)
-            os.replace(target.with_name(target.name + ".tmp-bundle"), target)
-    return prof.name, root
+            tmp = unpack.tmp_dir(target)
+            shutil.copytree(root / slot, tmp, dirs_exist_ok=True)
+            try:
+                os.rename(tmp, target)
+            except OSError:  # another run put it there first
+                shutil.rmtree(tmp, ignore_errors=True)

@@ -33,7 +33,9 @@ from megatron_env.profile import Profile
 from megatron_env.pyenv import probe, uv
 from megatron_env.recipes import recipe
 from megatron_env.recipes.recipe import Package, source_var
-from megatron_env.sources import patches, repos
+from megatron_env.sources import archive as archive_mod
+from megatron_env.sources import index, patches, repos
+from megatron_env.sources.given import Given
 
 CACHE_DIR_ENV = repos.CACHE_ENV
 GIB = 2**30
@@ -53,41 +55,49 @@ def cache_dir() -> Path:
 # --- sources ---------------------------------------------------------------------------------
 
 
-def fetch(pkg: Package, python: Path, echo=output.status) -> Path:
-    """The pristine source tree, fetched once into the cache and verified by hash or commit."""
+def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
+          cache: Path | None = None) -> Path:
+    """The pristine source tree, fetched once into the cache and verified by hash or commit.
+    `given`: a bundle's repositories and sdists instead of the network."""
     src = pkg.source
+    root = cache or cache_dir()
     if src.repo:
-        dest = cache_dir() / "src" / f"{pkg.name}-{src.commit[:12]}"
+        dest = root / "src" / f"{pkg.name}-{src.commit[:12]}"
         if src.submodules:
             dest = dest.with_name(f"{dest.name}-{digest.hexpart(digest.of(src.digest), 8)}")
         if not (dest / ".megatron-env-pristine").exists():
             for name, repo, commit, tag, path in git_sources(pkg):
-                repos.checkout(name, repo, tag, commit, dest / path, echo=echo)
+                repos.checkout(name, repo, tag, commit, dest / path, echo=echo, given=given)
             (dest / ".megatron-env-pristine").write_text(src.digest + "\n")
         return dest
-    archive = sdist_archive(pkg)
+    archive = sdist_archive(pkg, root)
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
         tmp = archive.with_suffix(f".tmp-{os.getpid()}")
-        _download(pkg, python, tmp, echo)
-        got = digest.hexpart(digest.of_file(tmp), 64)
+        origin = _download(pkg, tmp, echo, given)
+        got = digest.file_hex(tmp)
         if got != src.sha256:
             tmp.unlink()
-            raise UserError(f"{pkg.name} source {src.url}: sha256 {got}, the profile pins "
+            raise UserError(f"{pkg.name} source {origin}: sha256 {got}, the profile pins "
                             f"{src.sha256}", fix="the file was changed or is another version: "
                                                  "use the original sdist")
         os.replace(tmp, archive)
-    dest = cache_dir() / "src" / f"{pkg.name}-{src.sha256[:12]}"
+    dest = root / "src" / f"{pkg.name}-{src.sha256[:12]}"
     if not (dest / ".megatron-env-pristine").exists():
         tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
+        try:
+            with tarfile.open(archive) as tar:
+                archive_mod.extract(tar, tmp, f"the {pkg.name} {pkg.pin} sdist")
+        except (tarfile.TarError, ValueError, OSError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise UserError(f"cannot unpack {archive}: {e}",
+                            fix=f"remove {archive} and fetch it again") from None
         tops = list(tmp.iterdir())
-        root = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
-        (root / ".megatron-env-pristine").write_text(src.sha256 + "\n")
+        top = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
+        (top / ".megatron-env-pristine").write_text(src.sha256 + "\n")
         shutil.rmtree(dest, ignore_errors=True)
-        os.replace(root, dest)
+        os.replace(top, dest)
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
@@ -105,46 +115,45 @@ def git_sources(pkg: Package) -> list[tuple[str, str, str, str | None, str]]:
               for path, repo, commit in src.submodules)]
 
 
-def sdist_archive(pkg: Package) -> Path:
+def sdist_archive(pkg: Package, cache: Path | None = None) -> Path:
     """Where the cache keeps a package's verified sdist (named by its sha256)."""
-    return cache_dir() / "sdists" / f"{pkg.source.sha256}.tar.gz"
+    return (cache or cache_dir()) / "sdists" / f"{pkg.source.sha256}.tar.gz"
 
 
-def _download(pkg: Package, python: Path, target: Path, echo) -> None:
-    url = pkg.source.url or ""
+def _download(pkg: Package, target: Path, echo, given: Given | None) -> str:
+    """The sdist written to `target` (its sha256 checked by the caller); -> where it came from.
+
+    In order: the bundle's copy, the user's MEGATRON_ENV_SOURCE_<NAME> (a path or URL), the
+    configured package index by file name. Nothing of the package runs: pip's `download
+    --no-binary` would execute setup.py (a kernel package's imports torch) just to fetch a file."""
+    fix = (f"set {source_var(pkg.name)} to the sdist's path or URL, or pass --no-builds to "
+           "`invoke setup` to go on without the kernels")
+    url = str((given and given.sdist(pkg.name)) or os.environ.get(source_var(pkg.name)) or "")
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme in ("http", "https", "file"):
         echo(f"{pkg.name}: downloading {url}")
         try:
             urllib.request.urlretrieve(url, target)
         except OSError as e:
-            raise UserError(f"cannot download {url}: {e}",
-                            fix=f"set {source_var(pkg.name)} to a reachable copy, or pass "
-                                "--no-builds to `invoke setup` to go on without the kernels"
-                            ) from None
-        return
-    if Path(url).is_file():
+            raise UserError(f"cannot download {url}: {e}", fix=fix) from None
+        return url
+    if url:
+        if not Path(url).is_file():
+            raise UserError(f"{source_var(pkg.name)}={url}: no such file", fix=fix)
         shutil.copy(url, target)
-        return
-    # A bare file name: ask the configured package index (pip's configuration) for the sdist.
-    # pip runs its setup.py for metadata, which may import torch: hence the environment's own
-    # interpreter (pip added to it if missing) and the recipe's metadata_env (no compiling).
-    echo(f"{pkg.name}: fetching the {pkg.pin} sdist from the package index")
-    if not proc.run([python, "-m", "pip", "--version"], timeout=60).ok:
-        proc.run([uv.exe(), "pip", "install", "--python", python, "pip"], env=uv.env(),
-                 timeout=600)
-    out = target.parent / f"dl-{os.getpid()}"
-    r = proc.run([python, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
-                  "--no-binary", ":all:", f"{pkg.name}=={pkg.pin}", "-d", out],
-                 env={**os.environ, **pkg.metadata_env}, timeout=1800)
-    files = list(out.glob("*.tar.gz")) if out.exists() else []
-    if not r.ok or not files:
-        shutil.rmtree(out, ignore_errors=True)
-        raise UserError(f"cannot fetch the {pkg.name} {pkg.pin} sdist: {r.tail(3)}",
-                        fix=f"set {source_var(pkg.name)} to the sdist's path or URL, or pass "
-                            "--no-builds to `invoke setup` to go on without the kernels")
-    shutil.move(files[0], target)
-    shutil.rmtree(out, ignore_errors=True)
+        return url
+    name = pkg.source.url or ""
+    echo(f"{pkg.name}: fetching {name} from the package index")
+    try:
+        got = index.fetch(pkg.name, name, pkg.source.sha256 or "", target, echo=echo)
+    except UserError as e:
+        raise UserError(f"cannot fetch the {pkg.name} {pkg.pin} sdist: {e.message}",
+                        fix=fix) from None
+    if got.yanked:
+        output.warning(f"{pkg.name}: {name} is yanked on its index"
+                       + (f" ({got.yanked.reason})" if got.yanked.reason else "")
+                       + "; using it because the profile pins its sha256")
+    return got.source
 
 
 # --- the build environment -------------------------------------------------------------------
@@ -252,14 +261,17 @@ class Result:
 
 
 def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
-                      patch_root: Path | None = None, echo=output.status) -> Result | Plan:
+                      patch_root: Path | None = None, echo=output.status,
+                      given: Given | None = None, cache: Path | None = None) -> Result | Plan:
+    """`given`: a bundle's sources; `cache`: the build cache (default MEGATRON_ENV_CACHE)."""
     t0 = time.monotonic()
+    cache = cache or cache_dir()
     p = plan(pkg, python, archs, patch_root)
     for line in p.lines():
         echo(line)
     if dry_run:
         return p
-    slot = cache_dir() / "wheels" / p.key
+    slot = cache / "wheels" / p.key
     slot.parent.mkdir(parents=True, exist_ok=True)
     built_in = None
     log = None
@@ -268,11 +280,11 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         wheels = list(slot.glob("*.whl"))
         hit = bool(wheels)
         if not hit:
-            _sweep(p.key)
-            pristine = fetch(pkg, python, echo=echo)
-            work = cache_dir() / "build" / f"{p.key}.tmp-{os.getpid()}"
+            _sweep(p.key, cache)
+            pristine = fetch(pkg, echo, given=given, cache=cache)
+            work = cache / "build" / f"{p.key}.tmp-{os.getpid()}"
             work.parent.mkdir(parents=True, exist_ok=True)
-            log = cache_dir() / "logs" / f"{p.key}-{time.strftime('%Y%m%d%H%M%S')}.log"
+            log = cache / "logs" / f"{p.key}-{time.strftime('%Y%m%d%H%M%S')}.log"
             try:  # the tree and its objects take GBs: gone on success and on failure alike
                 patches.apply_series(pristine, work, p.patches)
                 for x in p.patches:
@@ -314,11 +326,11 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                   facts["imported"])
 
 
-def _sweep(key: str) -> None:
+def _sweep(key: str, cache: Path) -> None:
     """Remove what killed builds of this key left (the caller holds the key's lock, so no
     living build owns any of it)."""
     for pattern in (f"build/{key}.tmp-*", f"wheels/{key}.tmp-*"):
-        for d in cache_dir().glob(pattern):
+        for d in cache.glob(pattern):
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -19,6 +19,7 @@ from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import env, probe, uv
 from megatron_env.sources import patches, repos
+from megatron_env.sources.given import Given
 
 STAMP = ".megatron-env-source.json"
 MODULES = ("megatron.core", "megatron.core.datasets.helpers")
@@ -37,8 +38,9 @@ def source_dir(profile: Profile) -> Path:
     return env.ENV_ROOT / f"{profile.name}.megatron" / key(profile)
 
 
-def prepare(profile: Profile, echo=output.status) -> Path:
-    """The patched source tree of the profile's Megatron, made once per commit and patch series."""
+def prepare(profile: Profile, echo=output.status, given: Given | None = None) -> Path:
+    """The patched source tree of the profile's Megatron, made once per commit and patch series
+    (`given`: a bundle's repository instead of the profile's URL)."""
     dest = source_dir(profile)
     if (dest / STAMP).exists():
         return dest
@@ -48,7 +50,8 @@ def prepare(profile: Profile, echo=output.status) -> Path:
         shutil.rmtree(leftover, ignore_errors=True)
     m = profile.megatron
     pristine = root / f".pristine-{m['commit'][:12]}.tmp-{os.getpid()}"
-    repos.checkout("megatron", m["repo"], m["tag"], m["commit"], pristine, echo=echo)
+    repos.checkout("megatron", m["repo"], m["tag"], m["commit"], pristine, echo=echo,
+                   given=given)
     series = patch_series(profile)
     staged = root / f"{dest.name}.tmp-{os.getpid()}"
     try:

@@ -140,8 +140,11 @@ def _refuse(prefix: Path, profile: Profile) -> None:
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
           conda: str | None = None, use_conda: bool | None = None,
           find_links: list[str] | None = None, no_index: bool = False, deep: bool = False,
-          echo=output.status) -> Summary:
+          conda_lock: Path | None = None, echo=output.status) -> Summary:
     """Create, check or repair the profile's environment at `prefix` (see the module docstring).
+
+    find_links/no_index: where the lock's wheels come from (a bundle's wheels/, no index);
+    conda_lock: the conda-lock.yml to install instead of the profile's (a bundle's local copy).
 
     deep: re-hash every installed file against its RECORD and import torch, instead of the
     stat-only check of the manifest.
@@ -175,7 +178,8 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
                     return s
             check_free_space(store, echo)
             return _cold(profile, prefix, store, lockfile, wanted, sources, t0, echo,
-                         python=python, conda=conda, use_conda=use_conda)
+                         python=python, conda=conda, use_conda=use_conda,
+                         conda_lock=conda_lock)
     except UserError:
         if made_store and not any(d.is_dir() for d in store.iterdir()):
             shutil.rmtree(store, ignore_errors=True)  # a refused first run leaves nothing
@@ -309,9 +313,9 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
 
 
 def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
-            find_links, no_index, echo) -> str:
+            find_links, no_index, echo, conda_lock: Path | None = None) -> str:
     log = target.with_suffix(".log")
-    conda_lock_file = lock.conda_lockfile(profile)
+    conda_lock_file = lock.conda_lockfile(profile, conda_lock)
     solver = conda or lock.conda_solver()
     if use_conda is None:
         use_conda = bool(solver and conda_lock_file.exists())

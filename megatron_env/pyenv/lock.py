@@ -362,13 +362,12 @@ def conda_solver() -> str | None:
 
 
 CHANNELS_ENV = "MEGATRON_ENV_CONDA_CHANNELS"  # comma-separated mirrors replacing the profile's
-# A copy of the profile's conda-lock.yml whose package URLs point at local files (a bundle's)
-CONDA_LOCKFILE_ENV = "MEGATRON_ENV_CONDA_LOCKFILE"
 
 
-def conda_lockfile(profile: Profile) -> Path:
-    """The conda-lock.yml `invoke env` installs: the profile's, or the copy a bundle points at."""
-    return Path(os.environ.get(CONDA_LOCKFILE_ENV) or profile.conda_lock_file)
+def conda_lockfile(profile: Profile, given: Path | None = None) -> Path:
+    """The conda-lock.yml `invoke env` installs: the profile's, or `given` (a bundle's copy whose
+    package URLs point at its files)."""
+    return given or profile.conda_lock_file
 
 
 def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | None = None,

@@ -12,7 +12,6 @@ proves it computes what PyTorch computes. A profile's `[kernels.<name>]` table p
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -154,7 +153,9 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
     at_once = max(1, min(recipe.nvcc_threads or 1, len(archs)))
     if recipe.source == "sdist":
         version = pins["version"]
-        url = os.environ.get(source_var(recipe.name), recipe.sdist.format(version=version))
+        # the file's name on the index; a bundle's copy or MEGATRON_ENV_SOURCE_<NAME> stands in
+        # for it where it is fetched (kernels.build.fetch)
+        url = recipe.sdist.format(version=version)
         source, pin = Source(sha256=pins["sha256"], url=url), version
     else:
         subs = tuple((path, repo, pins["submodules"][path])

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from megatron_env import digest, findings, mutex, output
 from megatron_env.errors import UserError
@@ -34,6 +35,10 @@ from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, env, lock, manifest
 from megatron_env.sources import patches
+from megatron_env.sources.given import Given
+
+if TYPE_CHECKING:  # the value only: the setup chain does not call into the bundle wing
+    from megatron_env.bundle.offline import Bundle
 
 STEPS = ["check", "lock", "env", "sources", "patches", "builds", "megatron", "verify"]
 
@@ -48,6 +53,17 @@ class Context:
     adopt: Path | None = None  # an existing interpreter to use instead of building one
     no_builds: bool = False  # leave the kernel builds out (reported as skipped)
     deep: bool = False  # re-hash every installed file and import again (--verify-deep)
+    bundle: Bundle | None = None  # where sources, wheels and the conda layer come from offline
+    kernels: dict[str, build.Package] = field(default_factory=dict)  # resolved once, below
+
+    def __post_init__(self) -> None:
+        if not self.kernels:
+            self.kernels = dict(self.bundle.kernels if self.bundle
+                                else build.packages(self.profile))
+
+    @property
+    def given(self) -> Given | None:
+        return self.bundle.given if self.bundle else None
 
     @property
     def stamps(self) -> Path:
@@ -97,7 +113,10 @@ def _lock_run(ctx: Context) -> str:
 def _env_run(ctx: Context) -> str:
     if ctx.adopt:
         return _adopt(ctx)
-    s = env.build(ctx.profile, ctx.prefix, deep=ctx.deep, echo=ctx.echo)
+    b = ctx.bundle
+    s = env.build(ctx.profile, ctx.prefix, deep=ctx.deep, echo=ctx.echo,
+                  find_links=b.find_links if b else None, no_index=bool(b),
+                  conda_lock=b.conda_lock if b else None)
     return f"{s.action}: Python {s.facts['python']}, torch {s.facts.get('torch')}, CUDA " \
            f"{s.facts.get('torch_cuda')}, {len(s.facts['dists'])} packages"
 
@@ -154,7 +173,7 @@ def _builds_skip(ctx: Context) -> str | None:
 
 
 def _kernel_packages(ctx: Context) -> list[build.Package]:
-    return list(build.packages(ctx.profile).values())
+    return list(ctx.kernels.values())
 
 
 def _builds_inputs(ctx: Context) -> str:
@@ -168,8 +187,8 @@ def _builds_inputs(ctx: Context) -> str:
 
 
 def _sources_run(ctx: Context) -> str:
-    return "; ".join(f"{k.name} {k.source.digest[:19]} at {build.fetch(k, ctx.python, ctx.echo)}"
-                     for k in _kernel_packages(ctx))
+    return "; ".join(f"{k.name} {k.source.digest[:19]} at "
+                     f"{build.fetch(k, ctx.echo, given=ctx.given)}" for k in _kernel_packages(ctx))
 
 
 def _patches_run(ctx: Context) -> str:
@@ -177,7 +196,7 @@ def _patches_run(ctx: Context) -> str:
     for k in _kernel_packages(ctx):
         series = patches.series(k.name, k.pin)
         scratch = build.cache_dir() / "build" / f"check-{k.name}-{time.time_ns()}"
-        patches.apply_series(build.fetch(k, ctx.python, ctx.echo), scratch, series)
+        patches.apply_series(build.fetch(k, ctx.echo, given=ctx.given), scratch, series)
         shutil.rmtree(scratch, ignore_errors=True)
         done.append(f"{k.name}: {len(series)} patch(es) apply")
     return "; ".join(done)
@@ -186,7 +205,8 @@ def _patches_run(ctx: Context) -> str:
 def _builds_run(ctx: Context) -> str:
     out = []
     for k in _kernel_packages(ctx):
-        r = build.build_and_install(k, ctx.python, ctx.profile.archs, echo=ctx.echo)
+        r = build.build_and_install(k, ctx.python, ctx.profile.archs, echo=ctx.echo,
+                                    given=ctx.given)
         how = "from cache" if r.cache_hit else f"built in {r.build_seconds:.0f} s"
         out.append(f"{k.name} {how}, {len(r.modules)} compiled module(s) import")
     return "; ".join(out)
@@ -200,7 +220,7 @@ def _megatron_inputs(ctx: Context) -> str:
 
 
 def _megatron_run(ctx: Context) -> str:
-    src = checkout.prepare(ctx.profile, echo=ctx.echo)
+    src = checkout.prepare(ctx.profile, echo=ctx.echo, given=ctx.given)
     checkout.install(ctx.profile, ctx.python, src, echo=ctx.echo)
     n = len(checkout.patch_series(ctx.profile))
     return f"{ctx.profile.megatron['tag']} @ {ctx.profile.megatron['commit'][:12]}, " \

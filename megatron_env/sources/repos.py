@@ -14,6 +14,7 @@ from pathlib import Path
 
 from megatron_env import REPO_ROOT, digest, output, proc
 from megatron_env.errors import UserError
+from megatron_env.sources.given import Given
 
 CACHE_ENV = "MEGATRON_ENV_CACHE"
 
@@ -26,8 +27,11 @@ def mirror_var(name: str) -> str:
     return "MEGATRON_ENV_MIRROR_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
 
 
-def repo_url(name: str, url: str) -> str:
-    return os.environ.get(mirror_var(name), url)
+def repo_url(name: str, url: str, given: Given | None = None) -> str:
+    """Where `name` is fetched from: a bundle's repository, else the user's
+    MEGATRON_ENV_MIRROR_<NAME>, else the profile's URL."""
+    mirror = given.mirror(name) if given else None
+    return str(mirror) if mirror else os.environ.get(mirror_var(name), url)
 
 
 def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
@@ -38,9 +42,9 @@ def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
     return r
 
 
-def mirror(name: str, url: str, echo=output.status) -> Path:
+def mirror(name: str, url: str, echo=output.status, given: Given | None = None) -> Path:
     """A bare mirror of `url` under the cache, created or brought up to date (tags forced)."""
-    url = repo_url(name, url)
+    url = repo_url(name, url, given)
     local = Path(url[len("file://"):] if url.startswith("file://") else url)
     if url.startswith(("/", "file://")) and local.is_dir() and not (
             (local / "HEAD").exists() or (local / ".git").exists()):
@@ -79,13 +83,13 @@ def resolve(git_dir: Path, ref: str) -> str | None:
 
 
 def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
-             echo=output.status) -> Path:
+             echo=output.status, given: Given | None = None) -> Path:
     """The tree of `commit` at `dest`, after checking that `tag` (when given) still points at it."""
-    git_dir = mirror(name, url, echo=echo)
+    git_dir = mirror(name, url, echo=echo, given=given)
     at = resolve(git_dir, tag or commit)
     if at is None:
         what = f"tag {tag}" if tag else f"commit {commit}"
-        raise UserError(f"{name}: {what} does not exist in {repo_url(name, url)}",
+        raise UserError(f"{name}: {what} does not exist in {repo_url(name, url, given)}",
                         fix="check the pin in the profile, or the mirror")
     if at != commit:
         raise UserError(f"{name}: tag {tag} now points at {at}, the profile pins {commit}: "

@@ -1,0 +1,90 @@
+"""The tool's own wheels in a bundle: megatron-env, its runtime dependencies and its build
+backend for the profile's Python, and tool/requirements.txt pinning each by sha256, so the
+offline install (scripts/install_tool.py, or pip with --require-hashes) takes these files and no
+others."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from megatron_env import __version__, digest, proc
+from megatron_env.bundle.layout import MACHINE
+from megatron_env.errors import UserError
+from megatron_env.profile import Profile
+from megatron_env.pyenv import lock, uv
+
+_PIP_NAME = re.compile(r"[-_.]+")
+
+
+def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) -> None:
+    argv = [sys.executable, "-m", "pip", "download", "-q", "-d", dest, "--python-version", python,
+            "--implementation", "cp", "--only-binary=:all:"]
+    for plat in lock.WHEEL_PLATFORMS:
+        argv += ["--platform", plat]
+    r = proc.run([*argv, *args], timeout=1800)
+    if not r.ok:
+        raise UserError(f"cannot download {what} for Python {python}: {r.tail(4)}",
+                        fix="check the package index (pip's configuration, PIP_INDEX_URL) "
+                            "or PIP_FIND_LINKS")
+
+
+def wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...] = ()
+                 ) -> None:
+    """megatron-env as a wheel, its runtime dependencies and its build backend, for the profile's
+    Python: `pip install --no-index --find-links tool megatron-env` then needs nothing else."""
+    echo(f"tool: building the megatron-env {__version__} wheel")
+    with tempfile.TemporaryDirectory(prefix="megatron-env-wheel-") as tmp:
+        work = Path(tmp) / "src"
+        shutil.copytree(source, work)
+        # fixed zip timestamps: the same tree gives the same wheel, so a delta bundle skips it
+        r = proc.run([uv.exe(), "build", "--wheel", "--out-dir", Path(tmp) / "dist", work],
+                     env=uv.env(SOURCE_DATE_EPOCH="315532800"), timeout=900)
+        if not r.ok:
+            raise UserError(f"building the megatron-env wheel failed: {r.tail(5)}",
+                            fix="the build needs setuptools and wheel from the package index")
+        built = next((Path(tmp) / "dist").glob("megatron_env-*.whl"))
+        shutil.copy(built, dest / built.name)
+    echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
+    pins = tool_pins(source / "pyproject.toml", prof.python, extras)
+    _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
+
+
+def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> list[str]:
+    """The tool's runtime dependencies (and `extras`') and build backend resolved for `python`
+    on linux x86_64.
+
+    uv resolves, because `pip download --python-version` still judges markers by the running
+    interpreter (tomli for 3.10 would be left out when run by 3.12)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    backend = tomllib.loads(pyproject.read_text())["build-system"]["requires"]
+    with tempfile.TemporaryDirectory(prefix="megatron-env-tool-") as tmp:
+        (Path(tmp) / "backend.in").write_text("\n".join(backend) + "\n")
+        r = proc.run([uv.exe(), "pip", "compile", pyproject, Path(tmp) / "backend.in",
+                      *(a for e in extras for a in ("--extra", e)),
+                      "--python-version", python, "--python-platform", lock.PLATFORM,
+                      "--no-header", "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
+    if not r.ok:
+        raise UserError(f"cannot resolve megatron-env's dependencies for Python {python}: "
+                        f"{r.tail(4)}", fix="check the package index (UV_INDEX_URL)")
+    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip() and ln[0].isalnum()]
+
+
+def requirements(tool: Path) -> Path:
+    """tool/requirements.txt: every wheel of tool/ pinned by name, version and sha256, so
+    `pip install --no-index --require-hashes -r tool/requirements.txt --find-links tool`
+    refuses a changed wheel (scripts/install_tool.py also refuses one the manifest lacks)."""
+    lines = []
+    for w in sorted(tool.glob("*.whl")):
+        name, version = w.name.split("-")[:2]
+        lines.append(f"{_PIP_NAME.sub('-', name).lower()}=={version} "
+                     f"--hash=sha256:{digest.file_hex(w)}")
+    out = tool / "requirements.txt"
+    out.write_text("\n".join(lines) + "\n")
+    return out

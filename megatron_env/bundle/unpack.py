@@ -1,0 +1,238 @@
+"""A bundle archive into the cache: each member checked against its manifest, written into a
+private directory, verified there, and published by one rename.
+
+Many processes on many nodes may unpack one bundle into one shared cache at once (the first step
+of a job on every node). A file lock lets one of them work while the others wait and then reuse
+its result; the lock is a courtesy, not the guarantee, since NFS and Lustre may not honour it
+across nodes. The guarantee is the rename: every run unpacks into its own
+`<key>.tmp-<host>-<pid>`, only a directory that matched its manifest is renamed to `<key>`
+(atomic on those filesystems too), and a run that finds `<key>` already there discards its copy
+and uses it. So a published entry is only ever a verified one, and a tampered copy never takes
+the key of the good bundle it claims to be.
+
+What killed runs leave is removed by later runs: on this host once its process is gone, from
+any host after STALE_HOURS (another node's process cannot be asked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import socket
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from megatron_env import mutex, output
+from megatron_env.bundle.layout import MANIFEST, truncated_error
+from megatron_env.errors import UserError
+from megatron_env.sources import archive
+
+STALE_HOURS = 12.0
+_TMP = re.compile(r"\.tmp-(?:(?P<host>[^/]+)-)?(?P<pid>\d+)$")
+
+
+def host() -> str:
+    """This node's name as it appears in temporary names (no dashes: they separate the pid)."""
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+
+
+def tmp_dir(dest: Path) -> Path:
+    return dest.with_name(f"{dest.name}.tmp-{host()}-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale(path: Path, now: float | None = None) -> bool:
+    """A temporary directory no living run owns: this host's with its process gone (names
+    without a host are from older versions, made here), or any older than STALE_HOURS."""
+    m = _TMP.search(path.name)
+    if not m:
+        return False
+    try:
+        age = (now or time.time()) - path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age > STALE_HOURS * 3600:
+        return True
+    return m.group("host") in (None, host()) and not _alive(int(m.group("pid")))
+
+
+def sweep(root: Path) -> list[Path]:
+    """Remove the temporary directories killed runs left under `root`; -> those removed."""
+    gone = []
+    for d in root.glob("*.tmp-*"):
+        if d.is_dir() and stale(d):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone
+
+
+@contextlib.contextmanager
+def _courtesy_lock(path: Path, echo) -> Iterator[None]:
+    """The file lock when the filesystem has one; without it, the rename alone keeps it safe."""
+    held = mutex.exclusive(path, f"bundle: another run is unpacking this bundle ({path}); "
+                                 "waiting for it", echo)
+    try:
+        held.__enter__()
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        held.__exit__(None, None, None)
+
+
+def _name(m: tarfile.TarInfo) -> str:
+    return PurePosixPath(m.name).as_posix().removeprefix("./")
+
+
+def check_members(path: Path, tar: tarfile.TarFile, doc: dict) -> list[tarfile.TarInfo]:
+    """Every member a plain file the manifest lists (or a directory), each once; else the
+    bundle is refused by the member's name before anything is written."""
+    seen: set[str] = set()
+
+    def refuse(name: str, why: str) -> UserError:
+        return UserError(f"{path}: member {name} is {why}; the bundle is refused, nothing was "
+                         "unpacked", fix="use the bundle as `invoke bundle` wrote it (copy it "
+                                         "again from where it was made)")
+
+    try:
+        members = tar.getmembers()
+    except (EOFError, tarfile.ReadError):
+        raise truncated_error(path) from None
+    for m in members:
+        name = _name(m)
+        if why := archive.problem(m):
+            raise refuse(m.name, why)
+        if m.isdir():
+            continue
+        if name != MANIFEST and name not in doc["files"]:
+            raise refuse(name, f"not listed in its {MANIFEST}")
+        if name in seen:
+            raise refuse(name, "in the archive twice")
+        seen.add(name)
+    return members
+
+
+def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path) -> tuple[str, int]:
+    """One member's bytes into `target`, hashed on the way; -> (sha256, size)."""
+    src = tar.extractfile(m)
+    if src is None:
+        raise tarfile.ReadError(f"{m.name} has no data")
+    h, size = hashlib.sha256(), 0
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with src, open(target, "wb") as out:
+        while chunk := src.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    return h.hexdigest(), size
+
+
+def _extract(paths: list[Path], docs: dict[Path, dict], tmp: Path, dest: Path, echo
+             ) -> dict[str, tuple]:
+    """Base first, deltas over it, into `tmp`; -> name -> (sha256, size) of what was written."""
+    sums: dict[str, tuple[str, int]] = {}
+    for p in paths:
+        echo(f"bundle: unpacking {p.name} into {dest}")
+        try:
+            with tarfile.open(p) as tar:
+                for m in check_members(p, tar, docs[p]):
+                    name = _name(m)
+                    if m.isdir():
+                        (tmp / name).mkdir(parents=True, exist_ok=True)
+                    elif name != MANIFEST:
+                        sums[name] = _write(tar, m, tmp / name)
+        except (EOFError, tarfile.ReadError, tarfile.StreamError):
+            raise truncated_error(p) from None
+        except OSError as e:
+            raise UserError(f"cannot unpack {p} into {tmp.parent}: {e.strerror or e}",
+                            fix="free space there, or point MEGATRON_ENV_CACHE at a writable "
+                                "directory with room") from None
+    return sums
+
+
+def mismatch(doc: dict, sums: dict[str, tuple]) -> tuple[list[str], list[str]]:
+    """(changed, missing) files of the manifest, given what each name holds."""
+    changed, missing = [], []
+    for rel, meta in doc["files"].items():
+        got = sums.get(rel)
+        if got is None:
+            missing.append(rel)
+        elif got != (meta["sha256"], meta["size"]):
+            changed.append(rel)
+    return changed, missing
+
+
+def refusal(where: Path | str, changed: list[str], missing: list[str], done: str) -> UserError:
+    parts = []
+    if changed:
+        parts.append(f"{len(changed)} changed: {', '.join(changed[:8])}")
+    if missing:
+        parts.append(f"{len(missing)} missing: {', '.join(missing[:8])}")
+    return UserError(f"bundle {where} does not match its manifest ({'; '.join(parts)}); {done}",
+                     fix="copy the bundle again from where it was made (a delta needs its base "
+                         "unpacked first)")
+
+
+def discard(path: Path) -> None:
+    """Out of the way by a rename first (then no run can mistake it for a published entry)."""
+    aside = path.with_name(f"{path.name}.tmp-{host()}-{os.getpid()}-old")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def unpack(paths: list[Path], docs: dict[Path, dict], top_raw: bytes, dest: Path,
+           echo=output.status) -> bool:
+    """The archives `paths` (base first) unpacked, verified and published at `dest`; -> True
+    when this run did it, False when another run's verified entry was there or won the race."""
+    root = dest.parent
+    root.mkdir(parents=True, exist_ok=True)
+    if (dest / MANIFEST).exists():
+        return False
+    with _courtesy_lock(root / f"{dest.name}.lock", echo):
+        if (dest / MANIFEST).exists():
+            echo(f"bundle: {dest} was unpacked by another run; using it")
+            return False
+        for d in sweep(root):
+            echo(f"bundle: removed {d.name}, left by a run that was killed")
+        tmp = tmp_dir(dest)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            sums = _extract(paths, docs, tmp, dest, echo)
+            changed, missing = mismatch(docs[paths[-1]], sums)
+            if changed or missing:
+                raise refusal(paths[-1], changed, missing, "nothing was unpacked or installed")
+            for extra in set(sums) - set(docs[paths[-1]]["files"]):  # a base's file dropped
+                (tmp / extra).unlink()
+            (tmp / MANIFEST).write_bytes(top_raw)
+            if dest.exists() and not (dest / MANIFEST).exists():
+                discard(dest)  # half an entry (older versions): never trusted
+            try:
+                os.rename(tmp, dest)
+            except OSError:
+                if not (dest / MANIFEST).exists():
+                    raise
+                echo(f"bundle: another run published {dest} first; using it")
+                return False
+            return True
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,333 @@
+"""Package indexes read as data: a pinned file fetched by its name and checked by its sha256.
+
+`pip download --no-binary` runs an sdist's setup.py just to download it (a kernel package's imports
+torch); the simple API (PEP 691 JSON, PEP 503 HTML) lists each file of a project with its URL,
+hash and yanked flag, so a file whose sha256 the profile already holds needs nothing else.
+Where to look is the user's pip and uv configuration: PIP_INDEX_URL, PIP_EXTRA_INDEX_URL,
+UV_DEFAULT_INDEX/UV_INDEX_URL, UV_INDEX/UV_EXTRA_INDEX_URL, pip.conf (PIP_CONFIG_FILE, the site,
+user and global files), find-links directories; https://pypi.org/simple when nothing says.
+
+The parsers are pure; `files` reads one project page; `fetch` finds, downloads and checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import configparser
+import hashlib
+import json
+import os
+import re
+import shutil
+import ssl
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+from megatron_env import digest, output
+from megatron_env.errors import UserError
+from megatron_env.redact import mask_urls
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
+          "text/html;q=0.01")
+
+
+@dataclass(frozen=True)
+class IndexFile:
+    """One file of a project page. `yanked` with its `reason` ("" when the index gives none)."""
+
+    name: str
+    url: str
+    sha256: str | None
+    yanked: bool = False
+    reason: str = ""
+    size: int | None = None
+
+
+def normalize(project: str) -> str:
+    """PEP 503: My_Package, My.Package and my-package are one project, my-package."""
+    return re.sub(r"[-_.]+", "-", project).lower()
+
+
+def _sha256(url: str) -> str | None:
+    frag = urllib.parse.urlparse(url).fragment
+    m = re.fullmatch(r"sha256=([0-9a-fA-F]{64})", frag)
+    return m.group(1).lower() if m else None
+
+
+def parse_json(text: str, page_url: str) -> list[IndexFile]:
+    """A PEP 691 project page (application/vnd.pypi.simple.v1+json)."""
+    doc = json.loads(text)
+    out = []
+    for f in doc.get("files", []):
+        url = urllib.parse.urljoin(page_url, f["url"])
+        yanked = f.get("yanked", False)
+        out.append(IndexFile(f["filename"], url.split("#")[0],
+                             (f.get("hashes") or {}).get("sha256") or _sha256(url),
+                             yanked is not False, yanked.strip() if isinstance(yanked, str) else "",
+                             f.get("size")))
+    return out
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[dict[str, str | None], str]] = []
+        self._open: dict[str, str | None] | None = None
+        self._text = ""
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._open, self._text = dict(attrs), ""
+
+    def handle_data(self, data):
+        if self._open is not None:
+            self._text += data
+
+    def handle_endtag(self, tag):
+        if tag == "a" and self._open is not None:
+            self.found.append((self._open, self._text.strip()))
+            self._open = None
+
+
+def parse_html(text: str, page_url: str) -> list[IndexFile]:
+    """A PEP 503 project page: one anchor a file, `#sha256=` on its URL, `data-yanked`."""
+    p = _Anchors()
+    p.feed(text)
+    out = []
+    for attrs, label in p.found:
+        href = attrs.get("href")
+        if not href:
+            continue
+        url = urllib.parse.urljoin(page_url, href)
+        name = label or urllib.parse.unquote(urllib.parse.urlparse(url).path.rsplit("/", 1)[-1])
+        yanked = "data-yanked" in attrs
+        out.append(IndexFile(name, url.split("#")[0], _sha256(url), yanked,
+                             (attrs.get("data-yanked") or "").strip() if yanked else ""))
+    return out
+
+
+# --- where to look ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    indexes: list[str] = field(default_factory=list)  # the primary first, then the extras
+    find_links: list[str] = field(default_factory=list)
+    no_index: bool = False
+    cert: str | None = None
+    timeout: float = 60.0
+
+
+def pip_config_files(environ: Mapping[str, str]) -> list[Path]:
+    """pip's configuration files, weakest first (pip's own order); none with PIP_CONFIG_FILE set
+    to os.devnull."""
+    own = environ.get("PIP_CONFIG_FILE")
+    if own == os.devnull:
+        return []
+    home = Path(environ.get("HOME", str(Path.home())))
+    xdg = environ.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
+    files = [*(Path(d) / "pip" / "pip.conf" for d in reversed(xdg)), Path("/etc/pip.conf"),
+             home / ".pip" / "pip.conf",
+             Path(environ.get("XDG_CONFIG_HOME", str(home / ".config"))) / "pip" / "pip.conf",
+             Path(sys.prefix) / "pip.conf"]
+    return files + ([Path(own)] if own else [])
+
+
+def _words(value: str | None) -> list[str]:
+    return (value or "").split()  # pip splits its list settings on whitespace
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def settings(environ: Mapping[str, str], conf_texts: list[str]) -> Config:
+    """Pure: the indexes, find-links, no-index and CA bundle from environment variables and the
+    text of pip's configuration files (weakest first; a later file overrides an earlier one,
+    and a variable overrides them all)."""
+    conf: dict[str, str] = {}
+    for text in conf_texts:
+        cp = configparser.ConfigParser(interpolation=None)
+        try:
+            cp.read_string(text)
+        except configparser.Error:
+            continue
+        for section in ("global", "install", "download"):  # pip download reads all three
+            if cp.has_section(section):
+                conf.update(cp.items(section))
+
+    def pick(var: str, key: str) -> str | None:
+        return environ.get(var) or conf.get(key)
+
+    primary = (environ.get("PIP_INDEX_URL") or environ.get("UV_DEFAULT_INDEX")
+               or environ.get("UV_INDEX_URL") or conf.get("index-url") or DEFAULT_INDEX)
+    extras = [*_words(pick("PIP_EXTRA_INDEX_URL", "extra-index-url")),
+              *_words(environ.get("UV_INDEX")), *_words(environ.get("UV_EXTRA_INDEX_URL"))]
+    links = [*_words(pick("PIP_FIND_LINKS", "find-links")),
+             *(environ.get("UV_FIND_LINKS", "").replace(",", " ").split())]
+    pip_said = any(environ.get(v) for v in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"))
+    no_index = _true(environ.get("PIP_NO_INDEX")) or (  # uv's only where pip names no index
+        _true(environ.get("UV_NO_INDEX")) and not pip_said) or (
+        "PIP_NO_INDEX" not in environ and _true(conf.get("no-index")))
+    named = [i.split("=", 1)[1] if re.match(r"^[\w-]+=", i) else i  # uv's `name=url`
+             for i in (primary, *extras)]
+    indexes = [] if no_index else list(dict.fromkeys(i.rstrip("/") for i in named))
+    try:
+        timeout = float(pick("PIP_TIMEOUT", "timeout") or pick("PIP_DEFAULT_TIMEOUT",
+                                                                "default-timeout") or 60)
+    except ValueError:
+        timeout = 60.0
+    return Config(indexes, list(dict.fromkeys(links)), no_index,
+                  pick("PIP_CERT", "cert"), timeout)
+
+
+def configured(environ: Mapping[str, str] | None = None) -> Config:
+    environ = os.environ if environ is None else environ
+    texts = []
+    for f in pip_config_files(environ):
+        try:
+            texts.append(f.read_text())
+        except (OSError, UnicodeDecodeError):
+            continue
+    return settings(environ, texts)
+
+
+# --- reading an index ------------------------------------------------------------------------
+
+
+def _open(url: str, cfg: Config, accept: str | None = None):
+    """urlopen with the index's credentials (user:pass@ in its URL) as a header, not a URL."""
+    parts = urllib.parse.urlsplit(url)
+    headers = {"User-Agent": "megatron-env"}
+    if accept:
+        headers["Accept"] = accept
+    if parts.username is not None:
+        unq = urllib.parse.unquote
+        cred = f"{unq(parts.username)}:{unq(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
+        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (
+            f":{parts.port}" if parts.port else "")))
+    ctx = ssl.create_default_context(cafile=cfg.cert) if cfg.cert and parts.scheme == "https" \
+        else None
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                  timeout=cfg.timeout, context=ctx)
+
+
+def files(project: str, index_url: str, cfg: Config | None = None) -> list[IndexFile]:
+    """The files an index lists for `project` ([] when it has no such project)."""
+    cfg = cfg or Config()
+    page = f"{index_url.rstrip('/')}/{normalize(project)}/"
+    if page.startswith("file:"):  # a directory laid out as an index: <project>/index.html
+        path = Path(urllib.request.url2pathname(urllib.parse.urlparse(page).path))
+        html = path / "index.html"
+        return parse_html(html.read_text(), html.as_uri()) if html.is_file() else []
+    try:
+        with _open(page, cfg, ACCEPT) as r:
+            kind = r.headers.get_content_type()
+            text = r.read().decode(r.headers.get_content_charset() or "utf-8")
+            page = r.geturl()
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return []
+        raise UserError(f"{mask_urls(page)}: HTTP {e.code} {e.reason}",
+                        fix="check the index URL and its credentials (pip's configuration)"
+                        ) from None
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {mask_urls(page)}: {getattr(e, 'reason', e)}",
+                        fix="check the index URL (PIP_INDEX_URL, pip.conf) and the network"
+                        ) from None
+    if kind == "application/vnd.pypi.simple.v1+json":
+        return parse_json(text, page)
+    return parse_html(text, page)
+
+
+@dataclass
+class Fetched:
+    path: Path
+    source: str  # where it came from (credentials masked)
+    yanked: IndexFile | None = None
+
+
+def _credentials(url: str, index_url: str) -> str:
+    """The index's user:pass@ carried to a file on the same host (as pip does)."""
+    f, i = urllib.parse.urlsplit(url), urllib.parse.urlsplit(index_url)
+    if i.username is None or f.username is not None or (f.hostname, f.port) != (i.hostname,
+                                                                                 i.port):
+        return url
+    return urllib.parse.urlunsplit(f._replace(netloc=i.netloc))
+
+
+def _download(url: str, dest: Path, cfg: Config) -> str:
+    """Stream `url` to `dest`; -> its sha256."""
+    h = hashlib.sha256()
+    with _open(url, cfg) as r, open(dest, "wb") as out:
+        while chunk := r.read(1 << 20):
+            h.update(chunk)
+            out.write(chunk)
+    return h.hexdigest()
+
+
+def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | None = None,
+          echo=output.status) -> Fetched:
+    """`filename` of `project` written to `dest`, its sha256 checked: from a find-links
+    directory, else from the first index that lists it. A yanked file is fetched (the pin
+    names it by hash) and returned with its flag for the caller to name."""
+    cfg = cfg or configured()
+    tried, wrong = [], []
+    for link in cfg.find_links:
+        local = Path(link[len("file://"):] if link.startswith("file://") else link) / filename
+        if local.is_file():
+            tmp = dest.with_name(dest.name + ".part")
+            shutil.copy(local, tmp)
+            if digest.file_hex(tmp) == sha256:
+                os.replace(tmp, dest)
+                return Fetched(dest, str(local))
+            tmp.unlink()
+            wrong.append(str(local))
+        tried.append(link)
+    unreadable: list[UserError] = []
+    for index in cfg.indexes:
+        tried.append(mask_urls(index))
+        try:
+            listed = files(project, index, cfg)
+        except UserError as e:  # as pip does: the next index may have it
+            unreadable.append(e)
+            continue
+        hit = next((f for f in listed if f.name == filename), None)
+        if hit is None:
+            continue
+        if hit.sha256 and hit.sha256 != sha256:
+            wrong.append(f"{mask_urls(index)} (sha256 {hit.sha256})")
+            continue
+        echo(f"{project}: downloading {filename} from {mask_urls(index)}"
+             + (f" ({hit.size / 2**20:.1f} MiB)" if hit.size else ""))
+        tmp = dest.with_name(dest.name + ".part")
+        try:
+            got = _download(_credentials(hit.url, index), tmp, cfg)
+        except (OSError, ValueError) as e:
+            tmp.unlink(missing_ok=True)
+            raise UserError(f"cannot download {mask_urls(hit.url)}: "
+                            f"{getattr(e, 'reason', e)}",
+                            fix="check the index and the network") from None
+        if got != sha256:
+            tmp.unlink()
+            wrong.append(f"{mask_urls(hit.url)} (sha256 {got})")
+            continue
+        os.replace(tmp, dest)
+        return Fetched(dest, mask_urls(hit.url), hit if hit.yanked else None)
+    if unreadable:
+        raise unreadable[0]
+    if wrong:
+        raise UserError(f"{filename}: no copy with the pinned sha256 {sha256}; other files of "
+                        f"that name at {', '.join(wrong)}",
+                        fix="the index serves another file under that name: check the mirror")
+    raise UserError(f"{filename} is on none of: {', '.join(tried) or 'no index (no-index set)'}",
+                    fix="add an index or find-links directory that has it (PIP_INDEX_URL, "
+                        "PIP_FIND_LINKS, pip.conf)")

@@ -1,0 +1,250 @@
+"""A pinned sdist fetched from a package index by its file name, checked by sha256, with nothing
+of the package run: the simple API's two forms parsed on real pages (fixtures/index/README.md),
+pip's and uv's configuration read, and a real local index (http.server) serving an sdist whose
+setup.py would raise and leave a mark if anything executed it."""
+
+import hashlib
+import http.server
+import io
+import json
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from megatron_env import profile
+from megatron_env.errors import UserError
+from megatron_env.kernels import build
+from megatron_env.recipes import recipe
+from megatron_env.sources import index
+
+FIX = Path(__file__).parent / "fixtures" / "index"
+PYPI = "https://pypi.org/simple/"
+
+
+def test_both_forms_of_a_real_project_page_give_the_same_files():
+    j = index.parse_json((FIX / "flash-attn.json").read_text(), PYPI + "flash-attn/")
+    h = index.parse_html((FIX / "flash-attn.html").read_text(), PYPI + "flash-attn/")
+    assert len(j) == len(h) == 77
+    assert {(f.name, f.sha256, f.url) for f in j} == {(f.name, f.sha256, f.url) for f in h}
+    pinned = profile.load("core_v0.4.0-cu121").kernels["flash-attn"]["sha256"]
+    sdist = next(f for f in j if f.name == "flash_attn-2.5.8.tar.gz")
+    assert sdist.sha256 == pinned and sdist.size == 2474099 and not sdist.yanked
+    assert sdist.url.startswith("https://files.pythonhosted.org/packages/")
+
+
+def test_yanked_files_and_their_reasons_in_both_forms():
+    for parse, name in ((index.parse_json, "requests.json"), (index.parse_html, "requests.html")):
+        files = parse((FIX / name).read_text(), PYPI + "requests/")
+        yanked = {f.name: f.reason for f in files if f.yanked}
+        assert sorted(yanked) == ["requests-2.32.0-py3-none-any.whl", "requests-2.32.0.tar.gz",
+                                  "requests-2.32.1-py3-none-any.whl", "requests-2.32.1.tar.gz"]
+        assert set(yanked.values()) == {"Yanked due to conflicts with CVE-2024-35195 mitigation"}
+        assert next(f for f in files if f.name == "requests-2.31.0.tar.gz").yanked is False
+
+
+def test_the_configured_indexes_come_from_pip_and_uv_settings():
+    conf = "[global]\nindex-url = https://mirror.example/simple/\nfind-links = /srv/wheels\n" \
+           "extra-index-url = file:///srv/a/simple file:///srv/b/simple\n"
+    s = index.settings({}, [conf])
+    assert s.indexes == ["https://mirror.example/simple", "file:///srv/a/simple",
+                         "file:///srv/b/simple"]
+    assert s.find_links == ["/srv/wheels"] and not s.no_index
+    s = index.settings({"PIP_INDEX_URL": "https://env.example/simple",
+                        "UV_INDEX": "internal=https://uv.example/simple"}, [conf])
+    assert s.indexes == ["https://env.example/simple", "file:///srv/a/simple",
+                         "file:///srv/b/simple", "https://uv.example/simple"]
+    assert index.settings({}, []).indexes == [index.DEFAULT_INDEX]
+    assert index.settings({"UV_DEFAULT_INDEX": "https://u/simple"}, []).indexes == [
+        "https://u/simple"]
+    s = index.settings({"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/a /b"}, [conf])
+    assert s.no_index and s.indexes == [] and s.find_links == ["/a", "/b"]
+    assert index.settings({"UV_NO_INDEX": "1"}, [conf]).no_index
+    s = index.settings({"UV_NO_INDEX": "1", "PIP_INDEX_URL": "https://p/simple"}, [])
+    assert not s.no_index and s.indexes == ["https://p/simple"]  # pip's own word wins for pip
+    user = "[global]\nindex-url = https://user.example/simple\n"
+    assert index.settings({}, [conf, user]).indexes[0] == "https://user.example/simple"
+    assert index.pip_config_files({"PIP_CONFIG_FILE": "/dev/null"}) == []
+
+
+RAISES = """import pathlib
+pathlib.Path(__file__).with_name("RAN").write_text("setup.py ran")
+raise SystemExit("setup.py must never run to download this sdist")
+"""
+
+
+def tiny_sdist(where: Path, name: str = "tinyk", version: str = "1.0") -> Path:
+    path = where / f"{name}-{version}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for rel, text in ((f"{name}-{version}/setup.py", RAISES),
+                          (f"{name}-{version}/PKG-INFO", f"Name: {name}\nVersion: {version}\n")):
+            data = text.encode()
+            info = tarfile.TarInfo(rel)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+class Index(http.server.BaseHTTPRequestHandler):
+    """/simple/<project>/ in JSON or HTML by the Accept header (or HTML only), /files/<name>;
+    requests are recorded; with `auth` set, only that Basic credential gets through."""
+
+    project = "tinyk"
+    files: dict[str, Path] = {}
+    yanked: dict[str, str] = {}
+    html_only = False
+    auth: str | None = None
+    seen: list[tuple[str, str]] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        Index.seen.append((self.path, self.headers.get("Accept", "")))
+        if Index.auth and self.headers.get("Authorization") != Index.auth:
+            self.send_response(401)
+            self.end_headers()
+            return
+        parts = self.path.strip("/").split("/")
+        if parts[0] == "files" and parts[1] in Index.files:
+            return self._send(Index.files[parts[1]].read_bytes(), "application/octet-stream")
+        if parts[0] != "simple" or len(parts) != 2 or parts[1] != Index.project:
+            self.send_response(404)
+            self.end_headers()
+            return
+        rows = [(n, hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size)
+                for n, p in Index.files.items()]
+        if "vnd.pypi.simple.v1+json" in self.headers.get("Accept", "") and not Index.html_only:
+            doc = {"meta": {"api-version": "1.1"}, "name": Index.project, "files": [
+                {"filename": n, "url": f"../../files/{n}", "hashes": {"sha256": h}, "size": s,
+                 "yanked": Index.yanked.get(n, False)} for n, h, s in rows]}
+            return self._send(json.dumps(doc).encode(), "application/vnd.pypi.simple.v1+json")
+        body = "".join(f'<a href="../../files/{n}#sha256={h}"'
+                       + (f' data-yanked="{Index.yanked[n]}"' if n in Index.yanked else "")
+                       + f">{n}</a>\n" for n, h, _s in rows)
+        self._send(f"<html><body>{body}</body></html>".encode(), "text/html")
+
+    def _send(self, data: bytes, kind: str):
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def served(tmp_path):
+    Index.files, Index.yanked, Index.html_only, Index.auth = {}, {}, False, None
+    Index.project = "tinyk"
+    Index.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    server.shutdown()
+
+
+def _pkg(sdist: Path) -> recipe.Package:
+    r = recipe.Recipe("tinyk", "a test recipe", "sdist", sdist="tinyk-{version}.tar.gz",
+                      cuda=False)
+    return recipe.resolve(r, {"version": "1.0",
+                              "sha256": hashlib.sha256(sdist.read_bytes()).hexdigest()}, [])
+
+
+@pytest.mark.parametrize("html_only", [False, True])
+def test_build_fetches_the_pinned_sdist_from_the_index_without_running_it(
+        served, tmp_path, monkeypatch, html_only):
+    sdist = tiny_sdist(tmp_path)
+    Index.files = {sdist.name: sdist}
+    Index.html_only = html_only
+    monkeypatch.setenv("MEGATRON_ENV_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", served)
+    for var in ("PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_EXTRA_INDEX_URL", "UV_INDEX",
+                "UV_FIND_LINKS", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL"):
+        monkeypatch.delenv(var, raising=False)
+    said = []
+    tree = build.fetch(_pkg(sdist), said.append)
+    assert (tree / "setup.py").read_text() == RAISES and not (tree / "RAN").exists()
+    assert said[0] == "tinyk: fetching tinyk-1.0.tar.gz from the package index"
+    assert said[1].startswith(f"tinyk: downloading tinyk-1.0.tar.gz from {served}")
+    assert Index.seen[0][0] == "/simple/tinyk/" and "json" in Index.seen[0][1]
+    assert Index.seen[1][0] == "/files/tinyk-1.0.tar.gz"
+
+
+def test_a_yanked_sdist_is_named_and_another_file_under_its_name_refused(
+        served, tmp_path, capsys):
+    sdist = tiny_sdist(tmp_path)
+    Index.files, Index.yanked = {sdist.name: sdist}, {sdist.name: "broken metadata"}
+    cfg = index.Config([served])
+    got = index.fetch("tinyk", sdist.name, hashlib.sha256(sdist.read_bytes()).hexdigest(),
+                      tmp_path / "out.tar.gz", cfg, echo=lambda *_: None)
+    assert got.yanked and got.yanked.reason == "broken metadata"
+    assert (tmp_path / "out.tar.gz").read_bytes() == sdist.read_bytes()
+    with pytest.raises(UserError) as e:
+        index.fetch("tinyk", sdist.name, "0" * 64, tmp_path / "x.tar.gz", cfg,
+                    echo=lambda *_: None)
+    assert e.value.message.startswith(f"{sdist.name}: no copy with the pinned sha256 {'0' * 64}")
+    assert not (tmp_path / "x.tar.gz").exists() and not (tmp_path / "x.tar.gz.part").exists()
+    with pytest.raises(UserError, match=r"nothere-1.0.tar.gz is on none of: http://127.0.0.1"):
+        index.fetch("tinyk", "nothere-1.0.tar.gz", "0" * 64, tmp_path / "y", cfg,
+                    echo=lambda *_: None)
+
+
+def test_build_names_a_yanked_sdist_in_a_warning(served, tmp_path, monkeypatch, capsys):
+    sdist = tiny_sdist(tmp_path)
+    Index.files, Index.yanked = {sdist.name: sdist}, {sdist.name: "do not use"}
+    monkeypatch.setenv("MEGATRON_ENV_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", served)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    build.fetch(_pkg(sdist), lambda *_: None)
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("warning: tinyk: tinyk-1.0.tar.gz is yanked on its index (do not use); using it "
+            "because the profile pins its sha256") in err
+
+
+def test_credentials_in_the_index_url_go_in_a_header_and_never_in_messages(served, tmp_path):
+    import base64
+
+    sdist = tiny_sdist(tmp_path)
+    Index.files = {sdist.name: sdist}
+    Index.auth = "Basic " + base64.b64encode(b"me:s3cret").decode()
+    with_cred = served.replace("http://", "http://me:s3cret@")
+    said = []
+    index.fetch("tinyk", sdist.name, hashlib.sha256(sdist.read_bytes()).hexdigest(),
+                tmp_path / "a", index.Config([with_cred]), echo=said.append)
+    assert "s3cret" not in " ".join(said) and "***@127.0.0.1" in said[0]
+    with pytest.raises(UserError) as e:
+        index.files("tinyk", served.replace("http://", "http://me:wrong@"), index.Config())
+    assert "HTTP 401" in e.value.message and "wrong" not in e.value.message
+
+
+def test_a_file_index_and_a_find_links_directory(tmp_path):
+    sdist = tiny_sdist(tmp_path)
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    page = tmp_path / "idx" / "simple" / "tinyk"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(f'<a href="../../../{sdist.name}#sha256={sha}">'
+                                     f"{sdist.name}</a>")
+    cfg = index.Config([(tmp_path / "idx" / "simple").as_uri()])
+    got = index.fetch("TinyK", sdist.name, sha, tmp_path / "a", cfg, echo=lambda *_: None)
+    assert got.source == sdist.as_uri() and (tmp_path / "a").read_bytes() == sdist.read_bytes()
+    got = index.fetch("tinyk", sdist.name, sha, tmp_path / "b",
+                      index.Config([], [str(tmp_path)], True), echo=lambda *_: None)
+    assert got.source == str(sdist)
+
+
+def test_an_unreachable_index_says_so_and_offers_the_ways_on(tmp_path, monkeypatch):
+    """A node without an index: the fix names a local copy of the sdist or --no-builds."""
+    monkeypatch.setenv("MEGATRON_ENV_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.delenv(recipe.source_var("flash-attn"), raising=False)
+    pkg = build.packages(profile.load("core_v0.4.0-cu121"))["flash-attn"]
+    with pytest.raises(UserError) as e:
+        build.fetch(pkg, echo=lambda *_: None)
+    assert e.value.message.startswith("cannot fetch the flash-attn 2.5.8 sdist: cannot read "
+                                      "http://127.0.0.1:9/simple/flash-attn/")
+    assert "MEGATRON_ENV_SOURCE_FLASH_ATTN" in e.value.fix and "--no-builds" in e.value.fix
