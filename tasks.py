@@ -1,14 +1,15 @@
 """invoke tasks, made from megatron_env.commands: each command and option is declared there once
-(the function's keyword parameters, their defaults and their help); nothing else lives here."""
+(the function's keyword parameters, their defaults and their help: megatron_env.cli); nothing
+else lives here."""
 
 import inspect
 
 from invoke import Collection, Exit, Task
 
-from megatron_env import commands
+from megatron_env import cli, commands  # noqa: F401 (importing commands declares them)
 
 
-def _task(cmd: commands.Command) -> Task:
+def _task(cmd: cli.Command) -> Task:
     def body(c, **options):
         if code := cmd.fn(**options):
             raise Exit(code=code)
@@ -21,4 +22,4 @@ def _task(cmd: commands.Command) -> Task:
     return Task(body, name=cmd.name, help=cmd.help, iterable=list(cmd.iterable))
 
 
-namespace = Collection(*(_task(cmd) for cmd in commands.COMMANDS.values()))
+namespace = Collection(*(_task(cmd) for cmd in cli.COMMANDS.values()))

@@ -1,97 +1,24 @@
 """What the front doors call: one function per command, each returning an exit code.
 
 Each command and each of its options is declared once, here: the function's keyword parameters
-are the options (names and defaults), `OPTIONS` says what each option means (once for every
-command that takes it), `@command` adds what is particular to one command. `tasks.py` makes its
-invoke tasks from `COMMANDS`; nothing here parses a command line. A `UserError` raised anywhere
-below is printed as `error:` plus its `hint:` by `guarded`, with exit status 2. Every line goes
-through `output`: status to stderr, results and the summary line to stdout.
+are the options (names and defaults); megatron_env.cli says how (`@command`, the shared option
+meanings, `guarded`). `tasks.py` makes its invoke tasks from `cli.COMMANDS`; nothing here parses
+a command line. Every line goes through `output`: status to stderr, results and the summary line
+to stdout.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_env import REPO_ROOT, findings, output
+from megatron_env.cli import command, guarded
 from megatron_env.errors import UserError
 from megatron_env.host import checks, snapshot
 from megatron_env.profile import Profile, check_default, load_all
 from megatron_env.profile import load as load_profile
-
-
-def guarded(fn: Callable[..., int]) -> Callable[..., int]:
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs) -> int:
-        try:
-            return fn(*args, **kwargs)
-        except UserError as e:
-            output.error(e.message, e.fix)
-            return e.exit_code
-        except KeyboardInterrupt:
-            output.error("interrupted")
-            return 130
-        except OSError as e:  # the last net: a path the user named cannot be used as asked
-            output.error(f"{e.filename or 'a file'}: {e.strerror or e}",
-                         "check that path (a directory where one is needed, writable, on a "
-                         "disk with space)")
-            return 2
-
-    return wrapper
-
-
-#: What each option means, written once for every command that takes it.
-OPTIONS = {
-    "profile": "profile name (default: the default profile)",
-    "prefix": "where the environment lives (default .megatron-env/<profile>)",
-    "python": "the interpreter to use instead of the profile's environment",
-    "json": "print {\"findings\": [...]} on stdout instead of a table",
-    "dry_run": "print the plan (what would run and why) and stop",
-    "verify_deep": "re-hash every installed file against its RECORD and import again",
-    "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)",
-    "adopt": "use this existing interpreter (an NGC container's python) as the environment",
-    "conda": "conda/mamba/micromamba executable for the conda path",
-}
-
-
-@dataclass(frozen=True)
-class Command:
-    """One front-door command: its function (options = keyword parameters) and their help."""
-
-    name: str
-    fn: Callable[..., int]
-    help: dict[str, str] = field(default_factory=dict)
-    iterable: tuple[str, ...] = ()
-
-    @property
-    def summary(self) -> str:
-        return (self.fn.__doc__ or "").strip().splitlines()[0]
-
-
-COMMANDS: dict[str, Command] = {}
-
-
-def command(name: str | None = None, iterable: tuple[str, ...] = (),
-            **help: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Register a command; `help` holds the meaning of options `OPTIONS` does not have, or that
-    this command takes in another sense."""
-
-    def register(fn: Callable[..., int]) -> Callable[..., int]:
-        params = inspect.signature(fn).parameters
-        unknown = [k for k in params if k not in help and k not in OPTIONS]
-        assert not unknown, f"{fn.__name__}: no help for {unknown}"  # a programming error
-        wrapped = guarded(fn)
-        cmd = Command(name or fn.__name__, wrapped,
-                      {k: help.get(k) or OPTIONS[k] for k in params}, iterable)
-        COMMANDS[cmd.name] = cmd
-        return wrapped
-
-    return register
 
 
 @command()
@@ -357,24 +284,7 @@ def kernels(profile: str | None = None) -> int:
     from megatron_env import recipes
 
     profs = [load_profile(profile)] if profile else load_all()
-    rows = []
-    for r in recipes.declared().values():
-        rows.append((r.name, f"{r.source:<5}  {r.about}"))
-        if r.variants:
-            rows.append(("", "variants  " + ", ".join(v.name + ("*" if v.default else "")
-                                                      for v in r.variants)))
-        for c in r.choices:  # multi-valued: the profile lists values
-            rows.append(("", f"{c.name}  {', '.join(c.values)} (default {','.join(c.default)})"))
-        for p in profs:
-            pins = p.kernels.get(r.name)
-            if pins is None:
-                rows.append(("", f"{p.name}  not pinned"))
-                continue
-            pin = pins.get("version") or " @ ".join(filter(None, (pins.get("tag"),
-                                                                  pins["commit"][:12])))
-            chosen = [*pins.get("variants", r.default_variants)]
-            chosen += [f"{c.name}={','.join(pins.get(c.name, c.default))}" for c in r.choices]
-            rows.append(("", f"{p.name}  {pin}" + "".join(f" +{v}" for v in chosen)))
+    rows = recipes.table(profs)
     output.table(rows)
     output.summary(f"{len(recipes.declared())} kernel recipes; * marks a default variant; "
                    "`invoke build NAME` builds one")

@@ -33,3 +33,27 @@ def get(name: str) -> Recipe:
         raise UserError(f"no recipe named {name!r}; declared: {', '.join(recipes)}",
                         fix="`invoke kernels` lists the recipes with their pins and variants")
     return recipes[name]
+
+
+def table(profiles: list) -> list[tuple[str, str]]:
+    """`invoke kernels`: each recipe (source, what it is, variants and choices), then what each
+    of `profiles` pins of it (version or tag @ commit, variants chosen)."""
+    rows = []
+    for r in declared().values():
+        rows.append((r.name, f"{r.source:<5}  {r.about}"))
+        if r.variants:
+            rows.append(("", "variants  " + ", ".join(v.name + ("*" if v.default else "")
+                                                      for v in r.variants)))
+        for c in r.choices:  # multi-valued: the profile lists values
+            rows.append(("", f"{c.name}  {', '.join(c.values)} (default {','.join(c.default)})"))
+        for p in profiles:
+            pins = p.kernels.get(r.name)
+            if pins is None:
+                rows.append(("", f"{p.name}  not pinned"))
+                continue
+            pin = pins.get("version") or " @ ".join(filter(None, (pins.get("tag"),
+                                                                  pins["commit"][:12])))
+            chosen = [*pins.get("variants", r.default_variants)]
+            chosen += [f"{c.name}={','.join(pins.get(c.name, c.default))}" for c in r.choices]
+            rows.append(("", f"{p.name}  {pin}" + "".join(f" +{v}" for v in chosen)))
+    return rows
