@@ -206,6 +206,7 @@ def _validate(data: dict[str, Any], schema: dict[str, Any], where: str, path: Pa
         raise UserError(
             f"{path}: {key}: expected {expected}{got_text}",
             fix=f"edit {path} (see the profiles shipped under envs/ for the shape)",
+            kind="profile.invalid",
         )
 
     for key in data:
@@ -253,11 +254,13 @@ def load_file(path: Path) -> Profile:
     try:
         text = path.read_text()
     except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror})", fix="check the path") from None
+        raise UserError(f"{path}: cannot read ({e.strerror})", fix="check the path",
+                        kind="profile.unreadable") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path}: not valid TOML: {e}", fix=f"fix the syntax in {path}") from None
+        raise UserError(f"{path}: not valid TOML: {e}", fix=f"fix the syntax in {path}",
+                        kind="profile.toml") from None
     _validate(data, SCHEMA, "", path)
     return Profile(name=path.parent.name, path=path, data=data)
 
@@ -281,6 +284,7 @@ def load(name: str | None = None, envs_dir: Path = ENVS_DIR) -> Profile:
         raise UserError(
             f"unknown profile {name!r}; known profiles: {', '.join(known) or 'none'}",
             fix="pass one of the known names to --profile (invoke profiles lists them)",
+            kind="profile.unknown",
         )
     return load_file(envs_dir / name / PROFILE_FILE)
 

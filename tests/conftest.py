@@ -7,9 +7,13 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from megatron_env.errors import UserError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = FIXTURES / "captures"
@@ -125,3 +129,13 @@ def kill_when_installing(proc: subprocess.Popen, store: Path, old: Path | None =
         pytest.fail("the install never started")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+@contextmanager
+def user_error(kind: str) -> Iterator[pytest.ExceptionInfo]:
+    """`with user_error("source.sha256") as e:` the block raises a UserError of that kind (tests
+    decide by the kind, not by the message's wording; what the message must name is asserted
+    on `e.value.message` by the test itself)."""
+    with pytest.raises(UserError) as e:
+        yield e
+    assert e.value.kind == kind, f"{e.value.kind!r} != {kind!r}: {e.value.message}"

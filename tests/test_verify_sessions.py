@@ -5,16 +5,18 @@ import sys
 
 import pytest
 
-from megatron_env.errors import UserError
 from megatron_env.megatron import programs
+
+from .conftest import user_error
 
 
 def test_parse_splits_our_options_from_the_programs():
     o = programs.parse(["--current", "--nproc", "4", "--backend", "gloo", "--", "--nproc", "x"])
     assert o.current and o.nproc == 4
     assert o.passthrough == ["--backend", "gloo", "--nproc", "x"]
-    with pytest.raises(UserError, match="--nproc zero: expected a positive number"):
+    with user_error("input.value") as e:
         programs.parse(["--nproc", "zero"])
+    assert "--nproc zero" in e.value.message
 
 
 def test_command_shapes(tmp_path):
@@ -31,8 +33,9 @@ def test_missing_environment_says_what_to_do(monkeypatch, tmp_path):
     from megatron_env.pyenv import env
 
     monkeypatch.setattr(env, "ENV_ROOT", tmp_path)
-    with pytest.raises(UserError, match="run `invoke setup` first"):
+    with user_error("env.missing") as e:
         programs.interpreter(programs.parse(["--profile", "core_v0.4.0-cu121"]))
+    assert "invoke setup" in e.value.fix
 
 
 def test_verify_nccl_session_runs_gloo_for_real(tmp_path):

@@ -80,7 +80,7 @@ def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
             tmp.unlink()
             raise UserError(f"{pkg.name} source {origin}: sha256 {got}, the profile pins "
                             f"{src.sha256}", fix="the file was changed or is another version: "
-                                                 "use the original sdist")
+                                                 "use the original sdist", kind="source.sha256")
         os.replace(tmp, archive)
     dest = root / "src" / f"{pkg.name}-{src.sha256[:12]}"
     if not (dest / ".megatron-env-pristine").exists():
@@ -294,7 +294,8 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                     raise UserError(
                         f"{pkg.name}: the wheel has no compiled {', '.join(absent)}; it was "
                         "not cached", fix="a Python-only build is not a build: check the build "
-                                          f"log ({log}) for skipped extensions")
+                                          f"log ({log}) for skipped extensions",
+                        kind="build.python-only")
                 staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
                 staging.mkdir()
                 shutil.copy(wheel, staging / wheel.name)
@@ -321,7 +322,8 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         raise UserError(f"{pkg.name} installed without its compiled modules "
                         f"{', '.join(missing)}: " + "; ".join(facts["errors"])[-500:],
                         fix="a Python-only build is not a build: check the build log "
-                            f"({log or slot / 'meta.json'}) for skipped extensions")
+                            f"({log or slot / 'meta.json'}) for skipped extensions",
+                        kind="build.python-only")
     return Result(pkg.name, wheel, hit, time.monotonic() - t0, built_in, log,
                   facts["imported"])
 
@@ -384,7 +386,7 @@ def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
     wheels = list(out.glob("*.whl"))
     if not r.ok or not wheels:
         raise UserError(f"building {p.package.name} failed after {time.monotonic() - t0:.0f} s:"
-                        f"\n{r.tail(15)}", fix=f"full log: {log}")
+                        f"\n{r.tail(15)}", fix=f"full log: {log}", kind="build.failed")
     return time.monotonic() - t0, wheels[0]
 
 
@@ -397,5 +399,6 @@ def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:
     recipes.get(which)  # an unknown name: the error lists the declared recipes
     if which not in pkgs:
         raise UserError(f"profile {profile.name} pins no {which}",
-                        fix=f"add a [kernels.{which}] table to {profile.path}")
+                        fix=f"add a [kernels.{which}] table to {profile.path}",
+                        kind="recipe.not-pinned")
     return [pkgs[which]]

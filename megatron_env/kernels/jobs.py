@@ -64,5 +64,5 @@ def _int(name: str, environ: Mapping[str, str]) -> int | None:
     if not value.isdigit() or int(value) < 1:
         raise UserError(f"{name}={value} is not a positive whole number",
                         fix=f"set {name} to a number of jobs such as 8, or unset it to have "
-                            "it derived from cores and memory")
+                            "it derived from cores and memory", kind="input.value")
     return int(value)

@@ -42,12 +42,13 @@ def cuda_home(torch_cuda: str | None) -> tuple[Path | None, str | None]:
             return Path(home), release
     if not torch_cuda:
         raise UserError("torch in the environment is a CPU build: nothing to build CUDA kernels "
-                        "for", fix="build the environment of a CUDA profile")
+                        "for", fix="build the environment of a CUDA profile",
+                        kind="toolkit.cpu-torch")
     raise UserError(
         f"no CUDA {torch_cuda.split('.')[0]}.x toolkit for torch's CUDA {torch_cuda}; found: "
         + (", ".join(seen) or "no nvcc at all"),
         fix=f"install the CUDA {torch_cuda} toolkit (the profile's conda environment has it) "
-            "and set CUDA_HOME")
+            "and set CUDA_HOME", kind="toolkit.missing")
 
 
 def site_paths(pkg: Package, platlib: str | None) -> dict[str, str]:
@@ -61,6 +62,7 @@ def site_paths(pkg: Package, platlib: str | None) -> dict[str, str]:
             raise UserError(f"{pkg.name} builds against {', '.join(rel)} of the environment's "
                             f"site-packages; not there: {', '.join(absent)}",
                             fix="install torch with its CUDA wheels (nvidia-*) in the environment "
-                                "(`invoke env`), or build in the environment that has them")
+                                "(`invoke env`), or build in the environment that has them",
+                            kind="build.site-paths")
         out[var] = os.pathsep.join([*map(str, dirs), *filter(None, [os.environ.get(var)])])
     return out

@@ -45,10 +45,11 @@ def parse(args: list[str]) -> Options:
         elif a in ("--python", "--profile", "--nproc", "--run-dir"):
             value = next(it, None)
             if value is None:
-                raise UserError(f"{a} needs a value", fix=f"e.g. {a} VALUE")
+                raise UserError(f"{a} needs a value", fix=f"e.g. {a} VALUE", kind="input.value")
             if a == "--nproc":
                 if not value.isdigit() or int(value) < 1:
-                    raise UserError(f"--nproc {value}: expected a positive number")
+                    raise UserError(f"--nproc {value}: expected a positive number",
+                                    kind="input.value")
                 o.nproc = int(value)
             elif a == "--run-dir":
                 o.run_dir = Path(value)
@@ -74,6 +75,7 @@ def interpreter(o: Options) -> str:
             f"no environment for profile {prof.name} at {py}",
             fix="run `invoke setup` first, or pass --current to use this interpreter "
                 "(an NGC container, an adopted environment), or --python PATH",
+            kind="env.missing",
         )
     return str(py)
 

@@ -86,7 +86,7 @@ def min_free_gb() -> float:
     if not value >= 0:  # also NaN
         raise UserError(f"{MIN_FREE_ENV}={raw!r} is not a number of GiB",
                         fix=f"set {MIN_FREE_ENV} to a number such as {DEFAULT_MIN_FREE_GB:g}, "
-                            "or unset it")
+                            "or unset it", kind="input.value")
     return value
 
 
@@ -118,23 +118,24 @@ def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: b
                  else "uv could not install the lock")
         raise UserError(f"{cause}; nothing was changed. uv said:\n{r.tail(8)}",
                         fix="check the index/mirror (UV_INDEX_URL, --find-links) serves the "
-                            f"original files; full log: {log}")
+                            f"original files; full log: {log}", kind="env.install-failed")
 
 
 def _refuse(prefix: Path, profile: Profile) -> None:
     """Refuse a prefix that is not (or not yet) this profile's environment, before any write."""
     if prefix.exists() and not prefix.is_dir():
         raise UserError(f"{prefix} is a file, not an environment directory",
-                        fix="choose another --prefix, or remove the file")
+                        fix="choose another --prefix, or remove the file",
+                        kind="env.not-a-directory")
     current = read_stamp(prefix) if prefix.exists() else None
     foreign = prefix.exists() and not prefix.is_symlink() and any(prefix.iterdir())
     if foreign and current is None:
         raise UserError(f"{prefix} exists and is not an environment made by megatron-env",
-                        fix="choose another --prefix, or remove it")
+                        fix="choose another --prefix, or remove it", kind="env.foreign")
     if current and current.get("profile") != profile.name:
         raise UserError(f"{prefix} holds the environment of profile "
                         f"{current.get('profile')}, not {profile.name}",
-                        fix="pass another --prefix for this profile")
+                        fix="pass another --prefix for this profile", kind="env.other-profile")
 
 
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
@@ -295,7 +296,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
                         f"{'it' if len(outside) == 1 else 'them'}",
                         fix="re-run the step that installed it: " + ", ".join(
                             "`invoke megatron`" if n == MEGATRON else f"`invoke build {n}`"
-                            for n in outside))
+                            for n in outside), kind="env.repair-refused")
     echo(f"repairing {', '.join(names)}: reinstalling from {lockfile.name}, uv's cache entry "
          "refreshed")
     extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]

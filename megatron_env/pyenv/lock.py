@@ -176,7 +176,7 @@ def find_python(version: str, explicit: str | None = None) -> tuple[str, str]:
         if got != version:
             raise UserError(f"--python {explicit} is Python {got or '?'}, "
                             f"the profile needs {version}",
-                            fix=f"pass a Python {version} interpreter")
+                            fix=f"pass a Python {version} interpreter", kind="lock.wrong-python")
         return explicit, "--python"
     candidates: list[tuple[str, str]] = []
     for name in (f"python{version}", "python3", "python"):
@@ -197,7 +197,7 @@ def find_python(version: str, explicit: str | None = None) -> tuple[str, str]:
     raise UserError(f"no Python {version} interpreter found on PATH, in pyenv or in conda "
                     "(megatron-env never downloads one)",
                     fix=f"install Python {version} (pyenv install {version}, conda create "
-                        f"python={version}) or pass --python PATH")
+                        f"python={version}) or pass --python PATH", kind="lock.no-python")
 
 
 @dataclass
@@ -235,7 +235,8 @@ def _resolve(profile: Profile, exe: str, seed: Path | None,
         if not r.ok:
             raise UserError(f"uv could not resolve profile {profile.name}:\n{r.tail(15)}",
                             fix="check the pins in the profile; for an unreachable index set "
-                                "UV_INDEX_URL / UV_DEFAULT_INDEX to a mirror")
+                                "UV_INDEX_URL / UV_DEFAULT_INDEX to a mirror",
+                            kind="lock.unresolvable")
         return out.read_text()
 
 
@@ -414,5 +415,6 @@ def conda_install(lockfile: Path, prefix: Path, solver: str) -> proc.Result:
     exe = proc.which("conda-lock")
     if exe is None:
         raise UserError("conda-lock is not installed",
-                        fix="pip install 'megatron-env[conda]' (the conda extra)")
+                        fix="pip install 'megatron-env[conda]' (the conda extra)",
+                        kind="lock.no-conda-lock")
     return proc.run([exe, "install", "--conda", solver, "-p", prefix, lockfile], timeout=3600)

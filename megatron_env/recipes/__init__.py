@@ -31,7 +31,8 @@ def get(name: str) -> Recipe:
     recipes = declared()
     if name not in recipes:
         raise UserError(f"no recipe named {name!r}; declared: {', '.join(recipes)}",
-                        fix="`invoke kernels` lists the recipes with their pins and variants")
+                        fix="`invoke kernels` lists the recipes with their pins and variants",
+                        kind="recipe.unknown")
     return recipes[name]
 
 

@@ -105,7 +105,8 @@ def _lock_run(ctx: Context) -> str:
     problems = lock.stale(ctx.profile)
     if problems:
         raise UserError("; ".join(problems),
-                        fix=f"run `invoke lock --profile {ctx.profile.name}` and commit the locks")
+                        fix=f"run `invoke lock --profile {ctx.profile.name}` and commit the locks",
+                        kind="lock.stale")
     prof = ctx.profile
     return f"{prof.lock_file.name} and {prof.env_file.name} match {prof.path.name}"
 
@@ -129,7 +130,7 @@ def _adopt(ctx: Context) -> str:
     if fatal := v.text(audit.STACK):
         raise UserError(f"{ctx.adopt} cannot serve profile {ctx.profile.name}: {fatal}",
                         fix="adopt an environment with the profile's Python, torch and CUDA, "
-                            "or build one (without --adopt)")
+                            "or build one (without --adopt)", kind="env.stack-mismatch")
     others = v.text() or "none"
     return (f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, CUDA "
             f"{f.get('torch_cuda')}, NCCL {f.get('nccl')}, cuDNN {f.get('cudnn')}; "
@@ -269,7 +270,8 @@ def _verify_run(ctx: Context) -> str:
             if bad:
                 raise UserError(f"files of {ctx.adopt}'s environment differ from their wheels' "
                                 "RECORD: " + "; ".join(manifest.summarize(bad)),
-                                fix="reinstall those packages in the adopted environment")
+                                fix="reinstall those packages in the adopted environment",
+                                kind="env.changed")
         manifest.save(manifest.scan(facts["sites"]), ctx.stamps / ADOPTED_MANIFEST)
     where = Path(facts["imported"]["megatron.core"]).parent.parent.parent.name
     return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
@@ -399,7 +401,7 @@ def run(ctx: Context, *, only: str | None = None, start: str | None = None,
     step, then run them, or with dry_run only say what would run and why."""
     for name in (only, start):
         if name and name not in STEPS:
-            raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}")
+            raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}", kind="input.value")
     chosen = [only] if only else STEPS[STEPS.index(start):] if start else STEPS
     if dry_run:  # a plan writes nothing (the prefix may be read-only)
         ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)

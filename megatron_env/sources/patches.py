@@ -47,7 +47,8 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
     for p in patches:
         if not header(p):
             raise UserError(f"{_show(p)} has no header saying what it fixes",
-                            fix="start the patch with a few lines of why, before `diff --git`")
+                            fix="start the patch with a few lines of why, before `diff --git`",
+                            kind="patch.header")
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
@@ -64,7 +65,8 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
             if not check.ok:
                 raise UserError(
                     f"patch {_show(p)} does not apply: {_where(check.output)}",
-                    fix="refresh the patch against the pinned source (nothing was modified)")
+                    fix="refresh the patch against the pinned source (nothing was modified)",
+                    kind="patch.apply")
             done = proc.run(["git", "apply", "-v", p], cwd=dest, timeout=120, env=env)
             if not done.ok or "Skipped patch" in done.output:
                 raise UserError(f"patch {p.name} failed: {_where(done.output)}")

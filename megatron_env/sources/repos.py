@@ -53,7 +53,8 @@ def mirror(name: str, url: str, echo=output.status, given: Given | None = None) 
         raise UserError(f"{where} is a directory but not a git repository"
                         + (" (it is empty)" if not any(local.iterdir()) else ""),
                         fix=f"fill it with `git clone --mirror <upstream URL> {local}` on a "
-                            "machine that can reach upstream, or point at another mirror")
+                            "machine that can reach upstream, or point at another mirror",
+                        kind="source.mirror")
     key = digest.hexpart(digest.of_bytes(url.encode()), 12)
     path = cache_dir() / "git" / f"{name}-{key}.git"
     if path.exists():
@@ -73,7 +74,8 @@ def mirror(name: str, url: str, echo=output.status, given: Given | None = None) 
     if not r.ok:
         raise UserError(f"cannot reach the {name} repository {url}: {r.tail(2)}",
                         fix=f"set {mirror_var(name)} to a reachable mirror or a local bare "
-                            "repository (git clone --mirror URL on a machine that can reach it)")
+                            "repository (git clone --mirror URL on a machine that can reach it)",
+                        kind="source.unreachable")
     return path
 
 
@@ -90,11 +92,13 @@ def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
     if at is None:
         what = f"tag {tag}" if tag else f"commit {commit}"
         raise UserError(f"{name}: {what} does not exist in {repo_url(name, url, given)}",
-                        fix="check the pin in the profile, or the mirror")
+                        fix="check the pin in the profile, or the mirror",
+                        kind="source.missing-ref")
     if at != commit:
         raise UserError(f"{name}: tag {tag} now points at {at}, the profile pins {commit}: "
                         "the tag moved", fix="check upstream; if the move is intended, update "
-                                             "the commit in the profile through a reviewed change")
+                                             "the commit in the profile through a reviewed change",
+                        kind="source.tag-moved")
     tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     r = _git("clone", "--quiet", "--no-checkout", "--shared", git_dir, tmp)
