@@ -167,7 +167,11 @@ def test_compile_error_names_the_log_and_leaves_no_build_tree(world, tmp_path, m
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
     root = tmp_path / "patches"
     (root / "tinyext" / "1.0").mkdir(parents=True)
-    (root / "tinyext" / "1.0" / "0001-typo.patch").write_text(PATCH.replace("return 42;", "return 42"))
+    # the error stands before torch's headers, which the compiler then never parses (a typo
+    # after them cost a parse of every torch header: tens of seconds on two cores)
+    (root / "tinyext" / "1.0" / "0001-typo.patch").write_text(PATCH.replace(
+        "@@ -1,3 +1,3 @@\n #include <torch/extension.h>",
+        "@@ -1,3 +1,4 @@\n+#include \"no_such_header.h\"\n #include <torch/extension.h>"))
     key = build.build_and_install(package(world), world["python"], [], dry_run=True,
                                   patch_root=root, echo=lambda *_: None).key
     stale = tmp_path / "cache" / "build" / f"{key}.tmp-999999"  # a killed build's leftovers
@@ -190,7 +194,7 @@ def test_python_only_build_is_a_failure(world, tmp_path, monkeypatch):
     with user_error("build.python-only") as e:
         build.build_and_install(python_only, world["python"], [], patch_root=world["patches"],
                                 echo=lambda *_: None)
-    assert "tinyext._C" in e.value.message  # names the missing module
+    assert "tinyext" in e.value.message and "_C" in e.value.message  # names the missing module
     # a later run (after the fix) must build again, not install the crippled wheel from cache
     assert not list((tmp_path / "cache").glob("wheels/*/*.whl"))
 
@@ -353,4 +357,4 @@ def test_switches_a_setup_py_reads_from_argv_arrive_as_build_options(world, tmp_
     with user_error("build.python-only") as e:
         build.build_and_install(without, world["python"], [], patch_root=world["patches"],
                                 echo=lambda *_: None)
-    assert "tinyext._C" in e.value.message
+    assert "tinyext" in e.value.message and "_C" in e.value.message
