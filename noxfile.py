@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # megatron_env from this checkou
 
 nox.options.sessions = ["tests", "lint", "lock_check"]
 nox.options.reuse_existing_virtualenvs = True
-nox.options.default_venv_backend = "uv"  # seconds where pip takes minutes; its cache is kept
+nox.options.default_venv_backend = "uv|virtualenv"  # uv: seconds where pip takes minutes
 
 
 def _torch_pin() -> str:
