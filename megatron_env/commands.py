@@ -271,16 +271,13 @@ def kernels(profile_name: str | None = None) -> int:
 @guarded
 def triage(logs: list[str], as_json: bool = False) -> int:
     """Read a failed or hung job's console logs; findings, most likely cause first."""
-    from megatron_env.diagnose import joblog
-    from megatron_env.diagnose import triage as triage_mod
+    from megatron_env.diagnose import jobs
 
-    lines = joblog.read(logs)
-    found = triage_mod.triage(lines)
-    sources = sorted({x.source for x in lines})
+    found, lines, sources = jobs.run(logs)
     if as_json:
-        findings.emit_json(found, logs=sources, lines=len(lines))
+        findings.emit_json(found, logs=sources, lines=lines)
     else:
-        findings.print_findings(found, f"Triage of {len(lines)} lines from {len(sources)} "
+        findings.print_findings(found, f"Triage of {lines} lines from {len(sources)} "
                                         f"log(s), most likely cause first")
     return findings.exit_code(found)
 

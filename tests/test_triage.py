@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from megatron_env.diagnose import joblog, nccl_log, triage
+from megatron_env.diagnose import joblog, logfiles, nccl_log, triage
 from megatron_env.errors import UserError
 
 from .conftest import FIXTURES
@@ -17,7 +17,7 @@ NCCL_LOGS = FIXTURES / "nccl-logs"
 
 
 def run(*names, where=LOGS):
-    fs = triage.triage(joblog.read([where / n for n in names]))
+    fs = triage.triage(logfiles.read([where / n for n in names]))
     return fs, {f.id: f for f in fs}
 
 
@@ -47,7 +47,7 @@ def test_odd_rank_out_comes_first():
 
 
 def test_wrapped_paste_is_joined_before_parsing():
-    lines = joblog.read([LOGS / "watchdog-wrapped-broadcast-openr1-620.log"])
+    lines = list(logfiles.read([LOGS / "watchdog-wrapped-broadcast-openr1-620.log"]))
     assert len(lines) == 5 and all("OpType=BROADCAST" in x.text for x in lines)
     _, f = run("watchdog-wrapped-broadcast-openr1-620.log")
     assert f["job.timeout"].summary.startswith("ranks 1, 2, 3, 5 and 6 timed out in BROADCAST (SeqNum 4")
@@ -99,7 +99,7 @@ def test_unhandled_system_error_points_at_memlock():
 
 
 def test_pdsh_host_tags_are_stripped_so_nccl_lines_parse():
-    lines = joblog.read([LOGS / "register-memory-pdsh-prefix-nccl563.log"])
+    lines = list(logfiles.read([LOGS / "register-memory-pdsh-prefix-nccl563.log"]))
     assert lines[0].host == "10.0.87.143" and lines[0].text.startswith("ip-10-0-87-143:149:298 [5]")
     _, f = run("register-memory-pdsh-prefix-nccl563.log")
     assert "ip-10-0-87-143 [5]" in f["nccl.system_error"].summary
@@ -186,13 +186,13 @@ def test_rank_from_file_name_and_srun_labels(tmp_path):
 
 def test_bad_input_is_one_clear_error(tmp_path):
     with pytest.raises(UserError, match="no such file"):
-        joblog.read([tmp_path / "missing.log"])
+        logfiles.read([tmp_path / "missing.log"])
     (tmp_path / "core").write_bytes(b"\x7fELF\x00\x00\x01" * 100)
     with pytest.raises(UserError, match="not a text log"):
-        joblog.read([tmp_path / "core"])
+        logfiles.read([tmp_path / "core"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no log files"):
-        joblog.read([tmp_path / "empty"])
+        logfiles.read([tmp_path / "empty"])
 
 
 def test_cli_json_directory_and_exit_codes(tmp_path):
@@ -218,7 +218,7 @@ def test_one_file_per_rank_the_silent_rank_is_the_suspect(tmp_path):
         with open(tmp_path / f"train-rank{rank}.log", "a") as f:
             f.write(line + "\n")
     (tmp_path / "train-rank3.log").write_text((LOGS / "cuda-illegal-address-megatron-miles308.log").read_text())
-    fs = triage.triage(joblog.read([tmp_path]))
+    fs = triage.triage(logfiles.read([tmp_path]))
     assert [f.id for f in fs] == ["job.cuda_error", "job.odd_rank", "job.timeout"]
     assert fs[0].summary.startswith("rank 3 hit CUDA error: an illegal memory access")
     assert fs[1].summary.startswith("rank 3 printed no watchdog timeout while ranks 0, 1 and 2 did")
@@ -227,7 +227,7 @@ def test_one_file_per_rank_the_silent_rank_is_the_suspect(tmp_path):
 
 def test_heartbeat_monitor_padded_terminal_paste():
     # every line padded to the terminal's 116 columns; the message is cut mid-word
-    lines = joblog.read([LOGS / "watchdog-stuck-wrapped-vlmr1-257.log"])
+    lines = list(logfiles.read([LOGS / "watchdog-stuck-wrapped-vlmr1-257.log"]))
     assert len(lines) == 2 and "ProcessGroupNCCL's watchdog got stuck for 480 seconds" in lines[0].text
     assert "This typically indicates a NCCL/CUDA API" in lines[0].text
     fs, f = run("watchdog-stuck-wrapped-vlmr1-257.log")
