@@ -58,11 +58,16 @@ XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU s
 
 _CAP = 2000  # events kept of one kind: a week of logs repeats the same few many times
 _NCCL_BATCH = 5000  # NCCL lines analysed together (verify_nccl.py's analysis), then merged
-_NCCL_ORIGIN = re.compile(r"[\w.<>-]+:\d+:\d+ \[\d+\](?: \S+:\d+)? NCCL|"
-                          r"[\w.<>-]+ \[\d+\] \S+:\d+ WARN")
+# NCCL's "host:pid:tid [dev]" origin, found by its literal part (a search for the host name
+# first would try every position of the line)
+_NCCL_ORIGIN = re.compile(r":\d+:\d+ \[\d+\]| \[\d+\] \S+:\d+ WARN")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.<>-")
 # any word a signature below needs: a line without one is passed over at once
-_HOT = re.compile(r"atchdog|stuck for|dump signal|lagging/dead|Snapshot of|NCCL|nccl|rror|"
-                  r"out of memory|Xid|Root Cause|Failures:|exitcode|worker died|No route|WARN")
+_HOT = ("NCCL", "rror", "WARN", "atchdog", "nccl", "exitcode", "dump signal", "stuck for",
+        "lagging/dead", "Snapshot of", "out of memory", "Xid", "Root Cause", "Failures:",
+        "worker died")
+HOT = re.compile("|".join(map(re.escape, _HOT)))  # for a reader that passes over cold lines
+_DATE_PROBES = 200  # hot lines of a file searched for a date (its start is what tells jobs apart)
 _RENDEZVOUS = re.compile(r"(DistNetworkError|DistStoreError|RendezvousConnectionError)\b:? "
                          r"(.*?(?:\(errno: \d+ - [^)]*\)|timed out|$))")
 _STORE_AT = re.compile(r"(?:\(|to )(\S+?)[,:] ?(\d+)\)?")
@@ -115,6 +120,22 @@ class Events:
             self._batch = []
 
 
+def new_facts() -> dict:
+    """What tells one file's job from another's (see `jobs`)."""
+    return {"ranks": set(), "timeout_ms": set(), "dates": set()}
+
+
+def _from_origin(t: str) -> str:
+    """An NCCL line from its `host:pid:tid [dev]` on (whatever prefix came before it)."""
+    o = _NCCL_ORIGIN.search(t)
+    if o is None or o.start() == 0:
+        return t
+    i = o.start()
+    while i > 0 and t[i - 1] in _HOST_CHARS:
+        i -= 1
+    return t[i:]
+
+
 def _rank(line: Line) -> int | None:
     """The global rank: the launcher's tag, else `[Rank N]` in the text (which, in a process
     group other than the default one, is the rank inside that group)."""
@@ -152,8 +173,7 @@ def events(lines: Iterable[Line]) -> Events:
         t = line.text
         if line.source != source:
             source = line.source
-            facts = ev.sources.setdefault(source, {"ranks": set(), "timeout_ms": set(),
-                                                   "dates": set()})
+            facts = ev.sources.setdefault(source, new_facts())
         if line.rank is not None:
             ev.ranks_seen.add(line.rank)
             if len(facts["ranks"]) < _CAP:
@@ -172,14 +192,17 @@ def events(lines: Iterable[Line]) -> Events:
         if table and (m := _ENTRY.match(t)):
             entry = {"root": root}
             continue
-        if not _HOT.search(t):
+        for k in _HOT:
+            if k in t:
+                break
+        else:
             continue
-        if len(facts["dates"]) < 64 and (m := _DATE.search(t)):
+        facts["probes"] = probes = facts.get("probes", 0) + 1
+        if probes < _DATE_PROBES and len(facts["dates"]) < 64 and (m := _DATE.search(t)):
             facts["dates"].add(f"{m.group(1)}-{m.group(2)}" if m.group(1) else
                                f"{int(m.group(4))}-{m.group(5)}")
         if "NCCL" in t or "WARN" in t:
-            o = _NCCL_ORIGIN.search(t)
-            ev.nccl_line(t[o.start():] if o else t)
+            ev.nccl_line(_from_origin(t))
         _scan(ev, line, t, prev, ahead, facts)
         if _DESYNC_HEAD in t:
             in_desync = True
@@ -203,7 +226,7 @@ def events(lines: Iterable[Line]) -> Events:
 def _scan(ev: Events, line: Line, t: str, prev: Line | None, ahead: deque,
           facts: dict) -> None:
     """The one-line signatures (and the few lines after an NCCL error that explain it)."""
-    if m := _WATCHDOG.search(t):
+    if "atchdog caught" in t and (m := _WATCHDOG.search(t)):
         rank = _rank(line)
         pg = int(m.group(1))
         facts["timeout_ms"].add(int(m.group(6)))
@@ -213,19 +236,21 @@ def _scan(ev: Events, line: Line, t: str, prev: Line | None, ahead: deque,
             "numel_out": int(m.group(5)) if m.group(5) else None,
             "timeout_ms": int(m.group(6)), "ran_ms": int(m.group(7)), "host": line.host},
             key=(rank if rank is not None else pg, int(m.group(2)), m.group(3)))
-    if (m := _WORK.search(t)) and (r := _rank(line)) is not None and len(ev.work) < _CAP:
+    if ("by watchdog" in t and (m := _WORK.search(t)) and (r := _rank(line)) is not None
+            and len(ev.work) < _CAP):
         ev.work[r] = (f"failed at work {m.group(1)}, last enqueued {m.group(2)}, last "
                       f"completed {m.group(3)}")
-    elif (m := _DUMP_WORK.search(t)) and (r := _rank(line)) is not None and len(ev.work) < _CAP:
+    elif ("dump signal" in t and (m := _DUMP_WORK.search(t)) and (r := _rank(line)) is not None
+          and len(ev.work) < _CAP):
         ev.work.setdefault(r, f"last enqueued {m.group(1)}, last completed {m.group(2)}")
-    if m := _STUCK.search(t):
+    if "stuck for" in t and (m := _STUCK.search(t)):
         ev.add("stuck", {"rank": _rank(line), "host": line.host, "seconds": int(m.group(1))},
                key=(_rank(line), line.host))
-    if (m := _DUMP_FROM.search(t)) and len(ev.first_timeout) < _CAP:
+    if "dump signal" in t and (m := _DUMP_FROM.search(t)) and len(ev.first_timeout) < _CAP:
         ev.first_timeout.add(int(m.group(1)))
         if (r := _rank(line)) is not None:
             ev.dump_seen_by.add(r)
-    if m := _NCCL_ERROR.search(t):
+    if ("rror" in t or "failed:" in t) and (m := _NCCL_ERROR.search(t)):
         after = list(islice(ahead, 5))
         detail = next((x.text.strip() for x in after
                        if x.text.strip() and not x.text.startswith(("Last error", "ncclRe",
@@ -237,31 +262,33 @@ def _scan(ev: Events, line: Line, t: str, prev: Line | None, ahead: deque,
                                "host": line.host, "last_error": detail if last else "",
                                "line": t.strip()[:500]},
                key=(kind, _rank(line), line.host))
-    if m := _OOM.search(t):
+    if "out of memory" in t and (m := _OOM.search(t)):
         ev.add("ooms", {"rank": _rank(line), "host": line.host, "size": m.group(1),
                         "gpu": m.group(2) or m.group(4), "total": m.group(3) or m.group(5),
                         "line": t.strip()[:500]}, key=(_rank(line), line.host, m.group(0)))
-    elif (m := _CUDA_ERROR.search(t)) and "Compile with" not in t:
+    elif (("CUDA error" in t or "cuda runtime" in t) and (m := _CUDA_ERROR.search(t))
+          and "Compile with" not in t):
         what = (m.group(1) or m.group(2)).strip()
         ev.add("cuda_errors", {"what": what, "rank": _rank(line), "host": line.host,
                                "line": t.strip()[:500]}, key=(what, _rank(line), line.host))
-    if m := _XID.search(t):
-        host = (h.group(1) if (h := _SYSLOG_HOST.search(t)) else None) or line.host
+    if "Xid" in t and (m := _XID.search(t)):
+        h = _SYSLOG_HOST.search(t) if "kernel:" in t else None
+        host = (h.group(1) if h else None) or line.host
         ev.add("xids", {"pci": m.group(1), "xid": int(m.group(2)), "pid": m.group(3),
                         "name": m.group(4), "cause": int(m.group(5)) if m.group(5) else None,
                         "host": host}, key=(m.group(0),))
-    if m := _ELASTIC.search(t):
+    if "exitcode" in t and (m := _ELASTIC.search(t)):
         ev.add("failures", {"root": False, "rank": None, "local_rank": int(m.group(2)),
                             "host": line.host, "exitcode": int(m.group(1)),
                             "pid": m.group(3), "source": "elastic"},
                key=(m.group(2), m.group(3)))
-    if m := _RENDEZVOUS.search(t):
+    if ("Dist" in t or "Rendezvous" in t) and (m := _RENDEZVOUS.search(t)):
         store = _STORE_AT.search(m.group(2))
         ev.add("rendezvous", {"error": m.group(1), "what": m.group(2).strip()[:300],
                               "store": f"{store.group(1)}:{store.group(2)}" if store else None,
                               "rank": _rank(line), "host": line.host},
                key=(m.group(1), line.host))
-    if m := _RAY_DIED.search(t):
+    if "worker died" in t and (m := _RAY_DIED.search(t)):
         ev.add("ray_deaths", {"ip": m.group(1), "pid": m.group(2), "exit": m.group(3)},
                key=(m.group(2),))
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
+from typing import NamedTuple
 
 # colour codes, also as a paste that lost the ESC byte (`[36m(RayWorker pid=1)[0m`)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\[\d{1,2}(?:;\d{1,3})*m(?=[(\[\w ]|$)")
@@ -51,13 +51,13 @@ _RECORD = re.compile(
 # a continuation a tool (not a terminal) broke off: it starts lower case or with the rest of a
 # PyTorch NCCL message
 _GO_ON = re.compile(r"[a-z]|WorkNCCL|OpType=|Numel|Timeout\(ms\)|SeqNum=|\d+[,)]")
+_SRUN_LABELS = re.compile(r"^ *(\d{1,5}): ", re.M)
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
 _WIDTH_SAMPLE = 4000  # physical lines read ahead to find a terminal's wrap width
 MAX_LINE = 1 << 16  # characters kept of one logical line (a joined run of wraps included)
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     text: str  # the message, launcher tags removed
     source: str  # the file it came from
     number: int  # its first physical line there (1-based)
@@ -70,15 +70,25 @@ def normalise(text: str, source: str = "-") -> list[Line]:
     return list(lines(text.splitlines(), source))
 
 
-def lines(raw: Iterable[str], source: str = "-") -> Iterator[Line]:
-    """The logical lines of one log's physical lines (without their line ends), streamed."""
+def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
+    """The logical lines of one log's physical lines (without their line ends), streamed. An
+    int among them says that many lines were passed over there (nothing joins across it)."""
     default_rank = int(m.group(1)) if (m := _RANK_IN_NAME.search(Path(source).name)) else None
     it = iter(raw)
-    head = [_ANSI.sub("", x) for x in islice(it, _WIDTH_SAMPLE)]
-    width = _wrap_width(head)  # a terminal wraps the line as printed, tags included
+    head = list(islice(it, _WIDTH_SAMPLE))
+    width = _wrap_width([x for x in head if isinstance(x, str)])  # tags included
     cur: list | None = None  # [text, number, rank, host] of the message being built
     prev_full = False
-    for number, line in enumerate(chain(head, (_ANSI.sub("", x) for x in it)), 1):
+    number = 0
+    for line in chain(head, it):
+        if line.__class__ is int:
+            number += line
+            if cur is not None:
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
+            cur, prev_full = None, False
+            continue
+        number += 1
+        line = _plain(line)
         body, rank, host = _untag(line)
         if cur is not None and _continues(cur, body, rank, host, prev_full):
             # a terminal wraps at its width, mid-word as often as not: join without a space;
@@ -95,6 +105,20 @@ def lines(raw: Iterable[str], source: str = "-") -> Iterator[Line]:
         yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
 
 
+def tagged_ranks(text: str) -> set[int]:
+    """The global ranks the launcher tags in `text` name (a block read whole, at C speed)."""
+    out = {int(a or b or r) for a, b, _, r, _ in _BRACKET_TAG.findall(text) if a or b or r}
+    out.update(int(x) for x in _SRUN_LABELS.findall(text))
+    return out
+
+
+def _plain(line: str) -> str:
+    """The line without colour codes (looked for only where one may be: a regex is slower)."""
+    if "\x1b" in line or "[0m" in line or "[3" in line or "[1;" in line or "[9" in line:
+        return _ANSI.sub("", line)
+    return line
+
+
 def _continues(cur: list, body: str, rank: int | None, host: str | None,
                prev_full: bool) -> bool:
     """Is `body` the rest of the message in `cur`? Only when it does not begin a message of its
@@ -102,21 +126,19 @@ def _continues(cur: list, body: str, rank: int | None, host: str | None,
     an NCCL message's parentheses, or after `... timeout: ` / `... detected` by its writer."""
     if (rank is not None and rank != cur[2]) or (host is not None and host != cur[3]):
         return False
+    text = cur[0]
+    if not prev_full and "NCCL" not in text and "atchdog" not in text:
+        return False
     if _RECORD.match(body):
         return False
-    text = cur[0]
-    if prev_full:
-        return True
-    if "NCCL" not in text and "atchdog" not in text:
-        return False
-    if text.count("(") > text.count(")"):
+    if prev_full or text.count("(") > text.count(")"):
         return True
     return not text.rstrip().endswith((".", "!")) and bool(_GO_ON.match(body.lstrip()))
 
 
 def _untag(line: str) -> tuple[str, int | None, str | None]:
     rank = host = None
-    for _ in range(3):
+    for _ in range(3 if ": " in line[:64] else 0):
         for rx, what in _START_TAGS:
             if m := rx.match(line):
                 if what == "rank":

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from megatron_env.diagnose import events as events_mod
-from megatron_env.diagnose import logfiles, nccl_log, triage
+from megatron_env.diagnose import joblog, logfiles, nccl_log, triage
 from megatron_env.diagnose.events import Events
 from megatron_env.findings import Finding
 
@@ -70,7 +70,7 @@ def group(per_file: dict[str, Events]) -> tuple[list[list[str]], list[str]]:
     groups: list[list[str]] = []
     reasons: list[str] = []
     for src, ev in per_file.items():
-        facts = ev.sources.get(src, {"ranks": set(), "timeout_ms": set(), "dates": set()})
+        facts = ev.sources.get(src) or events_mod.new_facts()
         for g in groups:
             why = [w for other in g if (w := _differ(
                 other, per_file[other].sources.get(other, facts), src, facts))]
@@ -89,9 +89,20 @@ def _label(srcs: list[str]) -> str:
     return ", ".join(names[:2]) + (f" +{len(names) - 2} more" if len(names) > 2 else "")
 
 
+def read(path: Path) -> Events:
+    """One file's events, its cold lines passed over (counted, their rank tags read)."""
+    tally = logfiles.Tally()
+    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally),
+                                        str(path)))
+    ev.lines += tally.skipped
+    ev.ranks_seen |= tally.ranks
+    ev.sources.setdefault(str(path), events_mod.new_facts())["ranks"] |= tally.ranks
+    return ev
+
+
 def run(paths: list[str | Path]) -> tuple[list[Finding], int, list[str]]:
     """Findings of the logs named (grouped into jobs), the number of lines and the files read."""
-    per_file = {str(f): events_mod.events(logfiles.read([f])) for f in logfiles.files(paths)}
+    per_file = {str(f): read(f) for f in logfiles.files(paths)}
     groups, reasons = group(per_file)
     lines = sum(ev.lines for ev in per_file.values())
     if len(groups) == 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ from megatron_env.diagnose import joblog
 from megatron_env.errors import UserError
 
 _SNIFF = 8192
+_BLOCK = 1 << 20
+_BEFORE, _AFTER = 3, 12  # lines handed on around a hot one
+_MAX_RANKS = 1 << 20
 # bytes no text log holds (tab, line ends, form feed and ESC of colour codes are text)
 _CONTROL = frozenset([*range(1, 9), 11, *range(14, 27), *range(28, 32), 127])
 _FIX = "pass the console logs of the job (files or a directory)"
@@ -82,21 +86,103 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
-def physical(path: Path) -> Iterator[str]:
-    """The file's lines without line ends, NULs removed, each at most joblog.MAX_LINE long."""
+class Tally:
+    """What `physical` passed over without handing it on: how many lines, which ranks."""
+
+    def __init__(self) -> None:
+        self.skipped = 0
+        self.ranks: set[int] = set()
+
+
+def physical(path: Path, hot: re.Pattern[str] | None = None,
+             tally: Tally | None = None) -> Iterator[str | int]:
+    """The file's lines without line ends, NULs removed, each at most joblog.MAX_LINE long.
+
+    Read in blocks of a MiB. With `hot` (what a line must hold to matter), only the lines near
+    one that matches are handed on (`_BEFORE` before, `_AFTER` after: a wrapped message's
+    head, a table under its heading); an int stands for the lines passed over, which `tally`
+    counts and whose launcher tags it reads, block by block, at C speed."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; a generator holds it open
     except OSError as e:
         raise UserError(f"cannot read {path}: {e.strerror}", fix=_FIX) from None
     with f:
-        skipping = False
-        while raw := f.readline(joblog.MAX_LINE):
-            ended = raw.endswith(b"\n")
-            if not skipping:
-                if b"\0" in raw:
-                    raw = raw.replace(b"\0", b"")
-                yield raw.rstrip(b"\r\n").decode("utf-8", "replace")
-            skipping = not ended
+        rest = b""
+        tail: list[str] = []  # the last lines of the block before, not handed on
+        after = 0  # lines of this block still inside a hot line's window
+        while True:
+            block = f.read(_BLOCK)
+            data = rest + block
+            if not data:
+                break
+            cut = data.rfind(b"\n") if block else len(data)
+            if cut < 0:  # no line end in a whole block: keep its start, drop the rest
+                rest = data[:joblog.MAX_LINE] if len(data) < 2 * _BLOCK else b""
+                continue
+            data, rest = data[:cut], data[cut + 1:]
+            if b"\0" in data:
+                data = data.replace(b"\0", b"")
+            text = data.decode("utf-8", "replace")
+            lines = text.split("\n")
+            if "\r" in text:
+                lines = [x[:-1] if x.endswith("\r") else x for x in lines]
+            if max(map(len, lines)) > joblog.MAX_LINE:
+                lines = [x[:joblog.MAX_LINE] for x in lines]
+            if hot is None:
+                yield from lines
+                continue
+            if tally is not None and len(tally.ranks) < _MAX_RANKS:
+                tally.ranks |= joblog.tagged_ranks(text)
+            lines = tail + lines
+            keep = _windows(text, hot, len(tail), after)
+            after = max(0, keep[-1][1] - len(lines)) if keep else 0
+            # the last lines near no hot one wait for the next block (a hot line may follow)
+            held = max(min(keep[-1][1], len(lines)) if keep else 0, len(lines) - _BEFORE)
+            yield from _handed_on(lines, keep, held, tally)
+            tail = lines[held:]
+        if tail:
+            if tally is not None:
+                tally.skipped += len(tail)
+            yield len(tail)
+
+
+def _windows(text: str, hot: re.Pattern[str], offset: int,
+             after: int) -> list[tuple[int, int]]:
+    """[start, end) line ranges around the hot lines of `text` (`offset` lines on), merged."""
+    spans: list[tuple[int, int]] = [(offset, offset + after)] if after else []
+    pos = line = 0
+    while m := hot.search(text, pos):
+        line += text.count("\n", pos, m.start())
+        idx = offset + line
+        start, end = max(0, idx - _BEFORE), idx + 1 + _AFTER
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((start, end))
+        nl = text.find("\n", m.end())
+        if nl < 0:
+            break
+        pos = nl + 1
+        line += 1
+    return spans
+
+
+def _handed_on(lines: list[str], keep: list[tuple[int, int]], held: int,
+               tally: Tally | None) -> Iterator[str | int]:
+    """lines[:held]: those in `keep`, an int for each run of others."""
+    at = 0
+    for start, end in keep:
+        end = min(end, held)
+        if start > at:
+            if tally is not None:
+                tally.skipped += start - at
+            yield start - at
+        yield from lines[start:end]
+        at = max(at, end)
+    if held > at:
+        if tally is not None:
+            tally.skipped += held - at
+        yield held - at
 
 
 def _sniff(head: bytes, path: Path) -> None:

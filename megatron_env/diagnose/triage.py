@@ -83,7 +83,10 @@ def _timeouts(ev: Events) -> list[Finding]:
     evidence = [f"rank {t['rank']}{' on ' + t['host'] if t['host'] else ''}"
                 + (f" ([Rank {t['pg_rank']}] of its process group)"
                    if t.get("pg_rank") not in (None, t["rank"]) else "")
-                + f": {t['op']} SeqNum {t['seq']}, ran for {t['ran_ms']} ms" for t in ts[:8]]
+                + f": {t['op']} SeqNum {t['seq']}"
+                + (f" ({t['numel_in']} elements in / {t['numel_out']} out)"
+                   if t["numel_in"] is not None and len(groups) > 1 else "")
+                + f", ran for {t['ran_ms']} ms" for t in ts[:8]]
     evidence += [f"rank {r}: {w}" for r, w in sorted(ev.work.items())[:8]]
     out = []
     odd = _odd_ones(by_rank)
@@ -309,7 +312,7 @@ def _nccl_debug(ev: Events) -> list[Finding]:
 
 ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
          "nccl.system_error", "nccl.shm", "nccl.ibverbs", "job.watchdog_stuck", "job.desync",
-         "job.odd_rank", "job.rendezvous", "nccl.socket", "job.root_cause", "job.nccl_error",
+         "job.odd_rank", "job.rendezvous", "nccl.socket", "job.nccl_error", "job.root_cause",
          "job.ray_worker", "nccl.peer_lost", "job.timeout",
          "nccl.net", "nccl.transport"]
 
