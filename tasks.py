@@ -19,10 +19,11 @@ def profiles(c):
     _done(commands.profiles())
 
 
-@task(help={"out": "directory to write the snapshot into"})
-def collect(c, out):
+@task(help={"out": "directory to write the snapshot into",
+            "force": "replace a snapshot already in that directory"})
+def collect(c, out, force=False):
     """Record this host's GPU, driver, network and limits facts into a snapshot directory."""
-    _done(commands.collect(out))
+    _done(commands.collect(out, force))
 
 
 @task(help={"profile": "profile name (default: the default profile)",

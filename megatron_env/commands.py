@@ -50,10 +50,10 @@ def profiles() -> int:
 
 
 @guarded
-def collect(out_dir: str) -> int:
+def collect(out_dir: str, force: bool = False) -> int:
     path = Path(out_dir)
     output.status(f"Collecting host facts into {path}")
-    snapshot.collect(path)
+    snapshot.collect(path, force=force)
     output.summary(f"snapshot written to {path}; analyse it anywhere with "
                    f"`invoke check --snapshot {path}`")
     return 0
@@ -307,7 +307,6 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
     `against`: a reference fleet directory whose nodes the medians and majorities include (a
     Slurm prolog or HealthCheckProgram judging one node against the last fleet run).
     `nccl`: then scripts/verify_nccl.py through srun across the nodes that did not fail."""
-    import sys
 
     from megatron_env.fleet import analysis
     from megatron_env.fleet import preflight as pf
@@ -352,7 +351,7 @@ def preflight(fleet_dir: str | None = None, local: bool = False, as_json: bool =
     if as_json:
         import json
 
-        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+        output.block(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
         findings.print_fleet(rep.nodes, rep.exclude)
     counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}

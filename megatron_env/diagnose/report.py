@@ -21,13 +21,12 @@ import contextlib
 import json
 import os
 import platform
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from megatron_env import REPO_ROOT, __version__, proc, redact
+from megatron_env import REPO_ROOT, __version__, output, proc, redact
 from megatron_env.errors import UserError
 from megatron_env.host import checks, parsers, snapshot
 from megatron_env.profile import Profile
@@ -240,4 +239,4 @@ def main(profile: Profile, prefix: Path, as_json: bool,
 
 
 def write(text: str) -> None:
-    sys.stdout.write(text)
+    output.block(text)
