@@ -1,12 +1,14 @@
 """`invoke triage` on real console logs of failed and hung jobs (tests/fixtures/job-logs/README.md)."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from megatron_env.diagnose import joblog, logfiles, nccl_log, triage
+from megatron_env.diagnose import events as events_mod
+from megatron_env.diagnose import joblog, jobs, logfiles, nccl_log, triage
 from megatron_env.errors import UserError
 
 from .conftest import FIXTURES
@@ -233,3 +235,104 @@ def test_heartbeat_monitor_padded_terminal_paste():
     fs, f = run("watchdog-stuck-wrapped-vlmr1-257.log")
     assert [x.id for x in fs] == ["job.watchdog_stuck"]
     assert f["job.watchdog_stuck"].summary.startswith("the NCCL watchdog of rank 6 got stuck for 480 s")
+
+
+# --------------------------------------------------------------------------- any input, any size
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "invoke", "triage", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_error(r, *words):
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.startswith("error: ")]) == 1, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def test_a_quoted_glob_that_matches_nothing_is_an_error(tmp_path):
+    _one_error(_cli(str(tmp_path / "*.out")), "matches no file")
+
+
+def test_devices_and_pipes_are_refused_at_once(tmp_path):
+    _one_error(_cli("/dev/null"), "/dev/null is not a regular file (a character device)")
+    fifo = tmp_path / "pipe.log"
+    os.mkfifo(fifo)  # reading it would block forever
+    _one_error(_cli(str(fifo)), "is not a regular file (a pipe)")
+    (tmp_path / "d").mkdir()
+    os.mkfifo(tmp_path / "d" / "p")
+    (tmp_path / "d" / "rank0.log").write_text("[rank0]: step 1\n")
+    assert _cli(str(tmp_path / "d")).returncode == 0  # a pipe inside a directory is passed over
+
+
+def test_nul_padded_crash_log_is_read(tmp_path):
+    """A node that died mid-write leaves the file's last blocks zero-filled."""
+    text = (LOGS / "cuda-ecc-watchdog-kohya1434.log").read_bytes()
+    log = tmp_path / "rank1.log"
+    log.write_bytes(text[:len(text) // 2] + b"\0" * 100_000 + text[len(text) // 2:] + b"\0" * 8192)
+    _, f = run("rank1.log", where=tmp_path)
+    assert f["job.cuda_error"].summary == "rank 1 hit CUDA error: uncorrectable ECC error encountered"
+
+
+def test_logs_of_unrelated_jobs_are_not_compared_as_one(tmp_path):
+    for name in ("watchdog-allreduce-basicsr737.log", "watchdog-reduce-scatter-llamafactory6269.log",
+                 "watchdog-lineno-prefix-llamafactory7396.log"):
+        (tmp_path / name).write_text((LOGS / name).read_text())
+    fs, _, _ = jobs.run([tmp_path])
+    assert fs[0].id == "job.mixed" and fs[0].status == "warn"
+    assert "look like 3 different jobs" in fs[0].summary
+    assert "job.odd_rank" not in {f.id for f in fs}  # no rank compared across jobs
+    assert any(f.summary.startswith("[watchdog-allreduce-basicsr737.log] ranks 0, 1 and 2 timed out")
+               for f in fs)
+
+
+def test_one_job_split_over_files_stays_one_job(tmp_path):
+    """Per-rank files of one job share their timeout and dates: one job, as before."""
+    for line in (LOGS / "watchdog-allreduce-basicsr737.log").read_text().splitlines():
+        rank = line[len("[rank"):line.index("]")]
+        with open(tmp_path / f"train-rank{rank}.log", "a") as f:
+            f.write(line + "\n")
+    fs, _, sources = jobs.run([tmp_path])
+    assert len(sources) == 3 and "job.mixed" not in {f.id for f in fs}
+
+
+def test_unknown_prefixes_and_broken_lines_still_parse():
+    """The issue's case: an aggregator's `<job>.<host> [stderr] ` before the rank tag, the
+    WorkNCCL part on the next line without any tag."""
+    lines = joblog.normalise(
+        "job7.node-12 [stderr] [rank14]:[E909 09:55:29.340 ProcessGroupNCCL.cpp:607] [Rank 14] "
+        "Watchdog caught collective operation timeout: \n"
+        "WorkNCCL(SeqNum=9, OpType=REDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+        "600068 milliseconds before timing out.\n"
+        "2024-01-02T03:04:05.678Z [rank3]: RuntimeError: NCCL Error 2: unhandled system error "
+        "(run with NCCL_DEBUG=INFO for details)\n")
+    assert [(x.rank, x.host) for x in lines] == [(14, "node-12"), (3, None)]
+    f = {x.id: x for x in triage.triage(lines)}
+    assert f["job.timeout"].summary.startswith("rank 14 timed out in REDUCE (SeqNum 9")
+    assert "rank 14 on node-12" in f["job.timeout"].evidence[0]
+    assert f["job.nccl_error"].summary == "NCCL error 'unhandled system error' on rank 3"
+
+
+def test_memory_stays_bounded_on_a_long_log():
+    """Event lists are capped and the NCCL analysis is batched: a million repeated signature
+    lines leave bounded state (the size benchmark is bench/triage_stream.py)."""
+    line = ("[rank{r}]:[E ProcessGroupNCCL.cpp:563] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=600000) ran for 600027 milliseconds before timing out.")
+    gen = (line.format(r=i % 8, s=i) for i in range(200_000))
+    ev = events_mod.events(joblog.lines(gen, "big.log"))
+    assert ev.lines == 200_000 and len(ev.timeouts) == events_mod._CAP
+    assert not ev._batch and len(ev.nccl["warnings"]) <= 500
+
+
+def test_an_endless_line_is_cut_not_held(tmp_path):
+    log = tmp_path / "one-line.log"
+    with open(log, "wb") as f:
+        f.write(b"x" * (8 << 20) + b" CUDA error: an illegal memory access was encountered\n")
+        f.write(b"[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    got = list(logfiles.read([log]))
+    assert len(got) == 2 and len(got[0].text) <= joblog.MAX_LINE
+    _, f = run("one-line.log", where=tmp_path)
+    assert f["job.cuda_error"].summary.startswith("rank 2 hit CUDA error")

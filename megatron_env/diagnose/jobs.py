@@ -107,14 +107,15 @@ def run(paths: list[str | Path]) -> tuple[list[Finding], int, list[str]]:
     lines = sum(ev.lines for ev in per_file.values())
     if len(groups) == 1:
         return triage.findings(merge(list(per_file.values()))), lines, list(per_file)
-    out: list[Finding] = [Finding(
+    mixed = Finding(
         "job.mixed", "warn",
         f"these logs look like {len(groups)} different jobs, triaged apart: "
         + "; ".join(f"({_label(g)})" for g in groups),
-        reasons[:6], "triage one job's logs at a time (one directory per job)")]
+        reasons[:6], "triage one job's logs at a time (one directory per job)")
+    out: list[Finding] = []
     for g in groups:
         for f in triage.findings(merge([per_file[s] for s in g])):
             out.append(Finding(f.id, f.status, f"[{_label(g)}] {f.summary}", f.evidence, f.fix,
                                f.kind))
-    out.sort(key=lambda f: f.status != "fail")
-    return out, lines, list(per_file)
+    out.sort(key=lambda f: f.status != "fail")  # stable: each job's order is kept
+    return [mixed, *out], lines, list(per_file)
