@@ -140,10 +140,12 @@ def triage(c, logs, json=False):
 @task(name="report", help={"profile": "profile name (default: the default profile)",
                            "prefix": "the environment to report on "
                                      "(default .megatron-env/<profile>)",
-                           "json": "print the facts as JSON instead of the block"})
-def bug_report(c, profile=None, prefix=None, json=False):
+                           "json": "print the facts as JSON instead of the block",
+                           "imports": "import torch and every compiled module (10-30 s) "
+                                      "instead of reading versions from the files"})
+def bug_report(c, profile=None, prefix=None, json=False, imports=False):
     """One block to paste into a bug report: host, GPUs, environment, builds, check, variables."""
-    _done(commands.bug_report(profile, prefix, json))
+    _done(commands.bug_report(profile, prefix, json, imports))
 
 
 @task(help={"fleet": "analyse this directory (one sub-directory per host) instead of running",

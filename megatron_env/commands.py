@@ -284,7 +284,7 @@ def triage(logs: list[str], as_json: bool = False) -> int:
 
 @guarded
 def bug_report(profile_name: str | None = None, prefix: str | None = None,
-               as_json: bool = False) -> int:
+               as_json: bool = False, imports: bool = False) -> int:
     """One block to paste into a bug report (secrets redacted); works before anything is built."""
     from megatron_env.diagnose import report as bug_report_mod
     from megatron_env.pyenv import env as env_mod
@@ -292,7 +292,8 @@ def bug_report(profile_name: str | None = None, prefix: str | None = None,
     prof = profile.load(profile_name)
     output.status(f"Gathering a report for profile {prof.name} ...")
     bug_report_mod.write(bug_report_mod.main(
-        prof, Path(prefix).absolute() if prefix else env_mod.default_prefix(prof), as_json))
+        prof, Path(prefix).absolute() if prefix else env_mod.default_prefix(prof), as_json,
+        imports=imports))
     return 0
 
 
