@@ -38,3 +38,37 @@ def test_tune_logs_give_what_expect_says(name):
     text = corpus.blob(findings)
     missed = [c for c in corpus.TUNE[name] if not corpus.holds(c, findings, text)]
     assert not missed, text
+
+
+# What the held-out half missed when it was measured (bench/triage_corpus.py --split heldout:
+# 56/80 checks, 7/19 logs whole). Listed, not fixed: tuning to them would make the held-out
+# score meaningless. tests/fixtures/job-logs/README.md says what each miss is.
+HELDOUT_MISSES = {
+    "watchdog-ray-ip-allgather-simplerl25.log": ["10.7.35.246"],
+    "watchdog-wrapped-after-other-output-sglang3836.log": [
+        "id:job.timeout", "rank 5", "ALLREDUCE", "SeqNum 5653", "58720256"],
+    "watchdog-old-format-no-seqnum-wrapped-accelerate157.log": [
+        "id:job.timeout", "rank 0", "ALLREDUCE", "Timeout(ms)=1800000"],
+    "watchdog-silent-rank0-python-logging-ace348.log": [
+        "ranks 1, 2 and 3", "id:job.odd_rank", "re:job.odd_rank fail rank 0 "],
+    "watchdog-terminate-python-logging-internlm290.log": ["f363ff97a009"],
+    "dump-signal-ray-ansi-skyrl757.log": ["id:job.timeout", "rank 0"],
+    "invalid-usage-mpi-stdout-allreduce-horovod3625.log": [
+        "re:(?m)^\\S+ fail .*invalid (usage|root)", "biomind"],
+    "remote-error-one-line-collapsed-alpaca207.log": ["vendor err 129"],
+    "remote-error-ofi-rank-prefix-nccl1928.log": ["UNDELIVERABLE"],
+    "invalid-usage-duplicate-gpu-lrgt13.log": ["re:(?m)^\\S+ fail .*Duplicate GPU", "ubun"],
+    "unhandled-system-error-srun-task-exit-horovod1651.log": ["jwc09n018"],
+    "xid-dmesg-T-three-gpus-akash244.log": ["node4"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(corpus.HELDOUT))
+def test_heldout_logs_keep_what_they_got_right(name):
+    findings, _, _ = jobs.run([corpus.LOGS / name])
+    text = corpus.blob(findings)
+    known = HELDOUT_MISSES.get(name, [])
+    assert set(known) <= set(corpus.HELDOUT[name])
+    missed = [c for c in corpus.HELDOUT[name]
+              if c not in known and not corpus.holds(c, findings, text)]
+    assert not missed, text
