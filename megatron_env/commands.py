@@ -33,12 +33,13 @@ def profiles() -> int:
     return 0
 
 
-@command(out="directory to write the snapshot into")
-def collect(out: str) -> int:
+@command(out="directory to write the snapshot into",
+         force="replace a snapshot already in that directory")
+def collect(out: str, force: bool = False) -> int:
     """Record this host's GPU, driver, network and limits facts into a snapshot directory."""
     path = Path(out)
     output.status(f"Collecting host facts into {path}")
-    snapshot.collect(path)
+    snapshot.collect(path, force=force)
     output.summary(f"snapshot written to {path}; analyse it anywhere with "
                    f"`invoke check --snapshot {path}`")
     return 0
@@ -294,23 +295,23 @@ def kernels(profile: str | None = None) -> int:
 @command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\")")
 def triage(logs: str, json: bool = False) -> int:
     """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
-    from megatron_env.diagnose import joblog
-    from megatron_env.diagnose import triage as judge
+    from megatron_env.diagnose import jobs
 
-    lines = joblog.read([x for x in logs.split(",") if x])
-    found = judge.triage(lines)
-    sources = sorted({x.source for x in lines})
+    found, lines, sources = jobs.run([x for x in logs.split(",") if x])
     if json:
-        findings.emit_json(found, logs=sources, lines=len(lines))
+        findings.emit_json(found, logs=sources, lines=lines)
     else:
-        findings.print_findings(found, f"Triage of {len(lines)} lines from {len(sources)} "
+        findings.print_findings(found, f"Triage of {lines} lines from {len(sources)} "
                                        f"log(s), most likely cause first")
     return findings.exit_code(found)
 
 
 @command(name="report", prefix="the environment to report on (default .megatron-env/<profile>)",
-         json="print the facts as JSON instead of the block")
-def bug_report(profile: str | None = None, prefix: str | None = None, json: bool = False) -> int:
+         json="print the facts as JSON instead of the block",
+         imports="import torch and every compiled module (10-30 s) instead of reading versions "
+                 "from the files")
+def bug_report(profile: str | None = None, prefix: str | None = None, json: bool = False,
+               imports: bool = False) -> int:
     """One block to paste into a bug report: host, GPUs, environment, builds, check, variables."""
     from megatron_env.diagnose import report
     from megatron_env.pyenv import env
@@ -318,7 +319,8 @@ def bug_report(profile: str | None = None, prefix: str | None = None, json: bool
     prof = load_profile(profile)
     output.status(f"Gathering a report for profile {prof.name} ...")
     report.write(report.main(
-        prof, Path(prefix).absolute() if prefix else env.default_prefix(prof), json))
+        prof, Path(prefix).absolute() if prefix else env.default_prefix(prof), json,
+        imports=imports))
     return 0
 
 

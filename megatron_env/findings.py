@@ -4,7 +4,6 @@ its rendering for people (aligned lines, colour only for status) and for machine
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -77,7 +76,7 @@ def to_json(findings: list[Finding], **extra: Any) -> str:
 
 
 def emit_json(findings: list[Finding], **extra: Any) -> None:
-    sys.stdout.write(to_json(findings, **extra) + "\n")
+    output.block(to_json(findings, **extra) + "\n")
 
 
 def print_fleet(nodes, exclude: list[str]) -> None:

@@ -4,6 +4,7 @@
   be piped; `result` and `summary` lines go to stdout.
 - Tables are short aligned lines (`table`), one summary line ends a command (`summary`).
 - A problem is `error: what went wrong` followed by `hint: what to do`.
+- Every line goes through megatron_env.redact first: no secret reaches a terminal or CI log.
 - Colour carries meaning only (a status word: pass/fail, done/failed ...), only on a terminal,
   never with NO_COLOR set. There is no markup language: nothing can show up literally.
 """
@@ -14,6 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
+
+from megatron_env import redact
 
 _ANSI = {"green": "32", "yellow": "33", "red": "1;31", "cyan": "36", "dim": "2", "bold": "1"}
 # The words that carry a meaning, and the colour that says it.
@@ -43,7 +46,15 @@ def paint(word: str, stream: TextIO | None = None, colour: str | None = None) ->
 
 
 def _write(stream: TextIO, text: str) -> None:
-    stream.write(text + "\n")
+    """Every line a person or a CI log sees, after the one redaction (megatron_env.redact)."""
+    stream.write(redact.text(text) + "\n")
+    stream.flush()
+
+
+def block(text: str, stream: TextIO | None = None) -> None:
+    """A multi-line result (JSON, a report) on stdout, redacted like every line."""
+    stream = stream or sys.stdout
+    stream.write(redact.text(text))
     stream.flush()
 
 

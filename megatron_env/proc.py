@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from megatron_env import redact
+
 
 @dataclass(frozen=True)
 class Result:
@@ -92,7 +94,7 @@ def run(
     result = Result(args, cp.returncode, cp.stdout, cp.stderr)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"$ {' '.join(args)}\n{result.output}")
+        log.write_text(redact.text(f"$ {' '.join(args)}\n{result.output}"))
     return result
 
 
@@ -125,10 +127,10 @@ def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
         for line in p.stdout:
             lines.append(line)
             if fh:
-                fh.write(line)
+                fh.write(redact.text(line))
                 fh.flush()
             if on_line is None:
-                sys.stderr.write(line)  # progress of a tool: status, not a result
+                sys.stderr.write(redact.text(line))  # progress of a tool: status, not a result
                 sys.stderr.flush()
             else:
                 on_line(line)

@@ -9,6 +9,7 @@ was expected, so a typo never travels further than `invoke profiles`.
 from __future__ import annotations
 
 import re
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -250,12 +251,38 @@ def _validate_kernels(tables: Any, name: str, path: Path, fail) -> None:
         _validate(table, _kernel_schema(known[kernel]), f"{name}.{kernel}.", path)
 
 
-def load_file(path: Path) -> Profile:
+MAX_PROFILE_BYTES = 1 << 20  # a profile is a page of TOML; more is the wrong file
+
+
+def _read_capped(path: Path) -> str:
+    """The text of a profile file: a regular file of at most MAX_PROFILE_BYTES (a device such
+    as /dev/zero or a FIFO would be read until memory runs out, or forever)."""
     try:
-        text = path.read_text()
+        st = path.stat()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})", fix="check the path",
                         kind="profile.unreadable") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{path} is not a regular file",
+                        fix="pass a profile.toml file, or a profile name (invoke profiles)",
+                        kind="profile.unreadable")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PROFILE_BYTES + 1)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})", fix="check the path",
+                        kind="profile.unreadable") from None
+    if len(data) > MAX_PROFILE_BYTES:
+        raise UserError(f"{path} is larger than {MAX_PROFILE_BYTES // 1024} KiB: not a profile",
+                        fix="pass a profile.toml file, or a profile name (invoke profiles)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text", fix="pass a profile.toml file") from None
+
+
+def load_file(path: Path) -> Profile:
+    text = _read_capped(path)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -265,6 +292,12 @@ def load_file(path: Path) -> Profile:
     return Profile(name=path.parent.name, path=path, data=data)
 
 
+def is_path(value: str) -> bool:
+    """`--profile` names a file only when it says so: a path with a '/' ending in `.toml`
+    (`./mine.toml`, `envs/x/profile.toml`); anything else is a profile name."""
+    return "/" in value and value.endswith(".toml")
+
+
 def names(envs_dir: Path = ENVS_DIR) -> list[str]:
     if not envs_dir.is_dir():
         return []
@@ -272,9 +305,15 @@ def names(envs_dir: Path = ENVS_DIR) -> list[str]:
 
 
 def load(name: str | None = None, envs_dir: Path = ENVS_DIR) -> Profile:
-    """Load a profile by name (or the default one), or from a path to a profile.toml."""
-    if name and (name.endswith(".toml") or "/" in name):
+    """Load a profile by name (or the default one), or from a file when `name` says it is one
+    (`is_path`: contains '/' and ends with .toml)."""
+    if name and is_path(name):
         return load_file(Path(name))
+    if name and ("/" in name or name.endswith(".toml") or name.startswith("-")):
+        raise UserError(
+            f"--profile {name!r} is neither a profile name nor a profile file",
+            fix="pass a name (invoke profiles lists them) or a file path with a '/' that ends "
+                "in .toml (./my-profile.toml)")
     known = names(envs_dir)
     if name is None:
         items = [load_file(envs_dir / n / PROFILE_FILE) for n in known]

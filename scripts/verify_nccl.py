@@ -191,6 +191,11 @@ def log_findings(a: dict) -> list[dict]:
         ("nccl.shm", r"/dev/shm|shared memory segment|ShmAlloc|shm_open|posix_fallocate",
          "NCCL could not create its shared-memory segments: /dev/shm too small",
          "give the container --shm-size=64g or --ipc=host"),
+        ("nccl.socket", r"socketStartConnect|Connect to \S+ failed|Software caused connection abort",
+         "NCCL could not connect a socket to a peer",
+         "set NCCL_SOCKET_IFNAME to the interface the nodes reach each other on (and "
+         "NCCL_SOCKET_FAMILY=AF_INET when it picked an IPv6 link-local fe80:: address); check "
+         "firewalls between the nodes"),
         ("nccl.ibverbs", r"libibverbs", "libibverbs could not be loaded: no IB support in this "
          "environment", "install rdma-core (libibverbs) in the image"),
     ]

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import venv
 
 from megatron_env import profile, redact
@@ -93,7 +94,7 @@ def test_report_json_of_an_environment_without_kernels(tmp_path):
     assert doc["python"]["environment"] == ".".join(map(str, sys.version_info[:3]))
     assert "error" not in doc["environment"]
     for k in doc["kernels"]:
-        assert k["installed"] is None and k["imports"] and not any(k["imports"].values())
+        assert k["installed"] is None and k["found"] and not any(k["found"].values())
         assert k["cache_key"] is None and "torch" in k["why"]
     assert doc["variables"]["TORCH_HUB_TOKEN"] == "<redacted>"
     assert {f["id"] for f in doc["check"]} >= {"driver.version", "cuda.toolkit", "nccl.env"}
@@ -124,3 +125,38 @@ def test_a_collected_snapshot_keeps_no_secret(tmp_path, monkeypatch):
     for secret in (HUB_TOKEN, AWS, "planted-private-key-value"):
         assert secret not in text
     assert "NCCL_DEBUG=INFO" in text
+
+
+def fake_torch_env(prefix):
+    """A venv whose torch is files only (version.py, TorchConfig.cmake, dist-info): what the
+    report reads. Importing it would fail, so a report that imports torch cannot pass."""
+    venv.create(prefix, with_pip=False)
+    site = next(prefix.glob("lib/python*/site-packages"))
+    (site / "torch" / "share" / "cmake" / "Torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("raise ImportError('imported by the report')\n")
+    (site / "torch" / "version.py").write_text(
+        "__version__ = '2.1.0+cu121'\ndebug = False\ncuda: Optional[str] = '12.1'\n")
+    (site / "torch" / "share" / "cmake" / "Torch" / "TorchConfig.cmake").write_text(
+        'set(TORCH_CXX_FLAGS "-D_GLIBCXX_USE_CXX11_ABI=0")\n')
+    for name, version in (("torch", "2.1.0+cu121"), ("nvidia_nccl_cu12", "2.18.1"),
+                          ("nvidia_cudnn_cu12", "8.9.2.26")):
+        d = site / f"{name}-{version}.dist-info"
+        d.mkdir()
+        (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (site / ("flash_attn_2_cuda" + sysconfig.get_config_var("EXT_SUFFIX"))).write_bytes(b"")
+    return site
+
+
+def test_report_reads_versions_from_files_without_importing_torch(tmp_path):
+    fake_torch_env(tmp_path / "env")
+    r = _report(tmp_path, "--prefix", str(tmp_path / "env"), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["torch"] == {"torch": "2.1.0+cu121", "torch_cuda": "12.1", "nccl": "2.18.1",
+                            "cudnn": "8.9.2.26"}
+    fa = next(k for k in doc["kernels"] if k["name"] == "flash-attn")
+    assert fa["found"] == {"flash_attn_2_cuda": True}
+    assert fa["cache_key"] or "CUDA" in fa["why"]  # no torch import was needed for either
+    deep = _report(tmp_path, "--prefix", str(tmp_path / "env"), "--json", "--imports")
+    assert deep.returncode == 0, deep.stderr
+    assert json.loads(deep.stdout)["torch"]["torch"] is None  # --imports did import: it failed

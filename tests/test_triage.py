@@ -1,12 +1,14 @@
 """`invoke triage` on real console logs of failed and hung jobs (tests/fixtures/job-logs/README.md)."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from megatron_env.diagnose import joblog, nccl_log, triage
+from megatron_env.diagnose import events as events_mod
+from megatron_env.diagnose import joblog, jobs, logfiles, nccl_log, triage
 from megatron_env.errors import UserError
 
 from .conftest import FIXTURES
@@ -17,7 +19,7 @@ NCCL_LOGS = FIXTURES / "nccl-logs"
 
 
 def run(*names, where=LOGS):
-    fs = triage.triage(joblog.read([where / n for n in names]))
+    fs = triage.triage(logfiles.read([where / n for n in names]))
     return fs, {f.id: f for f in fs}
 
 
@@ -47,7 +49,7 @@ def test_odd_rank_out_comes_first():
 
 
 def test_wrapped_paste_is_joined_before_parsing():
-    lines = joblog.read([LOGS / "watchdog-wrapped-broadcast-openr1-620.log"])
+    lines = list(logfiles.read([LOGS / "watchdog-wrapped-broadcast-openr1-620.log"]))
     assert len(lines) == 5 and all("OpType=BROADCAST" in x.text for x in lines)
     _, f = run("watchdog-wrapped-broadcast-openr1-620.log")
     assert f["job.timeout"].summary.startswith("ranks 1, 2, 3, 5 and 6 timed out in BROADCAST (SeqNum 4")
@@ -99,7 +101,7 @@ def test_unhandled_system_error_points_at_memlock():
 
 
 def test_pdsh_host_tags_are_stripped_so_nccl_lines_parse():
-    lines = joblog.read([LOGS / "register-memory-pdsh-prefix-nccl563.log"])
+    lines = list(logfiles.read([LOGS / "register-memory-pdsh-prefix-nccl563.log"]))
     assert lines[0].host == "10.0.87.143" and lines[0].text.startswith("ip-10-0-87-143:149:298 [5]")
     _, f = run("register-memory-pdsh-prefix-nccl563.log")
     assert "ip-10-0-87-143 [5]" in f["nccl.system_error"].summary
@@ -186,13 +188,13 @@ def test_rank_from_file_name_and_srun_labels(tmp_path):
 
 def test_bad_input_is_one_clear_error(tmp_path):
     with pytest.raises(UserError, match="no such file"):
-        joblog.read([tmp_path / "missing.log"])
+        logfiles.read([tmp_path / "missing.log"])
     (tmp_path / "core").write_bytes(b"\x7fELF\x00\x00\x01" * 100)
     with pytest.raises(UserError, match="not a text log"):
-        joblog.read([tmp_path / "core"])
+        logfiles.read([tmp_path / "core"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="holds no log files"):
-        joblog.read([tmp_path / "empty"])
+        logfiles.read([tmp_path / "empty"])
 
 
 def test_cli_json_directory_and_exit_codes(tmp_path):
@@ -218,7 +220,7 @@ def test_one_file_per_rank_the_silent_rank_is_the_suspect(tmp_path):
         with open(tmp_path / f"train-rank{rank}.log", "a") as f:
             f.write(line + "\n")
     (tmp_path / "train-rank3.log").write_text((LOGS / "cuda-illegal-address-megatron-miles308.log").read_text())
-    fs = triage.triage(joblog.read([tmp_path]))
+    fs = triage.triage(logfiles.read([tmp_path]))
     assert [f.id for f in fs] == ["job.cuda_error", "job.odd_rank", "job.timeout"]
     assert fs[0].summary.startswith("rank 3 hit CUDA error: an illegal memory access")
     assert fs[1].summary.startswith("rank 3 printed no watchdog timeout while ranks 0, 1 and 2 did")
@@ -227,9 +229,110 @@ def test_one_file_per_rank_the_silent_rank_is_the_suspect(tmp_path):
 
 def test_heartbeat_monitor_padded_terminal_paste():
     # every line padded to the terminal's 116 columns; the message is cut mid-word
-    lines = joblog.read([LOGS / "watchdog-stuck-wrapped-vlmr1-257.log"])
+    lines = list(logfiles.read([LOGS / "watchdog-stuck-wrapped-vlmr1-257.log"]))
     assert len(lines) == 2 and "ProcessGroupNCCL's watchdog got stuck for 480 seconds" in lines[0].text
     assert "This typically indicates a NCCL/CUDA API" in lines[0].text
     fs, f = run("watchdog-stuck-wrapped-vlmr1-257.log")
     assert [x.id for x in fs] == ["job.watchdog_stuck"]
     assert f["job.watchdog_stuck"].summary.startswith("the NCCL watchdog of rank 6 got stuck for 480 s")
+
+
+# --------------------------------------------------------------------------- any input, any size
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "invoke", "triage", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_error(r, *words):
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len([x for x in r.stderr.splitlines() if x.startswith("error: ")]) == 1, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def test_a_quoted_glob_that_matches_nothing_is_an_error(tmp_path):
+    _one_error(_cli(str(tmp_path / "*.out")), "matches no file")
+
+
+def test_devices_and_pipes_are_refused_at_once(tmp_path):
+    _one_error(_cli("/dev/null"), "/dev/null is not a regular file (a character device)")
+    fifo = tmp_path / "pipe.log"
+    os.mkfifo(fifo)  # reading it would block forever
+    _one_error(_cli(str(fifo)), "is not a regular file (a pipe)")
+    (tmp_path / "d").mkdir()
+    os.mkfifo(tmp_path / "d" / "p")
+    (tmp_path / "d" / "rank0.log").write_text("[rank0]: step 1\n")
+    assert _cli(str(tmp_path / "d")).returncode == 0  # a pipe inside a directory is passed over
+
+
+def test_nul_padded_crash_log_is_read(tmp_path):
+    """A node that died mid-write leaves the file's last blocks zero-filled."""
+    text = (LOGS / "cuda-ecc-watchdog-kohya1434.log").read_bytes()
+    log = tmp_path / "rank1.log"
+    log.write_bytes(text[:len(text) // 2] + b"\0" * 100_000 + text[len(text) // 2:] + b"\0" * 8192)
+    _, f = run("rank1.log", where=tmp_path)
+    assert f["job.cuda_error"].summary == "rank 1 hit CUDA error: uncorrectable ECC error encountered"
+
+
+def test_logs_of_unrelated_jobs_are_not_compared_as_one(tmp_path):
+    for name in ("watchdog-allreduce-basicsr737.log", "watchdog-reduce-scatter-llamafactory6269.log",
+                 "watchdog-lineno-prefix-llamafactory7396.log"):
+        (tmp_path / name).write_text((LOGS / name).read_text())
+    fs, _, _ = jobs.run([tmp_path])
+    assert fs[0].id == "job.mixed" and fs[0].status == "warn"
+    assert "look like 3 different jobs" in fs[0].summary
+    assert "job.odd_rank" not in {f.id for f in fs}  # no rank compared across jobs
+    assert any(f.summary.startswith("[watchdog-allreduce-basicsr737.log] ranks 0, 1 and 2 timed out")
+               for f in fs)
+
+
+def test_one_job_split_over_files_stays_one_job(tmp_path):
+    """Per-rank files of one job share their timeout and dates: one job, as before."""
+    for line in (LOGS / "watchdog-allreduce-basicsr737.log").read_text().splitlines():
+        rank = line[len("[rank"):line.index("]")]
+        with open(tmp_path / f"train-rank{rank}.log", "a") as f:
+            f.write(line + "\n")
+    fs, _, sources = jobs.run([tmp_path])
+    assert len(sources) == 3 and "job.mixed" not in {f.id for f in fs}
+
+
+def test_unknown_prefixes_and_broken_lines_still_parse():
+    """The issue's case: an aggregator's `<job>.<host> [stderr] ` before the rank tag, the
+    WorkNCCL part on the next line without any tag."""
+    lines = joblog.normalise(
+        "job7.node-12 [stderr] [rank14]:[E909 09:55:29.340 ProcessGroupNCCL.cpp:607] [Rank 14] "
+        "Watchdog caught collective operation timeout: \n"
+        "WorkNCCL(SeqNum=9, OpType=REDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+        "600068 milliseconds before timing out.\n"
+        "2024-01-02T03:04:05.678Z [rank3]: RuntimeError: NCCL Error 2: unhandled system error "
+        "(run with NCCL_DEBUG=INFO for details)\n")
+    assert [(x.rank, x.host) for x in lines] == [(14, "node-12"), (3, None)]
+    f = {x.id: x for x in triage.triage(lines)}
+    assert f["job.timeout"].summary.startswith("rank 14 timed out in REDUCE (SeqNum 9")
+    assert "rank 14 on node-12" in f["job.timeout"].evidence[0]
+    assert f["job.nccl_error"].summary == "NCCL error 'unhandled system error' on rank 3"
+
+
+def test_memory_stays_bounded_on_a_long_log():
+    """Event lists are capped and the NCCL analysis is batched: a million repeated signature
+    lines leave bounded state (the size benchmark is bench/triage_stream.py)."""
+    line = ("[rank{r}]:[E ProcessGroupNCCL.cpp:563] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum={s}, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+            "Timeout(ms)=600000) ran for 600027 milliseconds before timing out.")
+    gen = (line.format(r=i % 8, s=i) for i in range(200_000))
+    ev = events_mod.events(joblog.lines(gen, "big.log"))
+    assert ev.lines == 200_000 and len(ev.timeouts) == events_mod._CAP
+    assert not ev._batch and len(ev.nccl["warnings"]) <= 500
+
+
+def test_an_endless_line_is_cut_not_held(tmp_path):
+    log = tmp_path / "one-line.log"
+    with open(log, "wb") as f:
+        f.write(b"x" * (8 << 20) + b" CUDA error: an illegal memory access was encountered\n")
+        f.write(b"[rank2]: RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    got = list(logfiles.read([log]))
+    assert len(got) == 2 and len(got[0].text) <= joblog.MAX_LINE
+    _, f = run("one-line.log", where=tmp_path)
+    assert f["job.cuda_error"].summary.startswith("rank 2 hit CUDA error")

@@ -184,10 +184,10 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, ec
     url = repos.repo_url(name, url)
     echo(f"{name}: fetching {tag or commit[:12]} (depth 1) from {url}")
     shutil.rmtree(dest, ignore_errors=True)
-    git = ["git", "--git-dir", str(dest)]
+    git = ["git", f"--git-dir={dest}"]
     run_env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    steps = [["git", "init", "-q", "--bare", str(dest)],
-             [*git, "fetch", "-q", "--depth", "1", url,
+    steps = [["git", "init", "-q", "--bare", "--", str(dest)],
+             [*git, "fetch", "-q", "--depth", "1", "--", url,
               f"+refs/tags/{tag}:refs/tags/{tag}" if tag else commit]]
     for argv in steps:
         r = proc.run(argv, env=run_env, timeout=3600)

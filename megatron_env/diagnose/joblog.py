@@ -2,43 +2,62 @@
 
 Job logs reach us in many shapes: one file per rank or per node, or everything interleaved by
 srun, torchrun or mpirun, each tagging lines its own way (`[rank3]:`, `3: `, `[gpu187:1]:`,
-`[1,3]<stdout>:`, `10.0.87.143: ` from pdsh), often pasted from a terminal that wrapped long
-lines at its width, or from a web page that wrapped a message mid-word. The analysis in
-`triage` should not care: `normalise` strips the launcher tags into `Line.rank`/`Line.host` and
-joins wrapped lines, so a pattern sees each message whole. `read` is the only part that touches
-files. Nothing here decides what a line means.
+`[1,3]<stdout>:`, `10.0.87.143: ` from pdsh, `[default0]:` from torchrun --tee), often under
+a prefix nobody can list in advance (a log aggregator's `<job>.<host> [stderr] `, Ray's
+`(Worker pid=1, ip=10.0.0.1) `, timestamps, a log viewer's line numbers), pasted from a terminal
+that wrapped long lines at its width or written by a tool that broke its own message in two.
+The analysis in `triage` should not care: `normalise`/`lines` strip the launcher tags into
+`Line.rank`/`Line.host` wherever in the line they stand and join wrapped lines whatever the
+prefix, so a pattern sees each message whole.
+
+Everything here streams: `lines` takes an iterator of physical lines and holds one logical
+line (plus a sample of the first lines for the wrap width) at a time, so a log of gigabytes
+goes through in bounded memory. Reading files (and refusing what is not one) is `logfiles`'s.
+Nothing here decides what a line means.
 """
 
 from __future__ import annotations
 
-import glob
 import re
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from itertools import chain, islice
 from pathlib import Path
+from typing import NamedTuple
 
-from megatron_env.errors import UserError
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# launcher tags at the start of a line, tried repeatedly (a pdsh host, then a rank tag, ...)
-_TAGS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"\[rank(\d+)\]:"), "rank"),                       # torchrun --tee / TORCH_*
-    (re.compile(r"\[([\w.-]+):(\d+)\]:"), "host,rank"),            # accelerate, deepspeed
-    (re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>:"), "rank"),       # mpirun --tag-output
+# colour codes, also as a paste that lost the ESC byte (`[36m(RayWorker pid=1)[0m`)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\[\d{1,2}(?:;\d{1,3})*m(?=[(\[\w ]|$)")
+# tags at the very start of a line, tried repeatedly (a pdsh host, then a rank label, ...)
+_START_TAGS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r" *(\d{1,5}): "), "rank"),                        # srun --label
     # pdsh/clush "host: ": a dotted IPv4 address or a host name with a digit in it
     (re.compile(r"((?:\d{1,3}\.){3}\d{1,3}|[A-Za-z][\w-]*\d[\w.-]*): "), "host"),
 ]
+# bracketed launcher tags, found wherever they stand (after any prefix), repeated tags in a row
+_BRACKET_TAG = re.compile(
+    r"\[rank(\d+)\]:"                                          # torchrun --tee, TORCH_* logs
+    r"|\[\d+,(\d+)\]<std(?:out|err)>:"                         # mpirun --tag-output
+    r"|\[([A-Za-z][\w.-]*?\d[\w.-]*|[A-Za-z][\w.-]*):(\d+)\]:"  # accelerate/deepspeed host:rank
+    r"|\[(?:default|[a-z]+_?)(\d+)\]:")                        # torchrun role+local rank
+# what a prefix before a tag may say about the host: Ray's `ip=`, an aggregator's `job.host [std..]`
+_PREFIX_IP = re.compile(r"\bip=((?:\d{1,3}\.){3}\d{1,3})")
+_PREFIX_STREAM = re.compile(r"(?:^|\s)([\w.-]+)\s+\[std(?:out|err)\]\s*$")
 # a line that begins a new message (never the continuation of a wrapped one)
 _RECORD = re.compile(
     r"\s*$|\[rank\d+\]|\[[\w.-]+:\d+\]:|\[\d+,\d+\]<|\d{1,5}: |\[?[EWIF]\d{3,4} |\[[EWIF] |"
-    r"[\w.<>-]+:\d+:\d+ \[\d+\]|Traceback |frame #|\s*File \"|\w+(?:Error|Exception|Warning)\b|"
-    r"\[\d{4}-\d\d-\d\d|\d{4}-\d\d-\d\d|kernel: |NVRM|Root Cause|Failures:|\[\d+\]:|[=-]{8}")
+    r"[\w.<>-]+:\d+:\d+ \[\d+\]|Traceback |frame #|\s*File \"|[\w.]*\w(?:Error|Exception|Warning)"
+    r"\b|\[\d{4}-\d\d-\d\d|\d{4}-\d\d-\d\d|kernel: |NVRM|Root Cause|Failures:|\[\d+\]:|[=-]{8}|"
+    r"\(\w+ pid=|\w{3} +\d+ \d\d:")
+# a continuation a tool (not a terminal) broke off: it starts lower case or with the rest of a
+# PyTorch NCCL message
+_GO_ON = re.compile(r"[a-z]|WorkNCCL|OpType=|Numel|Timeout\(ms\)|SeqNum=|\d+[,)]")
+_SRUN_LABELS = re.compile(r"^ *(\d{1,5}): ", re.M)
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
+_WIDTH_SAMPLE = 4000  # physical lines read ahead to find a terminal's wrap width
+MAX_LINE = 1 << 16  # characters kept of one logical line (a joined run of wraps included)
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     text: str  # the message, launcher tags removed
     source: str  # the file it came from
     number: int  # its first physical line there (1-based)
@@ -48,41 +67,119 @@ class Line:
 
 def normalise(text: str, source: str = "-") -> list[Line]:
     """Split, strip colour and launcher tags, join wrapped lines. Pure."""
-    raw = [_ANSI.sub("", x) for x in text.splitlines()]
+    return list(lines(text.splitlines(), source))
+
+
+def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
+    """The logical lines of one log's physical lines (without their line ends), streamed. An
+    int among them says that many lines were passed over there (nothing joins across it)."""
     default_rank = int(m.group(1)) if (m := _RANK_IN_NAME.search(Path(source).name)) else None
-    width = _wrap_width(raw)  # a terminal wraps the line as printed, tags included
-    out: list[Line] = []
+    it = iter(raw)
+    head = list(islice(it, _WIDTH_SAMPLE))
+    width = _wrap_width([x for x in head if isinstance(x, str)])  # tags included
+    cur: list | None = None  # [text, number, rank, host] of the message being built
     prev_full = False
-    for number, line in enumerate(raw, 1):
+    number = 0
+    for line in chain(head, it):
+        if line.__class__ is int:
+            number += line
+            if cur is not None:
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
+            cur, prev_full = None, False
+            continue
+        number += 1
+        line = _plain(line)
         body, rank, host = _untag(line)
-        tagged = rank is not None or host is not None  # a launcher tags only a line's start
-        if (out and not tagged and not _RECORD.match(body)
-                and (prev_full or _open_message(out[-1].text))):
-            last = out[-1]  # wrapped mid-word as often as not: join without a space
-            out[-1] = Line(last.text + body, last.source, last.number, last.rank, last.host)
+        if cur is not None and _continues(cur, body, rank, host, prev_full):
+            # a terminal wraps at its width, mid-word as often as not: join without a space;
+            # a tool that broke its own line did so between words
+            glue = "" if prev_full or cur[0].endswith(" ") else " "
+            if len(cur[0]) < MAX_LINE:
+                cur[0] = cur[0] + glue + body.lstrip() if glue else cur[0] + body
         else:
-            out.append(Line(body, source, number,
-                            rank if rank is not None else default_rank, host))
+            if cur is not None:
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
+            cur = [body, number, rank if rank is not None else default_rank, host]
         prev_full = width is not None and len(line) == width
-    return [Line(x.text.rstrip(), x.source, x.number, x.rank, x.host) for x in out]
+    if cur is not None:
+        yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
+
+
+def tagged_ranks(text: str) -> set[int]:
+    """The global ranks the launcher tags in `text` name (a block read whole, at C speed)."""
+    out = {int(a or b or r) for a, b, _, r, _ in _BRACKET_TAG.findall(text) if a or b or r}
+    out.update(int(x) for x in _SRUN_LABELS.findall(text))
+    return out
+
+
+def _plain(line: str) -> str:
+    """The line without colour codes (looked for only where one may be: a regex is slower)."""
+    if "\x1b" in line or "[0m" in line or "[3" in line or "[1;" in line or "[9" in line:
+        return _ANSI.sub("", line)
+    return line
+
+
+def _continues(cur: list, body: str, rank: int | None, host: str | None,
+               prev_full: bool) -> bool:
+    """Is `body` the rest of the message in `cur`? Only when it does not begin a message of its
+    own, carries no other rank's tag, and the message was cut: at the terminal's width, inside
+    an NCCL message's parentheses, or after `... timeout: ` / `... detected` by its writer."""
+    if (rank is not None and rank != cur[2]) or (host is not None and host != cur[3]):
+        return False
+    text = cur[0]
+    if not prev_full and "NCCL" not in text and "atchdog" not in text:
+        return False
+    if _RECORD.match(body):
+        return False
+    if prev_full or text.count("(") > text.count(")"):
+        return True
+    return not text.rstrip().endswith((".", "!")) and bool(_GO_ON.match(body.lstrip()))
 
 
 def _untag(line: str) -> tuple[str, int | None, str | None]:
     rank = host = None
-    for _ in range(4):
-        for rx, what in _TAGS:
+    for _ in range(3 if ": " in line[:64] else 0):
+        for rx, what in _START_TAGS:
             if m := rx.match(line):
                 if what == "rank":
                     rank = int(m.group(1))
-                elif what == "host":
-                    host = m.group(1)
                 else:
-                    host, rank = m.group(1), int(m.group(2))
+                    host = m.group(1)
                 line = line[m.end():]
                 break
         else:
             break
+    if "]:" not in line and "]<" not in line:
+        return line, rank, host
+    m = _BRACKET_TAG.search(line)
+    if m is None:
+        return line, rank, host
+    prefix = line[:m.start()]
+    while m is not None:
+        if m.group(1) is not None:
+            rank = int(m.group(1))
+        elif m.group(2) is not None:
+            rank = int(m.group(2))
+        elif m.group(3) is not None:
+            host, rank = m.group(3), int(m.group(4))
+        elif rank is None:  # a role's local rank says less than a global rank tag after it
+            rank = int(m.group(5))
+        line = line[m.end():]
+        m = _BRACKET_TAG.match(line)
+    if prefix and host is None:
+        host = _host_of(prefix)
     return line, rank, host
+
+
+def _host_of(prefix: str) -> str | None:
+    """The host an unknown prefix names, when it says so plainly (Ray's `ip=`, an aggregator's
+    `job.host [stderr]` with the host the dotted part that has a digit)."""
+    if m := _PREFIX_IP.search(prefix):
+        return m.group(1)
+    if m := _PREFIX_STREAM.search(prefix):
+        parts = [p for p in m.group(1).split(".") if any(c.isdigit() for c in p)]
+        return parts[-1] if parts else None
+    return None
 
 
 def _wrap_width(lines: list[str]) -> int | None:
@@ -92,40 +189,3 @@ def _wrap_width(lines: list[str]) -> int | None:
         return None
     width = max(counts)
     return width if counts[width] >= 2 else None
-
-
-def _open_message(text: str) -> bool:
-    """A PyTorch/NCCL message cut inside its parentheses (`WorkNCCL(SeqNum=4, OpTy`)."""
-    return "NCCL" in text and text.count("(") > text.count(")")
-
-
-def read(paths: list[str | Path]) -> list[Line]:
-    """The lines of every log named (a directory: each file in it, one per rank or node)."""
-    if not paths:
-        raise UserError("no log given", fix="invoke triage LOG [LOG ...] (files or directories)")
-    files: list[Path] = []
-    expanded = [Path(x) for p in map(str, paths)
-                for x in (sorted(glob.glob(p)) if glob.has_magic(p) else [p])]
-    for p in expanded:
-        if p.is_dir():
-            inside = sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith("."))
-            if not inside:
-                raise UserError(f"{p} holds no log files", fix="pass the job's log files")
-            files += inside
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise UserError(f"{p}: no such file or directory",
-                            fix="pass the console logs of the job (files or a directory)")
-    out: list[Line] = []
-    for f in files:
-        try:
-            data = f.read_bytes()
-        except OSError as e:
-            raise UserError(f"cannot read {f}: {e.strerror}") from None
-        if b"\0" in data[:8192]:
-            raise UserError(f"{f} is not a text log (it holds binary data)",
-                            fix="pass the job's console output (stdout/stderr), not a core "
-                                "dump or archive")
-        out += normalise(data.decode("utf-8", errors="replace"), str(f))
-    return out

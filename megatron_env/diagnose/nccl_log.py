@@ -45,3 +45,33 @@ def findings(analysis: dict) -> list[Finding]:
     """The script's findings (plain dicts there) as this package's Finding."""
     return [Finding(f["id"], f["status"], f["summary"], list(f["evidence"]), f["fix"])
             for f in script().log_findings(analysis)]
+
+
+_KEEP = 500  # distinct warnings, devices... kept: a long log repeats a few
+
+
+def merge(a: dict | None, b: dict) -> dict:
+    """Two analyses of consecutive parts of one log as one (the log is analysed in batches so
+    that it never has to be held whole)."""
+    if a is None:
+        return b
+
+    def union(x: list, y: list) -> list:
+        return (x + [v for v in y if v not in x])[:_KEEP]
+
+    where = {k: list(v) for k, v in a["warned_at"].items()}
+    for w, at in b["warned_at"].items():
+        if w in where or len(where) < _KEEP:
+            where[w] = union(where.get(w, []), at)
+    transports = dict(a["transports"])
+    for k, n in b["transports"].items():
+        transports[k] = transports.get(k, 0) + n
+    return {"nccl_versions": sorted(set(a["nccl_versions"]) | set(b["nccl_versions"])),
+            "networks": union(a["networks"], b["networks"]),
+            "ib_devices": union(a["ib_devices"], b["ib_devices"]),
+            "socket_interfaces": union(a["socket_interfaces"], b["socket_interfaces"]),
+            "plugins": union(a["plugins"], b["plugins"]), "ib_missing": a["ib_missing"]
+            or b["ib_missing"], "transports": transports,
+            "warnings": union(a["warnings"], b["warnings"]), "warned_at": where,
+            "hosts": sorted(set(a["hosts"]) | set(b["hosts"]))[:_KEEP],
+            "nranks": max(a["nranks"], b["nranks"]), "gdrdma": a["gdrdma"] or b["gdrdma"]}

@@ -21,13 +21,12 @@ import contextlib
 import json
 import os
 import platform
-import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from megatron_env import REPO_ROOT, __version__, proc, redact
+from megatron_env import REPO_ROOT, __version__, output, proc, redact
 from megatron_env.errors import UserError
 from megatron_env.host import checks, parsers, snapshot
 from megatron_env.profile import Profile
@@ -43,13 +42,17 @@ def variables(environ: Mapping[str, str]) -> dict[str, str]:
 # --------------------------------------------------------------------------- gathering
 
 
-def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = None) -> dict:
-    """Everything the report shows, probed now. Each part says why when it cannot be had."""
+def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = None,
+           imports: bool = False) -> dict:
+    """Everything the report shows, probed now. Each part says why when it cannot be had.
+
+    The environment is read from its files (versions from metadata, torch/version.py and
+    TorchConfig.cmake; compiled modules by their files), in about a second; `imports` imports
+    torch and every compiled module instead (10-30 s: what a build check does)."""
     from megatron_env import digest
     from megatron_env.kernels import build
     from megatron_env.megatron import checkout
-    from megatron_env.pyenv import env
-    from megatron_env.pyenv.probe import probe as probe_env
+    from megatron_env.pyenv import env, probe
 
     environ = os.environ if environ is None else environ
     facts: dict[str, Any] = {"megatron_env": _self_version(), "os": _os(),
@@ -67,21 +70,23 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
     py = env.python_of(prefix)
     kernels = list(build.packages(profile).values())
     env_facts: dict[str, Any] = {"prefix": str(prefix)}
-    probe: dict | None = None
+    seen: dict | None = None
     if py.exists():
         env_facts["resolved"] = str(prefix.resolve())
         try:
-            probe = probe_env(py, *(m for k in kernels for m in k.modules), *checkout.MODULES)
+            modules = (*(m for k in kernels for m in k.modules), *checkout.MODULES)
+            seen = (probe.probe(py, *modules) if imports
+                    else probe.metadata(py, *modules))
         except UserError as e:
             env_facts["error"] = e.message
     else:
         env_facts["error"] = "not built (run `invoke setup` or `invoke env`)"
     facts["environment"] = env_facts
-    if probe:
-        facts["python"]["environment"] = probe.get("python")
-        facts["torch"] = {k: probe.get(k) for k in ("torch", "torch_cuda", "nccl", "cudnn")}
-    facts["kernels"] = [_kernel(k, py, profile, probe) for k in kernels]
-    facts["megatron"] = _megatron(profile, probe)
+    if seen:
+        facts["python"]["environment"] = seen.get("python")
+        facts["torch"] = {k: seen.get(k) for k in ("torch", "torch_cuda", "nccl", "cudnn")}
+    facts["kernels"] = [_kernel(k, py, profile, seen) for k in kernels]
+    facts["megatron"] = _megatron(profile, seen)
     facts["variables"] = variables(environ)
     return facts
 
@@ -131,9 +136,21 @@ def _kernel(pkg, py: Path, profile: Profile, probe: dict | None) -> dict:
         row.update(installed=None, imports={}, cache_key=None, why="no environment")
         return row
     row["installed"] = probe["dists"].get(pkg.name)
-    row["imports"] = {m: m in probe["imported"] for m in pkg.modules}
+    if "imported" in probe:
+        row["imports"] = {m: m in probe["imported"] for m in pkg.modules}
+    else:
+        row["found"] = {m: m in probe["found"] for m in pkg.modules}
+    if not probe.get("torch"):
+        row.update(cache_key=None, why="torch is not installed in the environment")
+        return row
+    if probe.get("cxx11_abi") is None:
+        row.update(cache_key=None, why="torch's C++ ABI is not recorded in its files "
+                                       "(`invoke report --imports` asks torch)")
+        return row
+    facts = {"torch": probe["torch"], "cuda": probe.get("torch_cuda"), "abi": probe["cxx11_abi"],
+             "tag": probe.get("cache_tag"), "platlib": probe.get("platlib")}
     try:
-        plan = build.plan(pkg, py, profile.archs)
+        plan = build.plan(pkg, py, profile.archs, facts=facts)
         row["cache_key"] = plan.key
         row["cached"] = any((build.cache_dir() / "wheels" / plan.key).glob("*.whl"))
     except UserError as e:
@@ -194,7 +211,8 @@ def render(facts: dict) -> str:
         ("topology", facts.get("topology") or "unknown"),
         ("nvcc", (facts["nvcc"] or "not found") + (f" ({facts['nvcc_path']})"
                                                    if facts.get("nvcc_path") else "")),
-        ("torch", f"{t['torch']}, CUDA {t['torch_cuda']}, NCCL {t['nccl']}, cuDNN {t['cudnn']}"
+        ("torch", f"{t['torch']}, CUDA {t['torch_cuda']}, NCCL {t['nccl'] or '?'}, "
+                  f"cuDNN {t['cudnn'] or '?'}"
          if t else "n/a (no environment)"),
         ("profile", f"{prof['name']}: profile.toml {prof['profile.toml'][:19]}, "
                     + ", ".join(f"{k} {v[:19] if v else 'missing'}" for k, v in prof.items()
@@ -209,9 +227,11 @@ def render(facts: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows) + 2
     out = ["```", *(f"{k:<{width}}{v}" for k, v in rows), "", "kernel builds"]
-    kt = [("package", "pin", "installed", "compiled modules import", "cache key")]
+    deep = any("imports" in k for k in facts["kernels"])
+    kt = [("package", "pin", "installed",
+           "compiled modules import" if deep else "compiled modules found", "cache key")]
     for k in facts["kernels"]:
-        imports = k.get("imports") or {}
+        imports = k.get("imports") or k.get("found") or {}
         bad = [m for m, ok in imports.items() if not ok]
         status = ("n/a" if not imports else f"no: {', '.join(bad)}" if bad else
                   f"yes ({len(imports)})")
@@ -231,13 +251,13 @@ def render(facts: dict) -> str:
 
 
 def main(profile: Profile, prefix: Path, as_json: bool,
-         environ: Mapping[str, str] | None = None) -> str:
+         environ: Mapping[str, str] | None = None, imports: bool = False) -> str:
     """The report's text (JSON or the block), scrubbed of secrets."""
     environ = os.environ if environ is None else environ
-    facts = gather(profile, prefix, environ)
+    facts = gather(profile, prefix, environ, imports)
     text = json.dumps(facts, indent=2) + "\n" if as_json else render(facts)
     return redact.scrub(text, environ)
 
 
 def write(text: str) -> None:
-    sys.stdout.write(text)
+    output.block(text)

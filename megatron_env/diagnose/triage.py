@@ -15,8 +15,9 @@ always waiting for the one that failed.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
-from megatron_env.diagnose import nccl_log
+from megatron_env.diagnose import launch, nccl_log
 from megatron_env.diagnose.events import SIGNALS, XIDS, Events, events
 from megatron_env.diagnose.joblog import Line
 from megatron_env.findings import Finding
@@ -79,23 +80,38 @@ def _timeouts(ev: Events) -> list[Finding]:
         summary += f"; the watchdog only noticed after {_seconds(ran)}"
     if ev.first_timeout:
         summary += f"; {ranks(ev.first_timeout)} timed out first"
-    evidence = [f"rank {t['rank']}{' on ' + t['host'] if t['host'] else ''}: {t['op']} "
-                f"SeqNum {t['seq']}, ran for {t['ran_ms']} ms" for t in ts[:8]]
+    evidence = [f"rank {t['rank']}{' on ' + t['host'] if t['host'] else ''}"
+                + (f" ([Rank {t['pg_rank']}] of its process group)"
+                   if t.get("pg_rank") not in (None, t["rank"]) else "")
+                + f": {t['op']} SeqNum {t['seq']}"
+                + (f" ({t['numel_in']} elements in / {t['numel_out']} out)"
+                   if t["numel_in"] is not None and len(groups) > 1 else "")
+                + f", ran for {t['ran_ms']} ms" for t in ts[:8]]
     evidence += [f"rank {r}: {w}" for r, w in sorted(ev.work.items())[:8]]
     out = []
     odd = _odd_ones(by_rank)
-    silent = sorted(ev.ranks_seen - set(by_rank))
+    silent = sorted(ev.ranks_seen - set(by_rank) - set(ev.work))
     suspects = odd or silent
     if odd:
         behind = {r: sorted(by_rank[r]) for r in odd}
         rest = sorted(set(by_rank) - set(odd))
         others = sorted({s for r in rest for s in by_rank[r]})
         hosts = sorted({t["host"] for t in ts if t["rank"] in odd and t["host"]})
+        ahead = min(s for r in odd for s in behind[r]) > max(others)
+        ops = {r: {t["op"] for t in ts if t["rank"] == r} for r in by_rank}
+        odd_ops = {o for r in odd for o in ops[r]}
+        rest_ops = {o for r in rest for o in ops[r]}
+        mismatch = (f"; the ranks disagree on the next collective ({', '.join(sorted(odd_ops))} "
+                    f"vs {', '.join(sorted(rest_ops))})" if odd_ops.isdisjoint(rest_ops) else "")
+        where = f"{ranks(odd)}{' on ' + ', '.join(hosts) if hosts else ''}"
+        said = (f"{where} is the odd one out: ahead at SeqNum "
+                f"{', '.join(str(s) for r in odd for s in behind[r])} while {ranks(rest)} "
+                f"still wait at SeqNum {_span(others)}" if ahead else
+                f"{where} is the odd one out: stuck at SeqNum "
+                f"{', '.join(str(s) for r in odd for s in behind[r])} while {ranks(rest)} "
+                f"reached SeqNum {_span(others)}")
         out.append(Finding(
-            "job.odd_rank", "fail",
-            f"{ranks(odd)}{' on ' + ', '.join(hosts) if hosts else ''} is the odd one out: "
-            f"stuck at SeqNum {', '.join(str(s) for r in odd for s in behind[r])} while "
-            f"{ranks(rest)} reached SeqNum {_span(others)}",
+            "job.odd_rank", "fail", said + mismatch,
             [f"rank {r}: SeqNum {', '.join(map(str, sorted(seqs)))}"
              for r, seqs in sorted(by_rank.items())],
             f"look at {ranks(odd)} first: its log, `py-spy dump` of its process while hung, and "
@@ -289,20 +305,22 @@ def _root_cause(ev: Events) -> list[Finding]:
 def _nccl_debug(ev: Events) -> list[Finding]:
     """The NCCL_DEBUG lines, through verify_nccl.py's analysis (skips dropped: a job log that
     has no channel lines says nothing about the transport)."""
-    return [f for f in nccl_log.findings(nccl_log.analyze("\n".join(ev.text)))
-            if f.status != "skip"]
+    if ev.nccl is None:
+        return []
+    return [f for f in nccl_log.findings(ev.nccl) if f.status != "skip"]
 
 
 ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
          "nccl.system_error", "nccl.shm", "nccl.ibverbs", "job.watchdog_stuck", "job.desync",
-         "job.odd_rank", "job.root_cause", "job.nccl_error", "nccl.peer_lost", "job.timeout",
+         "job.odd_rank", "job.rendezvous", "nccl.socket", "job.nccl_error", "job.root_cause",
+         "job.ray_worker", "nccl.peer_lost", "job.timeout",
          "nccl.net", "nccl.transport"]
 
 
 def findings(ev: Events) -> list[Finding]:
     """Most likely cause first (see the module's docstring); one finding when nothing matched."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
-          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev))
+          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + launch.findings(ev))
 
     def key(f: Finding) -> tuple[int, int]:
         rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
@@ -320,5 +338,6 @@ def findings(ev: Events) -> list[Finding]:
     return fs
 
 
-def triage(lines: list[Line]) -> list[Finding]:
+def triage(lines: Iterable[Line]) -> list[Finding]:
+    """The findings of lines that belong to one job."""
     return findings(events(lines))

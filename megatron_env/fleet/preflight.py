@@ -244,7 +244,7 @@ def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
     except OSError:
         drawn = False
     if as_json:
-        sys.stdout.write(json.dumps(rep.to_dict(), indent=2) + "\n")
+        output.block(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
         findings.print_fleet(rep.nodes, rep.exclude)
     counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}

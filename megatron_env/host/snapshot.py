@@ -168,11 +168,16 @@ def nvml_facts() -> dict[str, Any]:
         nv.nvmlShutdown()
 
 
-def collect(out: Path, *, echo=output.status) -> Snapshot:
-    """Record this host into `out` (created; existing files of the same names are replaced)."""
+def collect(out: Path, *, echo=output.status, force: bool = False) -> Snapshot:
+    """Record this host into `out` (created). A snapshot already there is replaced only with
+    `force`: it may be the only record of a node as it was. Every file is written through
+    megatron_env.redact (command outputs can hold a token in a URL or a variable)."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file, not a directory",
                         fix="pass --out a directory (new or existing) for the snapshot")
+    if (out / "meta.json").exists() and not force:
+        raise UserError(f"{out} already holds a snapshot",
+                        fix="pass --force to replace it, or --out a new directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -187,16 +192,15 @@ def collect(out: Path, *, echo=output.status) -> Snapshot:
             files[name] = {"argv": argv, "status": "missing"}
             (out / name).unlink(missing_ok=True)
         else:
-            (out / name).write_text(r.output)
+            (out / name).write_text(redact.text(r.output))
             files[name] = {"argv": argv, "status": "ok" if r.ok else "failed",
                            "returncode": r.returncode}
         echo(f"  {name:<24} {files[name]['status']}")
     env = redact.variables({k: v for k, v in os.environ.items()
                             if k in ENV_NAMES or k.startswith(ENV_PREFIXES)})
-    (out / "env.txt").write_text(redact.scrub("".join(f"{k}={v}\n" for k, v in env.items()),
-                                              os.environ))
+    (out / "env.txt").write_text(redact.text("".join(f"{k}={v}\n" for k, v in env.items())))
     files["env.txt"] = {"status": "ok", "source": "environment (GPU-related variables only)"}
-    (out / "nvml.json").write_text(json.dumps(nvml_facts(), indent=2) + "\n")
+    (out / "nvml.json").write_text(redact.text(json.dumps(nvml_facts(), indent=2) + "\n"))
     files["nvml.json"] = {"status": "ok", "source": "nvidia-ml-py"}
     meta = {
         "hostname": socket.gethostname(),
@@ -204,5 +208,5 @@ def collect(out: Path, *, echo=output.status) -> Snapshot:
         "platform": platform.platform(),
         "files": files,
     }
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / "meta.json").write_text(redact.text(json.dumps(meta, indent=2) + "\n"))
     return Snapshot(out)

@@ -101,7 +101,11 @@ def check_free_space(where: Path, echo=output.status) -> None:
 
 
 def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: bool,
-                log: Path, extra: tuple[str, ...] | list[str] = ()) -> None:
+                log: Path, extra: tuple[str, ...] | list[str] = (),
+                temporary_log: bool = False) -> None:
+    """uv installs `lockfile` into `python`; on failure the hint names the full log, which
+    must still exist when it is read: a log in a temporary directory (`temporary_log`) is
+    copied out to a file of its own first."""
     # --link-mode copy: an environment never shares an inode with uv's cache, so a file edited
     # in place in one environment cannot change the cache and, through it, the next environment
     argv = [uv.exe(), "pip", "install", "--python", python, "--require-hashes",
@@ -116,9 +120,19 @@ def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: b
         cause = ("a downloaded file does not match the hash in the lock"
                  if "hash" in text.lower() and "mismatch" in text.lower()
                  else "uv could not install the lock")
+        if temporary_log:
+            log = _kept(log)
         raise UserError(f"{cause}; nothing was changed. uv said:\n{r.tail(8)}",
                         fix="check the index/mirror (UV_INDEX_URL, --find-links) serves the "
                             f"original files; full log: {log}", kind="env.install-failed")
+
+
+def _kept(log: Path) -> Path:
+    """A copy of `log` that outlives the temporary directory it was written in."""
+    fd, name = tempfile.mkstemp(prefix="megatron-env-uv-", suffix=".log")
+    with os.fdopen(fd, "wb") as out:
+        out.write(log.read_bytes() if log.exists() else b"")
+    return Path(name)
 
 
 def _refuse(prefix: Path, profile: Profile) -> None:
@@ -159,6 +173,9 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
     wanted = digest.of_file(lockfile)
     min_free_gb()  # a bad value is reported before anything is written
     _refuse(prefix, profile)
+    if not deep and (s := _unchanged(profile, prefix, wanted)) is not None:
+        s.seconds = time.monotonic() - t0
+        return s
     store = prefix.with_name(prefix.name + ".d")
     made_store = not store.exists()
     try:
@@ -251,6 +268,20 @@ def changes(prefix: Path) -> list[manifest.Difference] | None:
     return None if m is None else manifest.stat_check(m, ignore_extra=TOOLING | ON_TOP)
 
 
+def _unchanged(profile: Profile, prefix: Path, wanted: str) -> Summary | None:
+    """The environment, when it was built from this very lock and nothing in it changed (by
+    stat alone): verified without taking the lock or writing anything, so that a complete
+    environment on a read-only mount checks. None when anything must be looked at closer."""
+    current = read_stamp(prefix) if prefix.exists() else None
+    if not current or current.get("lock_digest") != wanted:
+        return None
+    m = manifest.load(prefix / MANIFEST)
+    if m is None or changes(prefix):
+        return None
+    return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date", 0.0,
+                   current.get("facts") or {}, m["bytes"])
+
+
 def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources: Sources,
           deep: bool, echo) -> Summary | None:
     """Check an environment built from this very lock; repair what changed. None: rebuild it."""
@@ -304,7 +335,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
         subset = Path(tmp) / "repair.txt"
         subset.write_text(lock.subset(lockfile.read_text(), set(names)))
         _uv_install(python, subset, sources.find_links, sources.no_index, Path(tmp) / "uv.log",
-                    extra)
+                    extra, temporary_log=True)
     bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
     if bad:
         raise UserError("reinstalling from the lock still gives files that differ from their "
@@ -375,6 +406,7 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
         with tempfile.TemporaryDirectory() as tmp:
             subset = Path(tmp) / "missing.txt"
             subset.write_text(lock.subset(lockfile.read_text(), set(v.missing)))
-            _uv_install(Path(exe), subset, find_links or [], no_index, Path(tmp) / "uv.log")
+            _uv_install(Path(exe), subset, find_links or [], no_index, Path(tmp) / "uv.log",
+                        temporary_log=True)
         v = verify(exe, profile, lockfile)
     return v

@@ -55,6 +55,67 @@ for name in sys.argv[1:]:
 print(json.dumps(out))
 """
 
+# The same facts from files alone, for `invoke report` (importing torch takes 10-30 s): torch's
+# version and CUDA from torch/version.py, its C++ ABI from TorchConfig.cmake, NCCL and cuDNN
+# from the nvidia-* wheels it depends on, and where each named module's file is (found by path,
+# never imported: importing `a.b` runs `a/__init__.py`, which imports torch).
+_METADATA = r"""
+import importlib.machinery, json, os, re, site, sys, sysconfig
+from importlib import metadata
+sites = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
+sites = sorted(p for p in sites if os.path.isdir(p))
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable, "dists": {},
+       "errors": [], "platlib": sysconfig.get_path("platlib"), "sites": sites, "found": {},
+       "cache_tag": sys.implementation.cache_tag}
+for d in metadata.distributions():
+    name = (d.metadata["Name"] or "").lower().replace("_", "-")
+    if name:
+        out["dists"][name] = d.version
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read(1 << 20)
+    except OSError:
+        return ""
+for root in sites:
+    text = read(os.path.join(root, "torch", "version.py"))
+    if text:
+        v = re.search(r"^__version__\s*=\s*[\x27\x22]([^\x27\x22]+)", text, re.M)
+        c = re.search(r"^cuda\s*(?::\s*\S+\s*)?=\s*[\x27\x22]?([\w.]+)", text, re.M)
+        out["torch"] = v.group(1) if v else out["dists"].get("torch")
+        out["torch_cuda"] = None if not c or c.group(1) == "None" else c.group(1)
+        cmake = read(os.path.join(root, "torch", "share", "cmake", "Torch", "TorchConfig.cmake"))
+        abi = re.search(r"_GLIBCXX_USE_CXX11_ABI=(\d)", cmake)
+        out["cxx11_abi"] = int(abi.group(1)) if abi else None
+        break
+for dist, key in (("nvidia-nccl-cu", "nccl"), ("nvidia-cudnn-cu", "cudnn")):
+    hit = [v for n, v in out["dists"].items() if n.startswith(dist)]
+    out[key] = hit[0] if hit else None
+suffixes = importlib.machinery.all_suffixes()
+for name in sys.argv[1:]:
+    parts = name.split(".")
+    for root in sites:
+        base = os.path.join(root, *parts)
+        hits = [base + s for s in suffixes if os.path.isfile(base + s)]
+        if os.path.isfile(os.path.join(base, "__init__.py")):
+            hits.append(os.path.join(base, "__init__.py"))
+        if hits:
+            out["found"][name] = hits[0]
+            break
+print(json.dumps(out))
+"""
+
+
+def metadata(python: Path | str, *modules: str) -> dict:
+    """What `python` has, read from its files without importing anything of it (see _METADATA):
+    distributions, torch's version/CUDA/ABI, NCCL and cuDNN wheel versions, module files."""
+    r = proc.run([str(python), "-I", "-c", _METADATA, *modules], timeout=120,
+                 cwd=tempfile.gettempdir())
+    if not r.ok:
+        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
     """What `python` has: distributions, its site-packages directories (where a manifest looks
     for RECORDs), and (unless torch=False) torch's facts and `imports`."""

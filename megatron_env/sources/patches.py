@@ -58,7 +58,7 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
     env.pop("GIT_DIR", None)
     try:
         for p in patches:
-            check = proc.run(["git", "apply", "--check", "-v", p], cwd=dest, timeout=120,
+            check = proc.run(["git", "apply", "--check", "-v", "--", p], cwd=dest, timeout=120,
                              env=env)
             if check.missing:
                 raise UserError("git is not installed", fix="install git")
@@ -67,7 +67,7 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
                     f"patch {_show(p)} does not apply: {_where(check.output)}",
                     fix="refresh the patch against the pinned source (nothing was modified)",
                     kind="patch.apply")
-            done = proc.run(["git", "apply", "-v", p], cwd=dest, timeout=120, env=env)
+            done = proc.run(["git", "apply", "-v", "--", p], cwd=dest, timeout=120, env=env)
             if not done.ok or "Skipped patch" in done.output:
                 raise UserError(f"patch {p.name} failed: {_where(done.output)}")
     except BaseException:

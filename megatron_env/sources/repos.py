@@ -3,6 +3,11 @@
 Tags move; the commit in the profile is the pin. A mirror URL or a local bare repository can
 stand in for the upstream (air-gapped clusters): `MEGATRON_ENV_MIRROR_<NAME>` (for example
 MEGATRON_ENV_MIRROR_MEGATRON=/srv/git/Megatron-LM.git) replaces the profile's URL.
+
+git is always called with `--` before a URL or path (`--end-of-options` before a ref), and a
+URL or mirror value that starts with '-' is refused, so no value can pass as one of git's
+options (`--upload-pack=...`). Credentials in a mirror URL are printed redacted (every console
+line goes through megatron_env.redact).
 """
 
 from __future__ import annotations
@@ -29,9 +34,21 @@ def mirror_var(name: str) -> str:
 
 def repo_url(name: str, url: str, given: Given | None = None) -> str:
     """Where `name` is fetched from: a bundle's repository, else the user's
-    MEGATRON_ENV_MIRROR_<NAME>, else the profile's URL."""
+    MEGATRON_ENV_MIRROR_<NAME>, else the profile's URL. A value starting with '-' is refused:
+    git would read it as an option (`--upload-pack=...`)."""
     mirror = given.mirror(name) if given else None
-    return str(mirror) if mirror else os.environ.get(mirror_var(name), url)
+    if mirror:
+        return str(mirror)
+    value = os.environ.get(mirror_var(name))
+    if value is not None and value.startswith("-"):
+        raise UserError(f"{mirror_var(name)}={value!r} starts with '-'",
+                        fix="set it to a URL (https://...) or an absolute path of a bare "
+                            "repository", kind="input.value")
+    if value is None and url.startswith("-"):
+        raise UserError(f"the {name} repository URL {url!r} starts with '-'",
+                        fix="fix the URL in the profile: a URL (https://...) or an absolute path",
+                        kind="profile.invalid")
+    return value if value is not None else url
 
 
 def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
@@ -59,14 +76,14 @@ def mirror(name: str, url: str, echo=output.status, given: Given | None = None) 
     path = cache_dir() / "git" / f"{name}-{key}.git"
     if path.exists():
         echo(f"{name}: updating the mirror of {url}")
-        r = _git("--git-dir", path, "fetch", "--prune", "--force", "--tags", "origin",
+        r = _git(f"--git-dir={path}", "fetch", "--prune", "--force", "--tags", "--", "origin",
                  "+refs/heads/*:refs/heads/*")
     else:
         echo(f"{name}: mirroring {url}")
         tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        r = _git("clone", "--mirror", "--quiet", url, tmp)
+        r = _git("clone", "--mirror", "--quiet", "--", url, tmp)
         if r.ok:
             os.replace(tmp, path)
         else:
@@ -80,7 +97,8 @@ def mirror(name: str, url: str, echo=output.status, given: Given | None = None) 
 
 
 def resolve(git_dir: Path, ref: str) -> str | None:
-    r = _git("--git-dir", git_dir, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    r = _git(f"--git-dir={git_dir}", "rev-parse", "--verify", "--quiet", "--end-of-options",
+             f"{ref}^{{commit}}")
     return r.stdout.strip() if r.ok else None
 
 
@@ -101,9 +119,10 @@ def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
                         kind="source.tag-moved")
     tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    r = _git("clone", "--quiet", "--no-checkout", "--shared", git_dir, tmp)
+    r = _git("clone", "--quiet", "--no-checkout", "--shared", "--", git_dir, tmp)
     if r.ok:
-        r = _git("-C", tmp, "-c", "advice.detachedHead=false", "checkout", "--quiet", commit)
+        r = _git("-C", tmp.absolute(), "-c", "advice.detachedHead=false", "checkout", "--quiet",
+                 commit, "--")
     if not r.ok:
         shutil.rmtree(tmp, ignore_errors=True)
         raise UserError(f"{name}: checkout of {commit} failed: {r.tail(3)}")

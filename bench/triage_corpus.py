@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""How much of what a correct triage reports `invoke triage` gets right, log by log.
+
+The facts are tests/fixtures/job-logs/EXPECT.md's, written here as checks on the findings'
+text (`id status summary | evidence...`): `id:X` asks for a failing finding X, a plain string
+or `re:` pattern must appear, a `not:` one must not. The checks of the held-out logs were
+written from EXPECT.md before the tool was run on those logs; they are not to be changed to
+fit what it prints.
+
+    python bench/triage_corpus.py --split heldout     # per-log hits and misses, then a score
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from megatron_env.diagnose import jobs  # noqa: E402
+
+LOGS = ROOT / "tests" / "fixtures" / "job-logs"
+
+TUNE = {
+    "watchdog-stderr-tag-wrapped-milabench269.log": [
+        "id:job.timeout", "REDUCE", "SeqNum 2070", "ranks 8 and 13", "cn-d004",
+        "rank 7: failed at work 2070, last enqueued 2082", "not:job.odd_rank"],
+    "watchdog-ray-ansi-gather-vllm6042.log": [
+        "id:job.timeout", "rank 1 timed out in GATHER", "SeqNum 158046", "2867200"],
+    "watchdog-lineno-prefix-llamafactory7396.log": [
+        "id:job.timeout", "ranks 0 and 4 timed out in ALLREDUCE", "SeqNum 1580",
+        "rank 3: failed at work 1580", "not:80746"],
+    "watchdog-terminal-wrapped-padded-lightning20832.log": [
+        "id:job.timeout", "id:job.odd_rank", "rank 0 is the odd one out", "532341", "532339",
+        "5164000", "disagree", "not:ranks 1 and 2 reached"],
+    "watchdog-progress-bar-two-seqnums-llamafactory2902.log": [
+        "id:job.timeout", "rank 0 is the odd one out: stuck at SeqNum 1516", "1517"],
+    "watchdog-alltoall-global-vs-pg-rank-primerl3186.log": [
+        "id:job.timeout", "rank 13 timed out in ALLTOALL_BASE", "SeqNum 1438", "[Rank 1]",
+        "not:rank 1 timed out"],
+    "dump-signal-from-rank13-primerl3186.log": [
+        "id:job.timeout", "rank 13 timed out first", "not:job.unknown",
+        "not:rank 0 timed out"],
+    "unhandled-system-error-rank-prefix-alltoall-hunyuanvideo114.log": [
+        "id:job.nccl_error", "re:NCCL error 'unhandled system error' on rank 0", "local rank 1"],
+    "internal-error-rank-prefix-vllm10453.log": [
+        "id:job.nccl_error", "re:'internal error' on rank 1", "2.21.5"],
+    "invalid-usage-mpi-stderr-loguru-horovod3929.log": [
+        "id:job.nccl_error", "re:'invalid usage' on rank 1", "not:2023-05-22 19"],
+    "ib-completion-terminate-what-deepspeed2931.log": [
+        "first:nccl.ib_completion", "PHLRR4036 [2]", "status 12", "vendor err 129",
+        "re:job.nccl_error fail NCCL error 'unhandled system error'", "2.14.3"],
+    "ib-completion-async-remote-error-deepspeed6875.log": [
+        "first:nccl.ib_completion", "50428e4af543 [4]", "status 5", "vendor err 249",
+        "re:'remote process exited or there was a network error' on rank 4", "2.22.3"],
+    "remote-error-watchdog-pod-host-llamafactory6849.log": [
+        "id:job.nccl_error", "re:'remote process exited or there was a network error' on rank 5",
+        "2.21.5", "10.119.24.53"],
+    "nccl-async-remote-ray-ip-openrlhf621.log": [
+        "id:job.nccl_error", "re:'remote process exited or there was a network error' on rank 1",
+        "172.19.24.110", "id:job.ray_worker", "90738"],
+    "cuda-ecc-watchdog-default0-prefix-pytorch113128.log": [
+        "first:job.cuda_error", "rank 12 hit CUDA error: uncorrectable ECC error",
+        "not:default0"],
+    "cuda-illegal-address-ray-task-traceback-recall54.log": [
+        "id:job.cuda_error", "illegal memory access"],
+    "rendezvous-no-route-pdsh-deepspeed-accelerate2468.log": [
+        "id:job.rendezvous", "trainer-2", "192.168.121.122:1040", "No route to host",
+        "not:on 2024"],
+    "sigkill-python-logging-elastic-colossalai3514.log": [
+        "id:job.root_cause", "local rank 3", "SIGKILL"],
+    "socket-connect-skypilot-host-rank-skypilot4448.log": [
+        "id:nccl.socket", "fe80::", "nccl-e9ef-7d4f-1"],
+}
+
+# written from EXPECT.md before the tool was run on these logs
+HELDOUT = {
+    "watchdog-ray-ip-allgather-simplerl25.log": [
+        "id:job.timeout", "rank 5", "_ALLGATHER_BASE", "SeqNum 1495581", "10.7.35.246",
+        "not:rank 4954", "not:rank 6881"],
+    "watchdog-timestamp-prefix-alltoall-nccl1610.log": [
+        "id:job.timeout", "rank 13", "rank 15", "ALLTOALL_BASE", "SeqNum 216", "ALLREDUCE",
+        "57", "not:re:job.timeout fail rank 1 "],
+    "watchdog-wrapped-after-other-output-sglang3836.log": [
+        "id:job.timeout", "rank 5", "ALLREDUCE", "SeqNum 5653", "58720256", "not:re:\\b5872\\b"],
+    "watchdog-old-format-no-seqnum-wrapped-accelerate157.log": [
+        "id:job.timeout", "rank 0", "ALLREDUCE", "Timeout(ms)=1800000"],
+    "watchdog-silent-rank0-python-logging-ace348.log": [
+        "id:job.timeout", "ranks 1, 2 and 3", "SeqNum 1132079", "id:job.odd_rank",
+        "re:job.odd_rank fail rank 0 "],
+    "watchdog-terminate-python-logging-internlm290.log": [
+        "id:job.timeout", "ranks 0 and 3", "ALLREDUCE", "SeqNum 316", "f363ff97a009"],
+    "watchdog-docker-timestamps-tgi1383.log": [
+        "id:job.timeout", "rank 0", "SeqNum 1", "Timeout(ms)=60000", "not:on 2023"],
+    "dump-signal-ray-ansi-skyrl757.log": [
+        "id:job.timeout", "rank 0"],
+    "watchdog-stuck-python-logging-msswift9191.log": [
+        "id:job.watchdog_stuck", "rank 11", "480 s"],
+    "unhandled-system-error-vllm-logging-gpustack835.log": [
+        "id:job.nccl_error", "unhandled system error"],
+    "invalid-usage-mpi-stdout-allreduce-horovod3625.log": [
+        "re:(?m)^\\S+ fail .*invalid (usage|root)", "biomind"],
+    "invalid-usage-interleaved-python-logging-deocclusion45.log": [
+        "id:job.nccl_error", "invalid usage", "2.7.8", "local rank 6"],
+    "remote-error-one-line-collapsed-alpaca207.log": [
+        "id:job.nccl_error", "remote process exited", "2.14.3", "vendor err 129"],
+    "remote-error-ofi-rank-prefix-nccl1928.log": [
+        "id:job.nccl_error", "re:'remote process exited or there was a network error' on rank 3",
+        "2.28.8", "UNDELIVERABLE"],
+    "invalid-usage-duplicate-gpu-lrgt13.log": [
+        "re:(?m)^\\S+ fail .*Duplicate GPU", "ubun"],
+    "unhandled-system-error-srun-task-exit-horovod1651.log": [
+        "id:job.nccl_error", "unhandled system error", "jwc09n018"],
+    "cuda-illegal-address-ray-worker-died-verl316.log": [
+        "id:job.cuda_error", "illegal memory access", "id:job.ray_worker", "93658"],
+    "cuda-oom-interleaved-ranks-medicalgpt318.log": [
+        "id:job.cuda_oom", "8.01 GiB", "GPU 6", "GPU 1"],
+    "xid-dmesg-T-three-gpus-akash244.log": [
+        "id:job.gpu_xid", "Xid 43", "Xid 31", "Xid 94", "node4", "3 GPU(s)"],
+}
+SPLITS = {"tune": TUNE, "heldout": HELDOUT}
+
+
+def blob(findings) -> str:
+    return "\n".join(f"{f.id} {f.status} {f.summary} | " + " | ".join(f.evidence)
+                     for f in findings)
+
+
+def holds(check: str, findings, text: str) -> bool:
+    if check.startswith("not:"):
+        return not holds(check[4:], findings, text)
+    if check.startswith("id:"):
+        return any(f.id == check[3:] and f.status == "fail" for f in findings)
+    if check.startswith("first:"):
+        return bool(findings) and findings[0].id == check[6:]
+    if check.startswith("re:"):
+        return re.search(check[3:], text) is not None
+    return check in text
+
+
+def score(split: str, verbose: bool = True) -> tuple[int, int, int, int]:
+    """(checks hit, checks, logs with every check hit, logs)."""
+    hit = total = whole = 0
+    cases = SPLITS[split]
+    for name, checks in cases.items():
+        findings, _, _ = jobs.run([LOGS / name])
+        text = blob(findings)
+        missed = [c for c in checks if not holds(c, findings, text)]
+        hit += len(checks) - len(missed)
+        total += len(checks)
+        whole += not missed
+        if verbose:
+            print(f"{'hit ' if not missed else 'MISS'} {len(checks) - len(missed)}/{len(checks)} "
+                  f"{name}" + "".join(f"\n       missed: {c}" for c in missed))
+            if missed:
+                print("       got: " + text.replace("\n", "\n            ")[:1500])
+    return hit, total, whole, len(cases)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--split", choices=sorted(SPLITS), default="tune")
+    ap.add_argument("-q", "--quiet", action="store_true", help="the score line only")
+    a = ap.parse_args()
+    hit, total, whole, logs = score(a.split, not a.quiet)
+    print(f"{a.split}: {hit}/{total} checks ({100 * hit / total:.0f}%), {whole}/{logs} logs "
+          f"with every check")
+
+
+if __name__ == "__main__":
+    main()

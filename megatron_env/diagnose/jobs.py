@@ -1,0 +1,121 @@
+"""Which of the logs given belong to one job, and the triage of each job.
+
+Why: a directory often holds the logs of several runs (yesterday's and today's, a restart, an
+unrelated job). Compared as one job they make nonsense ("ranks 0, 1, 2, 5, 6 and 7 is the odd
+one out"). Each file is read once (streamed) into its own bounded `Events`; files are then put
+together while nothing says they differ, and each group is triaged on its own. What tells two
+files apart, when the logs show it: a different NCCL timeout (Timeout(ms)), dates more than a
+day apart, or the same rank's lines in both (one job writes each rank's lines to one file, or to
+the .out/.err pair of one name, or to files that share a job id).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from megatron_env.diagnose import events as events_mod
+from megatron_env.diagnose import joblog, logfiles, nccl_log, triage
+from megatron_env.diagnose.events import Events
+from megatron_env.findings import Finding
+
+_JOB_ID = re.compile(r"\d{3,}")
+
+
+def merge(evs: list[Events]) -> Events:
+    """The events of several files of one job as one (each kind still capped)."""
+    out = Events()
+    for ev in evs:
+        for f in fields(Events):
+            if f.name.startswith("_") or f.name in ("lines", "nccl"):
+                continue
+            have, more = getattr(out, f.name), getattr(ev, f.name)
+            if isinstance(have, list):
+                have += more[:max(0, events_mod._CAP - len(have))]
+            elif isinstance(have, set):
+                have |= more
+            else:  # dicts: work status by rank, facts by source
+                for k, v in more.items():
+                    have.setdefault(k, v)
+        out.lines += ev.lines
+        if ev.nccl is not None:
+            out.nccl = nccl_log.merge(out.nccl, ev.nccl)
+    return out
+
+
+def _day(date: str) -> int:
+    month, day = date.split("-")
+    return int(month) * 31 + int(day)
+
+
+def _differ(a: str, fa: dict, b: str, fb: dict) -> str:
+    """Why files `a` and `b` cannot be one job's ('' when nothing says so)."""
+    if fa["timeout_ms"] and fb["timeout_ms"] and fa["timeout_ms"].isdisjoint(fb["timeout_ms"]):
+        return (f"Timeout(ms) {min(fa['timeout_ms'])} in {Path(a).name} vs "
+                f"{min(fb['timeout_ms'])} in {Path(b).name}")
+    if fa["dates"] and fb["dates"] and min(abs(_day(x) - _day(y)) for x in fa["dates"]
+                                           for y in fb["dates"]) > 1:
+        return f"dated {min(fa['dates'])} in {Path(a).name} vs {min(fb['dates'])} in {Path(b).name}"
+    both = fa["ranks"] & fb["ranks"]
+    pa, pb = Path(a), Path(b)
+    if both and pa.stem != pb.stem and not (set(_JOB_ID.findall(pa.name))
+                                            & set(_JOB_ID.findall(pb.name))):
+        return f"rank {min(both)} writes to both {pa.name} and {pb.name}"
+    return ""
+
+
+def group(per_file: dict[str, Events]) -> tuple[list[list[str]], list[str]]:
+    """Files grouped into jobs (greedily, in the order given), and the reasons for each split."""
+    groups: list[list[str]] = []
+    reasons: list[str] = []
+    for src, ev in per_file.items():
+        facts = ev.sources.get(src) or events_mod.new_facts()
+        for g in groups:
+            why = [w for other in g if (w := _differ(
+                other, per_file[other].sources.get(other, facts), src, facts))]
+            if not why:
+                g.append(src)
+                break
+            if why[0] not in reasons:
+                reasons.append(why[0])
+        else:
+            groups.append([src])
+    return groups, reasons
+
+
+def _label(srcs: list[str]) -> str:
+    names = [Path(s).name for s in srcs]
+    return ", ".join(names[:2]) + (f" +{len(names) - 2} more" if len(names) > 2 else "")
+
+
+def read(path: Path) -> Events:
+    """One file's events, its cold lines passed over (counted, their rank tags read)."""
+    tally = logfiles.Tally()
+    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally),
+                                        str(path)))
+    ev.lines += tally.skipped
+    ev.ranks_seen |= tally.ranks
+    ev.sources.setdefault(str(path), events_mod.new_facts())["ranks"] |= tally.ranks
+    return ev
+
+
+def run(paths: list[str | Path]) -> tuple[list[Finding], int, list[str]]:
+    """Findings of the logs named (grouped into jobs), the number of lines and the files read."""
+    per_file = {str(f): read(f) for f in logfiles.files(paths)}
+    groups, reasons = group(per_file)
+    lines = sum(ev.lines for ev in per_file.values())
+    if len(groups) == 1:
+        return triage.findings(merge(list(per_file.values()))), lines, list(per_file)
+    mixed = Finding(
+        "job.mixed", "warn",
+        f"these logs look like {len(groups)} different jobs, triaged apart: "
+        + "; ".join(f"({_label(g)})" for g in groups),
+        reasons[:6], "triage one job's logs at a time (one directory per job)")
+    out: list[Finding] = []
+    for g in groups:
+        for f in triage.findings(merge([per_file[s] for s in g])):
+            out.append(Finding(f.id, f.status, f"[{_label(g)}] {f.summary}", f.evidence, f.fix,
+                               f.kind))
+    out.sort(key=lambda f: f.status != "fail")  # stable: each job's order is kept
+    return [mixed, *out], lines, list(per_file)

@@ -1,0 +1,74 @@
+"""The job-log corpus (tests/fixtures/job-logs/README.md) against what a correct triage reports
+(EXPECT.md), through the checks bench/triage_corpus.py scores: every check of the tune half
+holds; of the held-out half, the checks that held when it was measured (the misses are listed
+in the README, not hidden here)."""
+
+import importlib.util
+
+import pytest
+
+from megatron_env.diagnose import jobs
+
+from .conftest import FIXTURES
+
+ROOT = FIXTURES.parent.parent
+_spec = importlib.util.spec_from_file_location("triage_corpus", ROOT / "bench" / "triage_corpus.py")
+corpus = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(corpus)
+
+
+def _readme_split() -> dict[str, str]:
+    rows = [line.split("|") for line in (corpus.LOGS / "README.md").read_text().splitlines()
+            if line.startswith("| ") and line.endswith(" |") and ".log" in line]
+    return {r[1].strip(): r[-2].strip() for r in rows if r[-2].strip() in ("tune", "heldout")}
+
+
+def test_every_log_has_its_source_and_split():
+    split = _readme_split()
+    logs = sorted(p.name for p in corpus.LOGS.glob("*.log"))
+    assert logs == sorted(split) and len(logs) >= 35
+    assert set(split.values()) == {"tune", "heldout"}
+    assert {k for k, v in split.items() if v == "heldout"} == set(corpus.HELDOUT)
+    assert set(corpus.TUNE) <= {k for k, v in split.items() if v == "tune"}
+
+
+@pytest.mark.parametrize("name", sorted(corpus.TUNE))
+def test_tune_logs_give_what_expect_says(name):
+    findings, _, _ = jobs.run([corpus.LOGS / name])
+    text = corpus.blob(findings)
+    missed = [c for c in corpus.TUNE[name] if not corpus.holds(c, findings, text)]
+    assert not missed, text
+
+
+# What the held-out half missed when it was measured (bench/triage_corpus.py --split heldout:
+# 56/80 checks, 7/19 logs whole). Listed, not fixed: tuning to them would make the held-out
+# score meaningless. tests/fixtures/job-logs/README.md says what each miss is.
+HELDOUT_MISSES = {
+    "watchdog-ray-ip-allgather-simplerl25.log": ["10.7.35.246"],
+    "watchdog-wrapped-after-other-output-sglang3836.log": [
+        "id:job.timeout", "rank 5", "ALLREDUCE", "SeqNum 5653", "58720256"],
+    "watchdog-old-format-no-seqnum-wrapped-accelerate157.log": [
+        "id:job.timeout", "rank 0", "ALLREDUCE", "Timeout(ms)=1800000"],
+    "watchdog-silent-rank0-python-logging-ace348.log": [
+        "ranks 1, 2 and 3", "id:job.odd_rank", "re:job.odd_rank fail rank 0 "],
+    "watchdog-terminate-python-logging-internlm290.log": ["f363ff97a009"],
+    "dump-signal-ray-ansi-skyrl757.log": ["id:job.timeout", "rank 0"],
+    "invalid-usage-mpi-stdout-allreduce-horovod3625.log": [
+        "re:(?m)^\\S+ fail .*invalid (usage|root)", "biomind"],
+    "remote-error-one-line-collapsed-alpaca207.log": ["vendor err 129"],
+    "remote-error-ofi-rank-prefix-nccl1928.log": ["UNDELIVERABLE"],
+    "invalid-usage-duplicate-gpu-lrgt13.log": ["re:(?m)^\\S+ fail .*Duplicate GPU", "ubun"],
+    "unhandled-system-error-srun-task-exit-horovod1651.log": ["jwc09n018"],
+    "xid-dmesg-T-three-gpus-akash244.log": ["node4"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(corpus.HELDOUT))
+def test_heldout_logs_keep_what_they_got_right(name):
+    findings, _, _ = jobs.run([corpus.LOGS / name])
+    text = corpus.blob(findings)
+    known = HELDOUT_MISSES.get(name, [])
+    assert set(known) <= set(corpus.HELDOUT[name])
+    missed = [c for c in corpus.HELDOUT[name]
+              if c not in known and not corpus.holds(c, findings, text)]
+    assert not missed, text
