@@ -161,14 +161,15 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
               index_url: str | None = None) -> int:
     """What the lock changes do: packages moved, download size, yanked files, kernel rebuilds."""
     from megatron_env.kernels import build
-    from megatron_env.pyenv import lockdiff, simple
+    from megatron_env.pyenv import lockdiff
+    from megatron_env.sources import index
 
     if markdown and json:
         raise UserError("--markdown and --json both given", fix="pass one of them")
     if profile:
         load_profile(profile)  # an unknown name: one clear line
     report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs,
-                             index_url=None if offline else index_url or simple.index_url())
+                             index_url=None if offline else index_url or index.installer_index())
     output.result(lockdiff.render(report, json))
     return 0
 

@@ -412,6 +412,7 @@ def test_a_bundle_made_by_a_tool_without_torch_takes_the_sdist_from_the_index(
     fa = pkgs["flash-attn"]
     Index.project, Index.files = "flash-attn", {fa.source.url: sdists[recipe.source_var(fa.name)]}
     Index.yanked, Index.html_only, Index.auth, Index.seen = {}, False, None, []
+    Index.garbled = False
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     served = f"http://127.0.0.1:{server.server_address[1]}/simple"

@@ -17,6 +17,7 @@ from megatron_env import profile
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.recipes import recipe
+from megatron_env.redact import mask_urls
 from megatron_env.sources import index
 
 FIX = Path(__file__).parent / "fixtures" / "index"
@@ -68,6 +69,35 @@ def test_the_configured_indexes_come_from_pip_and_uv_settings():
     assert index.pip_config_files({"PIP_CONFIG_FILE": "/dev/null"}) == []
 
 
+def test_the_installer_index_is_uv_s_then_pip_s_and_shown_without_credentials(tmp_path):
+    """lock-diff's index: uv's settings (it resolves the locks; it reads no pip setting), then
+    pip's configuration, then PyPI; its credentials never in a message."""
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nindex-url = https://mirror.example/simple\n")
+    env = {"UV_NO_CONFIG": "1", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+           "PIP_CONFIG_FILE": str(conf)}
+    assert index.installer_index(env) == "https://mirror.example/simple"
+    env["PIP_INDEX_URL"] = "https://pip.example/simple"
+    assert index.installer_index(env) == "https://pip.example/simple"
+    env["UV_DEFAULT_INDEX"] = "https://u:secret@uv.example/simple"
+    assert index.installer_index(env) == "https://u:secret@uv.example/simple"
+    assert mask_urls(index.installer_index(env)) == "https://***@uv.example/simple"
+    # uv.toml (unless UV_NO_CONFIG) comes before pip's word, after uv's variables
+    uv = tmp_path / "cfg" / "uv" / "uv.toml"
+    uv.parent.mkdir(parents=True)
+    uv.write_text('[[index]]\nname = "other"\nurl = "https://other.example/simple"\n\n'
+                  '[[index]]\nurl = "https://uvtoml.example/simple"\ndefault = true\n')
+    del env["UV_DEFAULT_INDEX"]
+    assert index.installer_index(env) == "https://pip.example/simple"  # UV_NO_CONFIG
+    del env["UV_NO_CONFIG"]
+    assert index.installer_index(env) == "https://uvtoml.example/simple"
+    assert index.uv_default_index('index-url = "https://old.example/simple"\n') == \
+        "https://old.example/simple"
+    assert index.uv_default_index("not toml [") is None
+    assert index.installer_index({"PIP_CONFIG_FILE": "/dev/null", "UV_NO_CONFIG": "1",
+                                  "HOME": str(tmp_path)}) == index.DEFAULT_INDEX
+
+
 RAISES = """import pathlib
 pathlib.Path(__file__).with_name("RAN").write_text("setup.py ran")
 raise SystemExit("setup.py must never run to download this sdist")
@@ -94,6 +124,7 @@ class Index(http.server.BaseHTTPRequestHandler):
     files: dict[str, Path] = {}
     yanked: dict[str, str] = {}
     html_only = False
+    garbled = False  # the JSON page is cut short
     auth: str | None = None
     seen: list[tuple[str, str]] = []
 
@@ -119,7 +150,9 @@ class Index(http.server.BaseHTTPRequestHandler):
             doc = {"meta": {"api-version": "1.1"}, "name": Index.project, "files": [
                 {"filename": n, "url": f"../../files/{n}", "hashes": {"sha256": h}, "size": s,
                  "yanked": Index.yanked.get(n, False)} for n, h, s in rows]}
-            return self._send(json.dumps(doc).encode(), "application/vnd.pypi.simple.v1+json")
+            body = json.dumps(doc).encode()
+            return self._send(body[:len(body) // 2] if Index.garbled else body,
+                              "application/vnd.pypi.simple.v1+json")
         body = "".join(f'<a href="../../files/{n}#sha256={h}"'
                        + (f' data-yanked="{Index.yanked[n]}"' if n in Index.yanked else "")
                        + f">{n}</a>\n" for n, h, _s in rows)
@@ -133,15 +166,21 @@ class Index(http.server.BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-@pytest.fixture
-def served(tmp_path):
+def _reset() -> None:
     Index.files, Index.yanked, Index.html_only, Index.auth = {}, {}, False, None
+    Index.garbled = False
     Index.project = "tinyk"
     Index.seen = []
+
+
+@pytest.fixture
+def served(tmp_path):
+    _reset()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/simple"
     server.shutdown()
+    _reset()  # test_bundle serves this class too
 
 
 def _pkg(sdist: Path) -> recipe.Package:
@@ -229,6 +268,10 @@ def test_a_file_index_and_a_find_links_directory(tmp_path):
                                      f"{sdist.name}</a>")
     cfg = index.Config([(tmp_path / "idx" / "simple").as_uri()])
     got = index.fetch("TinyK", sdist.name, sha, tmp_path / "a", cfg, echo=lambda *_: None)
+    listed = index.files("tinyk", cfg.indexes[0])
+    assert [f.name for f in listed] == [sdist.name] and listed[0].size is None
+    assert index.size(listed[0]) == sdist.stat().st_size  # the file's own, on disk
+    assert index.files("nothere", cfg.indexes[0]) == []
     assert got.source == sdist.as_uri() and (tmp_path / "a").read_bytes() == sdist.read_bytes()
     got = index.fetch("tinyk", sdist.name, sha, tmp_path / "b",
                       index.Config([], [str(tmp_path)], True), echo=lambda *_: None)
@@ -248,3 +291,23 @@ def test_an_unreachable_index_says_so_and_offers_the_ways_on(tmp_path, monkeypat
     assert e.value.message.startswith("cannot fetch the flash-attn 2.5.8 sdist: cannot read "
                                       "http://127.0.0.1:9/simple/flash-attn/")
     assert "MEGATRON_ENV_SOURCE_FLASH_ATTN" in e.value.fix and "--no-builds" in e.value.fix
+
+
+def test_a_page_that_is_not_the_simple_api_is_one_line(served, tmp_path):
+    """A JSON page cut short: one error naming the page, credentials masked; a fetch goes on to
+    the next index, which has the file."""
+    sdist = tiny_sdist(tmp_path)
+    Index.files, Index.garbled = {sdist.name: sdist}, True
+    with_cred = served.replace("http://", "http://me:s3cret@")
+    with pytest.raises(UserError) as e:
+        index.files("tinyk", with_cred)
+    assert e.value.message.startswith(f"{served}/tinyk/ is not a simple API project page (")
+    assert "s3cret" not in e.value.message and "\n" not in e.value.message
+    page = tmp_path / "idx" / "tinyk"
+    page.mkdir(parents=True)
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    (page / "index.html").write_text(f'<a href="../../{sdist.name}#sha256={sha}">x</a>')
+    got = index.fetch("tinyk", "x", sha, tmp_path / "a",
+                      index.Config([with_cred, (tmp_path / "idx").as_uri()]),
+                      echo=lambda *_: None)
+    assert got.source == sdist.as_uri()

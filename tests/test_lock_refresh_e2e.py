@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env.pyenv import lockdiff, simple
+from megatron_env.errors import UserError
+from megatron_env.pyenv import lockdiff
+from megatron_env.sources import index as sources_index
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -353,28 +355,37 @@ def test_bad_input_is_one_line(tmp_path, index):
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["pep503-html", "pep691-json"])
-def test_the_index_reader_reads_yanked_hashes_and_sizes(index, as_json):
+def test_the_index_reader_reads_yanked_hashes_and_sizes(index, as_json, capsys):
     index.json = as_json
     w = index.publish("tinydep", "1.0")
     index.publish("tinydep", "1.1", yanked="broken build")
     index.publish("tinydep", "1.2", yanked="")
-    got = {f.name: f for f in simple.files("TinyDep", index.url)}
+    got = {f.name: f for f in sources_index.files("TinyDep", index.url)}
     assert set(got) == {f"tinydep-{v}-py3-none-any.whl" for v in ("1.0", "1.1", "1.2")}
     one = got[w.name]
-    assert one.sha256 == hashlib.sha256(w.read_bytes()).hexdigest() and one.yanked is None
-    assert got["tinydep-1.1-py3-none-any.whl"].yanked == "broken build"
-    assert got["tinydep-1.2-py3-none-any.whl"].yanked == ""  # yanked, no reason given
+    assert one.sha256 == hashlib.sha256(w.read_bytes()).hexdigest()
+    assert one.yanked is False and one.reason == ""
+    assert got["tinydep-1.1-py3-none-any.whl"].yanked is True
+    assert got["tinydep-1.1-py3-none-any.whl"].reason == "broken build"
+    assert got["tinydep-1.2-py3-none-any.whl"].yanked is True  # yanked, no reason given
+    assert got["tinydep-1.2-py3-none-any.whl"].reason == ""
     assert one.size == (w.stat().st_size if as_json else None)  # HTML carries no size...
-    assert simple.size(one) == w.stat().st_size  # ...a HEAD request does
-    with pytest.raises(OSError):
-        simple.files("tinydep", index.url.replace("/simple", "/nothing"))
+    assert sources_index.size(one) == w.stat().st_size  # ...a HEAD request does
+    # a wrong index: no such page (404) lists nothing, and lock-diff calls it not read
+    wrong = index.url.replace("/simple", "/nothing")
+    assert sources_index.files("tinydep", wrong) == []
+    assert lockdiff.read_index({"tinydep"}, wrong) == {"tinydep": None}
+    assert "could not be read" in capsys.readouterr().err
+    assert lockdiff.read_index({"tinydep"}, index.url)["tinydep"] is not None
+    with pytest.raises(UserError):  # nothing listening there
+        sources_index.files("tinydep", "http://127.0.0.1:9/simple")
 
 
 def test_a_node_fetches_the_best_wheel_the_lock_allows():
     """Real torch 2.11.0 file names (PyPI's simple page): the x86_64 cp312 wheel, not the
     aarch64, Windows or cp313 one; no compatible file: the sdist; no allowed hash: nothing."""
     def f(name, sha):
-        return simple.IndexFile(name, "u", sha, None, 1)
+        return sources_index.IndexFile(name, "u", sha, size=1)
 
     files = [f("torch-2.11.0-cp312-cp312-manylinux_2_28_aarch64.whl", "a"),
              f("torch-2.11.0-cp312-cp312-win_amd64.whl", "b"),
@@ -384,20 +395,3 @@ def test_a_node_fetches_the_best_wheel_the_lock_allows():
     assert lockdiff.pick(files, set("abcde"), "3.12").sha256 == "d"
     assert lockdiff.pick(files, set("abcde"), "3.11").sha256 == "e"
     assert lockdiff.pick(files, {"b"}, "3.12") is None
-
-
-def test_index_url_follows_the_installer_configuration(monkeypatch, tmp_path):
-    for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL", "PIP_CONFIG_FILE"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("UV_NO_CONFIG", "1")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
-    conf = tmp_path / "pip.conf"
-    conf.write_text("[global]\nindex-url = https://mirror.example/simple\n")
-    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
-    assert simple.index_url() == "https://mirror.example/simple"
-    monkeypatch.setenv("PIP_INDEX_URL", "https://pip.example/simple")
-    assert simple.index_url() == "https://pip.example/simple"
-    monkeypatch.setenv("UV_DEFAULT_INDEX", "https://u:secret@uv.example/simple")
-    assert simple.index_url() == "https://u:secret@uv.example/simple"
-    assert simple.shown(simple.index_url()) == "https://uv.example/simple"

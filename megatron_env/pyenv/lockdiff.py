@@ -30,8 +30,9 @@ from packaging.version import InvalidVersion, Version
 from megatron_env import REPO_ROOT, output, proc
 from megatron_env.errors import UserError
 from megatron_env.profile import LOCK_FILE, PROFILE_FILE, Profile, load_file
-from megatron_env.pyenv import simple
 from megatron_env.pyenv.lock import WHEEL_PLATFORMS, parse_hashes, parse_lock
+from megatron_env.redact import mask_urls
+from megatron_env.sources import index
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -115,7 +116,7 @@ def _ranks(python: str) -> dict[tags.Tag, int]:
     return {t: i for i, t in reversed(list(enumerate(order)))}
 
 
-def pick(found: list[simple.IndexFile], hashes: set[str], python: str) -> simple.IndexFile | None:
+def pick(found: list[index.IndexFile], hashes: set[str], python: str) -> index.IndexFile | None:
     """The file of a locked package a node fetches: the best-ranked compatible wheel whose hash
     the lock allows, else such an sdist."""
     ranks, best, sdist = _ranks(python), None, None
@@ -135,36 +136,44 @@ def pick(found: list[simple.IndexFile], hashes: set[str], python: str) -> simple
     return best[1] if best else sdist
 
 
-def read_index(names: set[str], index: str | None) -> dict[str, list[simple.IndexFile] | None]:
-    """name -> the index's files for it (None: not read), eight requests at a time."""
-    if index is None:
-        return dict.fromkeys(names)
+INDEX_TIMEOUT = 30.0  # seconds a page or HEAD request may take
 
-    def one(name: str) -> list[simple.IndexFile] | None:
+
+def read_index(names: set[str], url: str | None) -> dict[str, list[index.IndexFile] | None]:
+    """name -> the index's files for it (None: not read), eight requests at a time. A project
+    the index does not list counts as not read: every locked package is on the index it was
+    locked from, so an index that lists none of them is the wrong one and is warned about."""
+    if url is None:
+        return dict.fromkeys(names)
+    cfg = index.Config(timeout=INDEX_TIMEOUT)
+
+    def one(name: str) -> list[index.IndexFile] | None:
         try:
-            return simple.files(name, index)
-        except (OSError, ValueError):
+            return index.files(name, url, cfg) or None
+        except UserError:
             return None
 
     with ThreadPoolExecutor(8) as pool:
         got = dict(zip(sorted(names), pool.map(one, sorted(names)), strict=True))
     if names and all(v is None for v in got.values()):
-        output.warning(f"the package index {simple.shown(index)} could not be read: sizes and "
+        output.warning(f"the package index {mask_urls(url)} could not be read: sizes and "
                        "yanked flags are left out (pass --index-url URL, or --offline)")
     return got
 
 
-def facts(text: str, python: str, pages: dict[str, list[simple.IndexFile] | None]
-          ) -> dict[str, tuple[int | None, str | None]]:
-    """name -> (download size, yanked reason or None) of a lock's packages."""
+def facts(text: str, python: str, pages: dict[str, list[index.IndexFile] | None],
+          url: str = "") -> dict[str, tuple[int | None, str | None]]:
+    """name -> (download size, yanked reason or None: "" when the index gives none) of a lock's
+    packages; `url` is the index the pages came from (its credentials go with a HEAD)."""
     hashes = parse_hashes(text)
     chosen = {n: pick(pages.get(n) or [], h, python) for n, h in hashes.items()}
+    cfg = index.Config(timeout=INDEX_TIMEOUT)
     with ThreadPoolExecutor(8) as pool:
-        sizes = dict(zip(chosen, pool.map(lambda f: f and simple.size(f), chosen.values()),
-                         strict=True))
+        sizes = dict(zip(chosen, pool.map(lambda f: f and index.size(f, url, cfg),
+                                          chosen.values()), strict=True))
     out = {}
     for name, h in hashes.items():
-        yanked = [f.yanked for f in pages.get(name) or [] if f.sha256 in h and f.yanked is not None]
+        yanked = [f.reason for f in pages.get(name) or [] if f.sha256 in h and f.yanked]
         out[name] = (sizes[name], yanked[0] if yanked else None)
     return out
 
@@ -220,14 +229,14 @@ def kernel_changes(old: dict[str, dict] | None, new: dict[str, dict],
 
 
 def _profile_report(name: str, base_root: Path, pages: dict, texts: tuple[str | None, str | None],
-                    key_docs: KeyDocs | None, code_moved: set[str]) -> dict:
+                    key_docs: KeyDocs | None, code_moved: set[str], url: str = "") -> dict:
     old_text, new_text = texts
     old, new = parse_lock(old_text or ""), parse_lock(new_text or "")
     head_prof = _load(REPO_ROOT / "envs" / name / PROFILE_FILE)
     base_prof = _load(base_root / "envs" / name / PROFILE_FILE)
     python = (head_prof or base_prof).python if (head_prof or base_prof) else "3.12"
-    before = facts(old_text or "", base_prof.python if base_prof else python, pages)
-    after = facts(new_text or "", python, pages)
+    before = facts(old_text or "", base_prof.python if base_prof else python, pages, url)
+    after = facts(new_text or "", python, pages, url)
     changes = []
     for pkg, kind, a, b in diff(old, new):
         changes.append({"name": pkg, "change": kind, "old": a or None, "new": b or None,
@@ -278,8 +287,8 @@ def report(base: str | None, only: str | None = None, *, index_url: str | None,
         pages = read_index({p for t in texts.values() for x in t if x for p in parse_lock(x)},
                            index_url)
         code_moved = _recipe_code_moved(base) if kernel_keys else set()
-        profiles = [_profile_report(n, root, pages, texts[n], kernel_keys, code_moved)
-                    for n in names]
+        profiles = [_profile_report(n, root, pages, texts[n], kernel_keys, code_moved,
+                                    index_url or "") for n in names]
     return {"format": FORMAT, "base": base, "base_commit": commit.stdout.strip(),
             "index_read": any(v is not None for v in pages.values()),
             "size_basis": SIZE_BASIS, "profiles": profiles}

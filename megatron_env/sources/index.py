@@ -6,8 +6,11 @@ hash and yanked flag, so a file whose sha256 the profile already holds needs not
 Where to look is the user's pip and uv configuration: PIP_INDEX_URL, PIP_EXTRA_INDEX_URL,
 UV_DEFAULT_INDEX/UV_INDEX_URL, UV_INDEX/UV_EXTRA_INDEX_URL, pip.conf (PIP_CONFIG_FILE, the site,
 user and global files), find-links directories; https://pypi.org/simple when nothing says.
+lock-diff reads the one index uv resolves from (`installer_index`: uv's settings, then pip's) for
+each locked file's size (`size`: the page's, else a HEAD request's) and yanked flag.
 
 The parsers are pure; `files` reads one project page; `fetch` finds, downloads and checks.
+An index URL may carry credentials (user:pass@): they go into a header, never into a message.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ from pathlib import Path
 from megatron_env import digest, output
 from megatron_env.errors import UserError
 from megatron_env.redact import mask_urls
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
@@ -70,7 +78,8 @@ def parse_json(text: str, page_url: str) -> list[IndexFile]:
         yanked = f.get("yanked", False)
         out.append(IndexFile(f["filename"], url.split("#")[0],
                              (f.get("hashes") or {}).get("sha256") or _sha256(url),
-                             yanked is not False, yanked.strip() if isinstance(yanked, str) else "",
+                             yanked not in (False, None),
+                             yanked.strip() if isinstance(yanked, str) else "",
                              f.get("size")))
     return out
 
@@ -189,6 +198,7 @@ def settings(environ: Mapping[str, str], conf_texts: list[str]) -> Config:
 
 
 def configured(environ: Mapping[str, str] | None = None) -> Config:
+    """pip's and uv's settings as pip reads them (`settings` on this process's files)."""
     environ = os.environ if environ is None else environ
     texts = []
     for f in pip_config_files(environ):
@@ -199,10 +209,52 @@ def configured(environ: Mapping[str, str] | None = None) -> Config:
     return settings(environ, texts)
 
 
+def uv_config_files(environ: Mapping[str, str]) -> list[Path]:
+    """uv's configuration files, strongest first (the user's, then the system's); none with
+    UV_NO_CONFIG set."""
+    if "UV_NO_CONFIG" in environ:
+        return []
+    home = Path(environ.get("HOME", str(Path.home())))
+    return [Path(environ.get("XDG_CONFIG_HOME", str(home / ".config"))) / "uv" / "uv.toml",
+            Path("/etc/uv/uv.toml")]
+
+
+def uv_default_index(text: str) -> str | None:
+    """Pure: the default index a uv.toml names (an `[[index]]` with `default = true`, else the
+    older `index-url`), or None."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return None
+    for ix in data.get("index", []):
+        if isinstance(ix, dict) and ix.get("default") and ix.get("url"):
+            return ix["url"]
+    return data.get("index-url") or None
+
+
+def installer_index(environ: Mapping[str, str] | None = None) -> str:
+    """The one index uv resolves the locks from, where lock-diff reads sizes and yanked flags:
+    uv's settings first (UV_DEFAULT_INDEX, UV_INDEX_URL, uv.toml; uv reads no pip setting),
+    then pip's configuration (`configured`), then PyPI."""
+    environ = os.environ if environ is None else environ
+    for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL"):
+        if environ.get(var):
+            return environ[var]
+    for path in uv_config_files(environ):
+        try:
+            url = uv_default_index(path.read_text())
+        except (OSError, UnicodeDecodeError):
+            continue
+        if url:
+            return url
+    cfg = configured(environ)
+    return cfg.indexes[0] if cfg.indexes else DEFAULT_INDEX
+
+
 # --- reading an index ------------------------------------------------------------------------
 
 
-def _open(url: str, cfg: Config, accept: str | None = None):
+def _open(url: str, cfg: Config, accept: str | None = None, method: str = "GET"):
     """urlopen with the index's credentials (user:pass@ in its URL) as a header, not a URL."""
     parts = urllib.parse.urlsplit(url)
     headers = {"User-Agent": "megatron-env"}
@@ -216,12 +268,13 @@ def _open(url: str, cfg: Config, accept: str | None = None):
             f":{parts.port}" if parts.port else "")))
     ctx = ssl.create_default_context(cafile=cfg.cert) if cfg.cert and parts.scheme == "https" \
         else None
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method),
                                   timeout=cfg.timeout, context=ctx)
 
 
 def files(project: str, index_url: str, cfg: Config | None = None) -> list[IndexFile]:
-    """The files an index lists for `project` ([] when it has no such project)."""
+    """The files an index lists for `project` ([] when it has no such project); UserError when
+    the index cannot be read or its page is not the simple API."""
     cfg = cfg or Config()
     page = f"{index_url.rstrip('/')}/{normalize(project)}/"
     if page.startswith("file:"):  # a directory laid out as an index: <project>/index.html
@@ -243,9 +296,34 @@ def files(project: str, index_url: str, cfg: Config | None = None) -> list[Index
         raise UserError(f"cannot read {mask_urls(page)}: {getattr(e, 'reason', e)}",
                         fix="check the index URL (PIP_INDEX_URL, pip.conf) and the network"
                         ) from None
-    if kind == "application/vnd.pypi.simple.v1+json":
-        return parse_json(text, page)
-    return parse_html(text, page)
+    try:
+        if kind == "application/vnd.pypi.simple.v1+json":
+            return parse_json(text, page)
+        return parse_html(text, page)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"{mask_urls(page)} is not a simple API project page ({e})",
+                        fix="check the index URL (PIP_INDEX_URL, pip.conf, --index-url)"
+                        ) from None
+
+
+def size(f: IndexFile, index_url: str = "", cfg: Config | None = None) -> int | None:
+    """The file's size in bytes: the page's (PEP 691 api 1.1), else the file's on disk (a file:
+    index), else a HEAD request's Content-Length (a PEP 503 page gives none); None when nothing
+    says. `index_url`'s credentials go with a file on its host, as for a download."""
+    if f.size is not None:
+        return f.size
+    if f.url.startswith("file:"):
+        try:
+            return Path(urllib.request.url2pathname(urllib.parse.urlparse(f.url).path)
+                        ).stat().st_size
+        except OSError:
+            return None
+    try:
+        with _open(_credentials(f.url, index_url), cfg or Config(), method="HEAD") as r:
+            length = r.headers.get("Content-Length")
+    except (OSError, ValueError):
+        return None
+    return int(length) if length and length.isdigit() else None
 
 
 @dataclass
