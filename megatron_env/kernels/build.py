@@ -148,7 +148,7 @@ def _download(pkg: Package, target: Path, echo, given: Given | None) -> str:
         got = index.fetch(pkg.name, name, pkg.source.sha256 or "", target, echo=echo)
     except UserError as e:
         raise UserError(f"cannot fetch the {pkg.name} {pkg.pin} sdist: {e.message}",
-                        fix=fix) from None
+                        fix=fix, kind=e.kind or "source.unreachable") from None
     if got.yanked:
         output.warning(f"{pkg.name}: {name} is yanked on its index"
                        + (f" ({got.yanked.reason})" if got.yanked.reason else "")

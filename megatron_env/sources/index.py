@@ -405,7 +405,8 @@ def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | No
     if wrong:
         raise UserError(f"{filename}: no copy with the pinned sha256 {sha256}; other files of "
                         f"that name at {', '.join(wrong)}",
-                        fix="the index serves another file under that name: check the mirror")
+                        fix="the index serves another file under that name: check the mirror",
+                        kind="source.sha256")
     raise UserError(f"{filename} is on none of: {', '.join(tried) or 'no index (no-index set)'}",
                     fix="add an index or find-links directory that has it (PIP_INDEX_URL, "
-                        "PIP_FIND_LINKS, pip.conf)")
+                        "PIP_FIND_LINKS, pip.conf)", kind="source.unreachable")
