@@ -364,11 +364,11 @@ def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | No
         if local.is_file():
             tmp = dest.with_name(dest.name + ".part")
             shutil.copy(local, tmp)
-            if digest.file_hex(tmp) == sha256:
+            if (got := digest.file_hex(tmp)) == sha256:
                 os.replace(tmp, dest)
                 return Fetched(dest, str(local))
             tmp.unlink()
-            wrong.append(str(local))
+            wrong.append(f"{local} (sha256 {got})")
         tried.append(link)
     unreadable: list[UserError] = []
     for index in cfg.indexes:
