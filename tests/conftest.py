@@ -67,7 +67,7 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
-def test_cache() -> Path:
+def cache_root() -> Path:
     """Where test runs keep what they download, between runs (MEGATRON_ENV_TEST_CACHE, else
     ~/.cache/megatron-env-tests): entries are keyed by content, so a changed lock gets a new
     one and a stale one is never used."""
@@ -82,7 +82,7 @@ def shared_uv_cache():
     stable (keyed by the lock), so uv's entries for it are reused, not piled up. A test that
     damages a cache entry makes its own cache (tests/test_manifest.py)."""
     old = os.environ.get("UV_CACHE_DIR")
-    os.environ["UV_CACHE_DIR"] = str(test_cache() / "uv")
+    os.environ["UV_CACHE_DIR"] = str(cache_root() / "uv")
     yield
     if old is None:
         os.environ.pop("UV_CACHE_DIR", None)
@@ -102,7 +102,7 @@ def wheelhouse():
     from megatron_env.pyenv import lock
 
     lockfile = profile.load("core_v0.4.0-cu121").lock_file
-    wh = test_cache() / f"wheelhouse-{digest.hexpart(digest.of_file(lockfile), 16)}"
+    wh = cache_root() / f"wheelhouse-{digest.hexpart(digest.of_file(lockfile), 16)}"
     wh.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(wh) + ".lock"):
         if not wh.is_dir():

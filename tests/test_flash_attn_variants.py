@@ -24,6 +24,8 @@ from megatron_env.errors import UserError
 from megatron_env.kernels import build, toolkit
 from megatron_env.sources import patches
 
+from .conftest import cache_root
+
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 
@@ -65,7 +67,8 @@ def patched(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"fa-{version}")
     pkg = build.packages(profile.load(PINS[version]))["flash-attn"]
     with pytest.MonkeyPatch.context() as mp:  # the sdist is fetched and hash-checked for real
-        mp.setenv(build.CACHE_DIR_ENV, str(root / "cache"))
+        # into the test runs' cache: fetched once per machine, checked by sha256 every run
+        mp.setenv(build.CACHE_DIR_ENV, str(cache_root() / "kernel-cache"))
         pristine = build.fetch(pkg, echo=lambda *_: None)
     series = patches.series("flash-attn", version)
     assert any(PATCH_NAME in p.name for p in series)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -48,21 +49,20 @@ diff --git a/megatron/core/__init__.py b/megatron/core/__init__.py
 """
 
 
-@pytest.fixture
-def upstream(tmp_path):
+def make_upstream(root: Path) -> tuple[Path, Path, str]:
     """A work tree with one commit tagged core_v0.4.0, and a bare repository made from it."""
-    work = tmp_path / "megatron-work"
+    work = root / "megatron-work"
     commit = repo_with(work, FILES, "megatron")
     git("tag", "core_v0.4.0", cwd=work)
-    bare = tmp_path / "Megatron-LM.git"
-    git("clone", "-q", "--bare", work, bare, cwd=tmp_path)
+    bare = root / "Megatron-LM.git"
+    git("clone", "-q", "--bare", work, bare, cwd=root)
     return work, bare, commit
 
 
-@pytest.fixture
-def repo(tmp_path, upstream):
+def make_repo(root: Path, upstream: tuple[Path, Path, str]) -> Path:
+    """A copy of this checkout whose default profile pins the upstream's tag and commit."""
     _work, bare, commit = upstream
-    r = copy_repo(tmp_path)
+    r = copy_repo(root)
     prof = r / "envs" / PROFILE / "profile.toml"
     text = prof.read_text().replace("38879f8b3f0edc4ed4f50ac2f3271010b12c549f", commit)
     prof.write_text(text.replace("https://github.com/NVIDIA/Megatron-LM.git", str(bare)))
@@ -70,6 +70,26 @@ def repo(tmp_path, upstream):
     series.mkdir(parents=True)
     (series / "0001-mark-patched.patch").write_text(PATCH.format(n=1))
     return r
+
+
+@pytest.fixture
+def upstream(tmp_path):
+    return make_upstream(tmp_path)
+
+
+@pytest.fixture
+def repo(tmp_path, upstream):
+    return make_repo(tmp_path, upstream)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, wheelhouse):
+    """(repo, upstream, the first setup's result): one environment built for the tests that
+    need one built, not a torch environment each (the killed-run test makes its own)."""
+    root = tmp_path_factory.mktemp("setup")
+    up = make_upstream(root)
+    r = make_repo(root, up)
+    return r, up, setup(r, wheelhouse)
 
 
 def setup(repo, wheelhouse, *args, wait=True):
@@ -96,8 +116,8 @@ def python(repo):
     return repo / ".megatron-env" / PROFILE / "bin" / "python"
 
 
-def test_setup_end_to_end_then_up_to_date_then_downstream_only(repo, wheelhouse):
-    r = setup(repo, wheelhouse)
+def test_setup_end_to_end_then_up_to_date_then_downstream_only(built, wheelhouse):
+    repo, _upstream, r = built
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert statuses(r.stdout) == {
         "check": "done", "lock": "done", "env": "done", "sources": "skipped",
@@ -137,14 +157,18 @@ def test_setup_end_to_end_then_up_to_date_then_downstream_only(repo, wheelhouse)
     assert subprocess.run([python(repo), "-c", "import einops"], cwd="/").returncode == 0
 
 
-def test_moved_tag_is_refused_with_both_shas(repo, upstream, wheelhouse):
-    work, bare, pinned = upstream
+def test_moved_tag_is_refused_with_both_shas(built, wheelhouse):
+    repo, (work, bare, pinned), _ = built
     (work / "megatron/core/__init__.py").write_text("__version__ = '0.4.1'\n")
     git("commit", "-qam", "moved", cwd=work)
     git("tag", "-f", "core_v0.4.0", cwd=work)
     git("push", "-q", "--force", str(bare), "refs/tags/core_v0.4.0", cwd=work)
     moved = git("rev-parse", "HEAD", cwd=work)
-    r = setup(repo, wheelhouse)
+    try:
+        r = setup(repo, wheelhouse)
+    finally:  # the tag back where the profile pins it, for the tests after this one
+        git("tag", "-f", "core_v0.4.0", pinned, cwd=work)
+        git("push", "-q", "--force", str(bare), "refs/tags/core_v0.4.0", cwd=work)
     assert r.returncode == 1
     s = statuses(r.stdout)
     assert s["megatron"] == "failed" and s["verify"] == "not run"
@@ -152,12 +176,16 @@ def test_moved_tag_is_refused_with_both_shas(repo, upstream, wheelhouse):
     assert pinned in flat and moved in flat and "the tag moved" in flat
 
 
-def test_patch_that_does_not_apply_names_patch_file_and_hunk(repo, wheelhouse):
+def test_patch_that_does_not_apply_names_patch_file_and_hunk(built, wheelhouse):
+    repo = built[0]
     series = repo / "patches" / "megatron" / "core_v0.4.0"
-    (series / "0002-broken.patch").write_text(PATCH.replace("@@ -1 +1,2 @@", "@@ -1 +1,2 @@")
-                                              .replace(" __version__ = '0.4.0'",
-                                                       " __version__ = 'something else'"))
-    r = setup(repo, wheelhouse)
+    broken = series / "0002-broken.patch"
+    broken.write_text(PATCH.replace("@@ -1 +1,2 @@", "@@ -1 +1,2 @@")
+                      .replace(" __version__ = '0.4.0'", " __version__ = 'something else'"))
+    try:
+        r = setup(repo, wheelhouse)
+    finally:
+        broken.unlink()
     assert r.returncode == 1
     flat = " ".join(r.stdout.split())
     assert "0002-broken.patch does not apply" in flat
