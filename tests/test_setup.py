@@ -89,7 +89,8 @@ def built(tmp_path_factory, wheelhouse):
     root = tmp_path_factory.mktemp("setup")
     up = make_upstream(root)
     r = make_repo(root, up)
-    return r, up, setup(r, wheelhouse)
+    yield r, up, setup(r, wheelhouse)
+    shutil.rmtree(root, ignore_errors=True)  # a 5 GB environment: gone when its tests are
 
 
 def setup(repo, wheelhouse, *args, wait=True):
@@ -164,9 +165,14 @@ def test_moved_tag_is_refused_with_both_shas(built, wheelhouse):
     git("tag", "-f", "core_v0.4.0", cwd=work)
     git("push", "-q", "--force", str(bare), "refs/tags/core_v0.4.0", cwd=work)
     moved = git("rev-parse", "HEAD", cwd=work)
+    # another patch in the series: the megatron step runs again and fetches from upstream
+    # (the tag is checked before any patch is applied, so this one is never reached)
+    extra = repo / "patches" / "megatron" / "core_v0.4.0" / "0009-also.patch"
+    extra.write_text(PATCH.format(n=9))
     try:
         r = setup(repo, wheelhouse)
     finally:  # the tag back where the profile pins it, for the tests after this one
+        extra.unlink()
         git("tag", "-f", "core_v0.4.0", pinned, cwd=work)
         git("push", "-q", "--force", str(bare), "refs/tags/core_v0.4.0", cwd=work)
     assert r.returncode == 1
@@ -179,6 +185,7 @@ def test_moved_tag_is_refused_with_both_shas(built, wheelhouse):
 def test_patch_that_does_not_apply_names_patch_file_and_hunk(built, wheelhouse):
     repo = built[0]
     series = repo / "patches" / "megatron" / "core_v0.4.0"
+    kept = {p.name for p in (repo / ".megatron-env" / f"{PROFILE}.megatron").iterdir()}
     broken = series / "0002-broken.patch"
     broken.write_text(PATCH.replace("@@ -1 +1,2 @@", "@@ -1 +1,2 @@")
                       .replace(" __version__ = '0.4.0'", " __version__ = 'something else'"))
@@ -191,7 +198,7 @@ def test_patch_that_does_not_apply_names_patch_file_and_hunk(built, wheelhouse):
     assert "0002-broken.patch does not apply" in flat
     assert "megatron/core/__init__.py, hunk at line 1" in flat
     store = repo / ".megatron-env" / f"{PROFILE}.megatron"
-    assert not [p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert {p.name for p in store.iterdir()} == kept  # nothing half-built was left
 
 
 def test_killed_during_a_step_then_rerun_ends_verified(repo, wheelhouse):
