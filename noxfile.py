@@ -25,7 +25,8 @@ def _torch_pin() -> str:
 def tests(session):
     """Install the tool with its test extras and run the test suite."""
     # torch alone (no numpy): verify_nccl runs for real with gloo, where it must run anywhere
-    session.install("-e", ".[test]", f"torch=={_torch_pin()}")
+    # pip too: uv makes venvs without it, and the tool downloads wheelhouses with `python -m pip`
+    session.install("-e", ".[test]", "pip", f"torch=={_torch_pin()}")
     # temporary directories of its own: another pytest on the machine cannot rotate them away
     session.run("pytest", "--durations=25", f"--basetemp={session.create_tmp()}/pytest",
                 *session.posargs)
