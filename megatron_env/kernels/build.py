@@ -34,6 +34,7 @@ from megatron_env.pyenv import probe, uv
 from megatron_env.recipes import recipe
 from megatron_env.recipes.recipe import Package, source_var
 from megatron_env.sources import patches, repos
+from megatron_env.sources.resources import place as place_resource
 
 CACHE_DIR_ENV = repos.CACHE_ENV
 GIB = 2**30
@@ -58,11 +59,14 @@ def fetch(pkg: Package, python: Path, echo=output.status) -> Path:
     src = pkg.source
     if src.repo:
         dest = cache_dir() / "src" / f"{pkg.name}-{src.commit[:12]}"
-        if src.submodules:
+        if src.submodules or src.resources:
             dest = dest.with_name(f"{dest.name}-{digest.hexpart(digest.of(src.digest), 8)}")
         if not (dest / ".megatron-env-pristine").exists():
             for name, repo, commit, tag, path in git_sources(pkg):
                 repos.checkout(name, repo, tag, commit, dest / path, echo=echo)
+            for res in src.resources:  # pinned content in place of a submodule
+                echo(f"{pkg.name}: {res.path} from {res.origin} ({', '.join(res.take)})")
+                place_resource(res, dest, python, echo=echo)
             (dest / ".megatron-env-pristine").write_text(src.digest + "\n")
         return dest
     archive = sdist_archive(pkg)
@@ -166,6 +170,8 @@ class Plan:
         p = self.package
         out = [f"{p.name} {p.pin}" + (f" +{' +'.join(p.variants)}" if p.variants else ""),
                f"  source   {p.source.url or p.source.repo} ({p.source.digest})",
+               *(f"  resource {r.path}/{{{','.join(r.take)}}} from {r.origin} ({r.digest[:19]}), "
+                 f"for {r.replaces}@{r.when[:8]}: {r.why}" for r in p.source.resources),
                "  patches  " + (", ".join(x.name for x in self.patches) or "none"),
                f"  torch    {self.torch['torch']} (CUDA {self.torch['cuda']}, "
                f"{self.torch['tag']}, cxx11abi={self.torch['abi']})",
