@@ -126,6 +126,18 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
     assert again.cache_hit and again.build_seconds is None and again.log is None
     assert answer(world["python"]) == "42"
     assert any("cache hit" in s for s in said)
+    # the same wheel is installed already: not rewritten (apex's 43 MB took seconds), and
+    # torch's facts come from the cache (no torch import before the one import check)
+    assert any("is installed already (same files)" in s for s in said), said
+    assert list((tmp_path / "cache" / "facts").glob("*.json"))
+    # a changed file of the installed package: reinstalled, not trusted
+    so = next(Path(again.modules["tinyext._C"]).parent.glob("_C*.so"))
+    so.write_bytes(so.read_bytes() + b"\0")
+    said.clear()
+    build.build_and_install(package(world), world["python"], [], patch_root=world["patches"],
+                            echo=said.append)
+    assert any("cache hit, installing" in s for s in said), said
+    assert answer(world["python"]) == "42"
 
 
 NODE = textwrap.dedent("""\

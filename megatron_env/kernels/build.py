@@ -200,7 +200,7 @@ def max_jobs(gb_per_job: float, parallel_var: str = "") -> jobs_mod.Jobs:
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
          facts: dict | None = None) -> Plan:
     """`facts`: probe.torch_facts(python) when the caller has them already (one torch import)."""
-    facts = facts or probe.torch_facts(python)
+    facts = facts or torch_facts(python)
     series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
     build_env = {**os.environ, **pkg.switches,
                  "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -222,6 +222,55 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
                "switches": pkg.switches, "build_options": list(pkg.build_options)}
     key = digest.hexpart(digest.of(key_doc), 32)
     return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
+
+
+def torch_facts(python: Path) -> dict:
+    """probe.torch_facts, remembered in the cache under torch's stamp (its _C extension's path,
+    size and mtime): the C++ ABI needs `import torch` (seconds), the rest is read from files.
+    A cache hit thus costs no torch import before the install check's one."""
+    cheap = probe.torch_stamp(python)
+    if not cheap.get("stamp") or not cheap.get("torch"):
+        return probe.torch_facts(python)  # its error says what is wrong
+    known = cache_dir() / "facts" / f"{digest.hexpart(digest.of(cheap), 24)}.json"
+    try:
+        return json.loads(known.read_text())
+    except (OSError, json.JSONDecodeError):
+        pass
+    facts = probe.torch_facts(python)
+    known.parent.mkdir(parents=True, exist_ok=True)
+    tmp = known.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(facts))
+    os.replace(tmp, known)
+    return facts
+
+
+def installed_from(wheel: Path, platlib: str | None) -> bool:
+    """Is the wheel's content already installed in `platlib`, file for file (the installed
+    RECORD names every file of the wheel with the same hash, and each is there at its size)?
+    Then a reinstall would rewrite the same bytes: a repeated cache hit skips it."""
+    if not platlib:
+        return False
+    with zipfile.ZipFile(wheel) as z:
+        record = next((n for n in z.namelist() if n.endswith(".dist-info/RECORD")), None)
+        if record is None:
+            return False
+        info = record.rsplit("/", 1)[0]
+        want = {tuple(line.split(",")[:3]) for line in z.read(record).decode().splitlines()
+                if line and not line.startswith(info + "/")}
+    try:
+        have = (Path(platlib) / info / "RECORD").read_text().splitlines()
+    except OSError:
+        return False
+    have_set = {tuple(line.split(",")[:3]) for line in have if line}
+    if not want <= have_set:
+        return False
+    for path, _hash, size in want:
+        try:
+            if size and (Path(platlib) / path).stat().st_size != int(size):
+                return False
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 # --- build, cache, install, verify -----------------------------------------------------------
@@ -286,12 +335,20 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                     shutil.rmtree(d, ignore_errors=True)
             wheels = list(slot.glob("*.whl"))
     wheel = wheels[0]
-    echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
-    r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
-                  wheel], env=uv.env(), timeout=1800)
-    if not r.ok:
-        raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
-    missing, facts = probe.missing_modules(python, pkg.modules)
+    t_install = time.monotonic()
+    if hit and installed_from(wheel, p.torch.get("platlib")):
+        echo(f"{pkg.name}: cache hit, {wheel.name} is installed already (same files)")
+    else:
+        echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
+        r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
+                      wheel], env=uv.env(), timeout=1800)
+        if not r.ok:
+            raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
+    t_verify = time.monotonic()
+    missing, facts = probe.imports(python, pkg.modules)
+    echo(f"{pkg.name}: plan {t_install - t0 - (built_in or 0):.1f} s, install "
+         f"{t_verify - t_install:.1f} s, import check {time.monotonic() - t_verify:.1f} s"
+         + (f", build {built_in:.0f} s" if built_in else ""))
     if missing:
         raise UserError(f"{pkg.name} installed without its compiled modules "
                         f"{', '.join(missing)}: " + "; ".join(facts["errors"])[-500:],
