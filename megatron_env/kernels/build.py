@@ -26,7 +26,7 @@ from megatron_env import digest, mutex, output, proc, recipes
 from megatron_env.errors import UserError
 from megatron_env.host import resources
 from megatron_env.kernels import jobs as jobs_mod
-from megatron_env.kernels import ninjalog
+from megatron_env.kernels import libstdcxx, ninjalog
 from megatron_env.kernels.progress import Progress
 from megatron_env.kernels.toolkit import cuda_home, site_paths
 from megatron_env.profile import Profile
@@ -209,6 +209,8 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
         build_env["CUDA_HOME"] = str(home)
         build_env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     build_env.update(site_paths(pkg, facts.get("platlib")))
+    fixed = libstdcxx.shared_libstdcxx(build_env, cache_dir())
+    build_env.update(fixed)
     derived = max_jobs(pkg.gb_per_job, pkg.parallel_var)
     jobs, why = derived.max_jobs, derived.why
     build_env["MAX_JOBS"] = str(jobs)
@@ -220,6 +222,8 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
                "torch": facts["torch"], "cuda": facts["cuda"], "python": facts["tag"],
                "cxx11_abi": facts["abi"], "archs": sorted(archs) if pkg.cuda else [],
                "switches": pkg.switches, "build_options": list(pkg.build_options)}
+    if fixed:  # wheels linked before the fix carry a static libstdc++: another key
+        key_doc["libstdcxx"] = "shared"
     key = digest.hexpart(digest.of(key_doc), 32)
     return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
 
@@ -319,6 +323,13 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                         f"{pkg.name}: the wheel has no compiled {', '.join(absent)}; it was "
                         "not cached", fix="a Python-only build is not a build: check the build "
                                           f"log ({log}) for skipped extensions")
+                if own := libstdcxx.own_copies(wheel):
+                    raise UserError(
+                        f"{pkg.name}: {', '.join(own)} carries its own libstdc++ ("
+                        f"{max(own.values())} basic_ostream symbols exported); it was not cached: "
+                        "a TORCH_CHECK formatting a number can crash in it",
+                        fix="the compiler linked libstdc++ statically: give it a libstdc++.so "
+                            f"(LDFLAGS=-L<dir>), or use a complete g++ (log: {log})")
                 staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
                 staging.mkdir()
                 shutil.copy(wheel, staging / wheel.name)

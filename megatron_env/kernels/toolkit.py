@@ -64,3 +64,4 @@ def site_paths(pkg: Package, platlib: str | None) -> dict[str, str]:
                                 "(`invoke env`), or build in the environment that has them")
         out[var] = os.pathsep.join([*map(str, dirs), *filter(None, [os.environ.get(var)])])
     return out
+
