@@ -62,9 +62,17 @@ def collect(out_dir: str) -> int:
 @guarded
 def check(profile_name: str | None = None, snapshot_dir: str | None = None,
           as_json: bool = False) -> int:
+    from megatron_env.host import attention
+
     prof = profile.load(profile_name)
     found = checks.evaluate(prof, Path(snapshot_dir) if snapshot_dir else None)
     source = snapshot_dir or "this host"
+    # the attention backends gpu_health timed on this node (its default --out, or the
+    # snapshot's gpu_health.json as a preflight keeps it): the fastest is named
+    health = (Path(snapshot_dir) / "gpu_health.json" if snapshot_dir
+              else REPO_ROOT / "runs" / "gpu_health" / "results.json")
+    if att := attention.from_file(health, prof):
+        found.append(att)
     if as_json:
         findings.emit_json(found, profile=prof.name, source=source)
     else:

@@ -153,6 +153,22 @@ def attention_report(torch, dev, head_dims=(128,), shape=None, reps=10) -> dict:
     return out
 
 
+def attention_finding(gpu: str, att: dict) -> dict:
+    """gpu.attention: the fastest backend, the others beside it, and when flash-attn is built
+    but slower, how much and how to stop compiling it (`invoke check` shows this finding)."""
+    tf, best = att["backends"], att["fastest"]
+    others = ", ".join(f"{n} {tf[n]}" for n in sorted(tf, key=lambda n: -tf[n]) if n != best)
+    summary = (f"{gpu}: fastest attention {best} ({tf[best]} TFLOP/s, head dim "
+               f"{att['head_dims'][0]}, causal bf16 fwd+bwd)" + (f"; {others}" if others else ""))
+    fix = ""
+    if "flash_attn" in tf and best != "flash_attn" and tf["flash_attn"] > 0:
+        summary += f"; flash-attn is {tf[best] / tf['flash_attn']:.1f}x slower than {best}"
+        fix = ("train without --use-flash-attn (Megatron then uses TE or torch's SDPA) and stop "
+               "compiling flash-attn: `build = false` under [kernels.flash-attn] in the profile")
+    return finding("gpu.attention", "pass", summary,
+                   [f"{k}: {v}" for k, v in att.get("skipped", {}).items()], fix)
+
+
 def gpu_report(torch, index: int, size: int, head_dims=(128,), attention=True) -> dict:
     torch.cuda.set_device(index)
     props = torch.cuda.get_device_properties(index)
@@ -300,13 +316,7 @@ def judge(rep: dict) -> list[dict]:
                               fix="" if status == "pass" else
                               "check clocks and throttling (invoke check: gpu.throttle)"))
     if (att := rep.get("attention")) and att.get("fastest"):
-        tf = att["backends"]
-        order = sorted(tf, key=lambda n: -tf[n])
-        fs.append(finding("gpu.attention", "pass",
-                          f"{gpu}: fastest attention {att['fastest']} ({tf[att['fastest']]} "
-                          f"TFLOP/s, head dim {att['head_dims'][0]}, causal bf16 fwd+bwd); "
-                          + ", ".join(f"{n} {tf[n]}" for n in order[1:]),
-                          evidence=[f"{k}: {v}" for k, v in att.get("skipped", {}).items()]))
+        fs.append(attention_finding(gpu, att))
     for name, k in rep["kernels"].items():
         if k["status"] == "skip":
             fs.append(finding(f"kernel.{name}", "skip", f"{gpu}: {name}: {k['why']}"))

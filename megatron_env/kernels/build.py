@@ -41,10 +41,11 @@ GIB = 2**30
 
 
 def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Package]:
-    """The kernel packages the profile builds: each [kernels.<name>] table with its recipe."""
+    """The kernel packages the profile builds: each [kernels.<name>] table with its recipe
+    (but those with `build = false`)."""
     archs = archs or profile.archs
     return {name: recipe.resolve(recipes.get(name), pins, archs)
-            for name, pins in profile.kernels.items()}
+            for name, pins in profile.kernels.items() if pins.get("build", True)}
 
 
 def cache_dir() -> Path:
@@ -438,6 +439,9 @@ def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:
     if which == "all":
         return list(pkgs.values())
     recipes.get(which)  # an unknown name: the error lists the declared recipes
+    if which not in pkgs and which in profile.kernels:
+        raise UserError(f"profile {profile.name} says build = false for {which}",
+                        fix=f"remove `build = false` from [kernels.{which}] in {profile.path}")
     if which not in pkgs:
         raise UserError(f"profile {profile.name} pins no {which}",
                         fix=f"add a [kernels.{which}] table to {profile.path}")

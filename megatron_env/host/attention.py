@@ -1,0 +1,52 @@
+"""Which attention kernel this node should train with: measured by scripts/gpu_health.py
+(`attention`: TFLOP/s of every backend present, forward + backward, causal bf16 and its
+`gpu.attention` finding), read back here for `invoke check` and preflight.
+
+It matters: on an H200 (torch 2.11, head dim 128) SDPA's cuDNN backend ran at 471-529 TFLOP/s,
+flash-attn 2.8.3 at 283-306: the kernel that takes minutes to compile was 1.7x slower than one
+torch already ships. A profile can then leave flash-attn out (`build = false`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from megatron_env.findings import Finding
+from megatron_env.profile import Profile
+
+DEFAULT_HEAD_DIM = 128  # Megatron's GPT configs: hidden / heads = 128
+
+
+def head_dims(prof: Profile) -> list[int]:
+    """The head dims to time: flash-attn's `hdims` where the profile picks some, else 128."""
+    chosen = prof.kernels.get("flash-attn", {}).get("hdims", ["all"])
+    dims = [int(d) for d in chosen if d != "all"]
+    return dims or [DEFAULT_HEAD_DIM]
+
+
+def builds_flash_attn(prof: Profile) -> bool:
+    table = prof.kernels.get("flash-attn")
+    return table is not None and table.get("build", True)
+
+
+def finding(health: dict[str, Any], prof: Profile | None = None) -> Finding | None:
+    """gpu.attention as gpu_health judged it (the fastest backend, the others beside it, and,
+    when flash-attn is slower, the profile line that stops building it); the fix is dropped
+    where the profile builds no flash-attn already. None when the result timed no attention."""
+    own = next((f for f in health.get("findings") or [] if f.get("id") == "gpu.attention"),
+               None)
+    if own is None:
+        return None
+    fix = own.get("fix", "") if prof is None or builds_flash_attn(prof) else ""
+    return Finding("gpu.attention", own.get("status", "pass"), own.get("summary", ""),
+                   list(own.get("evidence") or []), fix)
+
+
+def from_file(path: Path, prof: Profile | None = None) -> Finding | None:
+    """finding() of a gpu_health JSON file, None when it is absent or unreadable."""
+    try:
+        return finding(json.loads(path.read_text()), prof)
+    except (OSError, json.JSONDecodeError, AttributeError, TypeError):
+        return None
