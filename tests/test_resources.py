@@ -1,96 +1,129 @@
-"""Free memory for compile jobs as a cgroup (Slurm job, container) sees it, on /proc and
-/sys/fs/cgroup trees built from captured files and paths quoted from public threads
-(fixtures/cgroups/README.md)."""
+"""Resources: pinned content in place of a submodule (megatron_env/sources/resources.py), with real
+git, tar and zip on small inputs made here. TE takes cutlass's two header trees by git tree id
+and cudnn-frontend's headers from its release wheel by sha256 (recipes/transformer_engine.py)."""
 
+import hashlib
+import subprocess
+import tarfile
+import zipfile
 from pathlib import Path
 
-from megatron_env.host import resources
+import pytest
 
-CAPTURES = Path(__file__).parent / "fixtures" / "cgroups"
-GIB = 2**30
-MEMINFO_AVAILABLE = 24031960 * 1024  # MemAvailable in meminfo-24g.txt
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        f = root / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text)
-    return root
+from megatron_env.errors import UserError
+from megatron_env.recipes import recipe
+from megatron_env.recipes.recipe import Recipe, Resource
+from megatron_env.sources import resources
 
 
-def capture(name: str) -> str:
-    return (CAPTURES / name).read_text()
+def git(*args, cwd):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()
 
 
-def test_no_limit_on_this_build_machine_leaves_meminfo(tmp_path):
-    here = "sys/fs/cgroup/memory/jobs/ddad21c71da6d39587b926110c67cb12"
-    root = tree(tmp_path, {
-        "proc/meminfo": capture("meminfo-24g.txt"),
-        "proc/self/cgroup": capture("proc-self-cgroup-v1-hybrid.txt"),
-        f"{here}/memory.limit_in_bytes": capture("memory.limit_in_bytes-unlimited.txt"),
-        f"{here}/memory.usage_in_bytes": "4894375936\n",
-        f"{here}/memory.stat": capture("memory.stat-v1.txt"),
-        "sys/fs/cgroup/memory/memory.limit_in_bytes": capture("memory.limit_in_bytes-unlimited.txt"),
-    })
-    assert resources.mem_available(root) == MEMINFO_AVAILABLE
+@pytest.fixture
+def upstream(tmp_path):
+    """A repository with include/ and tools/util/include/ (what TE reads of cutlass) and more."""
+    repo = tmp_path / "cutlass"
+    for rel, text in {"include/a.h": "#define A 1\n", "include/sub/b.h": "int b;\n",
+                      "tools/util/include/u.h": "// u\n", "media/big.png": "x" * 1000,
+                      "README.md": "hi\n"}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    (repo / "include" / "run.sh").write_text("#!/bin/sh\n")
+    (repo / "include" / "run.sh").chmod(0o755)  # the mode is part of the tree id
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c", cwd=repo)
+    commit = git("rev-parse", "HEAD", cwd=repo)
+    tar = tmp_path / "paths.tar"
+    subprocess.run(["git", "archive", "-o", tar, commit, "include", "tools/util/include"],
+                   cwd=repo, check=True)
+    return {"repo": repo, "commit": commit, "tar": tar}
 
 
-def test_slurm_v2_limit_on_a_parent_of_the_task_cgroup(tmp_path):
-    step = "sys/fs/cgroup/system.slice/slurm-worker-1_slurmstepd.scope/job_4749/step_0"
-    root = tree(tmp_path, {
-        "proc/meminfo": capture("meminfo-24g.txt"),
-        "proc/self/cgroup":
-            "0::/system.slice/slurm-worker-1_slurmstepd.scope/job_4749/step_0/user/task_0\n",
-        f"{step}/user/task_0/memory.max": "max\n",
-        f"{step}/user/task_0/memory.current": "536870912\n",
-        f"{step}/user/memory.max": "4194304000\n",
-        f"{step}/user/memory.current": "1073741824\n",  # the test's: 1 GiB in use
-    })
-    assert resources.mem_available(root) == 4194304000 - GIB  # not the host's 22.9 GiB
-    assert resources.memory(root)[1] == "free under a 4 GiB cgroup limit"
+def headers(up, tree: str) -> Resource:
+    return Resource("cutlass-headers", "3rdparty/cutlass", "3rdparty/cutlass", up["commit"],
+                    ("include", "tools/util/include"), "the build reads these only",
+                    repo=str(up["repo"]), commit=up["commit"], tree=tree)
 
 
-def test_slurm_v1_job_limit_counts_droppable_page_cache_as_free(tmp_path):
-    job = "sys/fs/cgroup/memory/slurm/uid_2687/job_13759490"
-    lines = capture("proc-self-cgroup-v1-hybrid.txt").replace(
-        "memory:/jobs/ddad21c71da6d39587b926110c67cb12",
-        "memory:/slurm/uid_2687/job_13759490/step_batch/task_0")
-    root = tree(tmp_path, {
-        "proc/meminfo": capture("meminfo-24g.txt"),
-        "proc/self/cgroup": lines,
-        f"{job}/step_batch/task_0/memory.limit_in_bytes":
-            capture("memory.limit_in_bytes-unlimited.txt"),
-        f"{job}/memory.limit_in_bytes": str(8 * GIB),  # the test's: an 8 GiB job
-        f"{job}/memory.usage_in_bytes": str(6 * GIB),
-        f"{job}/memory.stat": capture("memory.stat-v1.txt"),  # total_inactive_file 6413271040
-    })
-    assert resources.mem_available(root) == 8 * GIB - (6 * GIB - 6413271040)
+def tree_of(up, tmp_path) -> str:
+    work = tmp_path / "unpacked"
+    with tarfile.open(up["tar"]) as t:
+        t.extractall(work, filter="data")
+    return resources.tree_id(work, ("include", "tools/util/include"))
 
 
-def test_container_path_not_in_its_own_mount_falls_back_to_the_mount_root(tmp_path):
-    pod = ("/kubepods-burstable-podb96a7488_3ee1_4bdc_9c98_155cc887b417.slice:cri-containerd:"
-           "6ef14b5a76df7b5d24285e3a04ccbc6fd323620272b3787b5dc440fc1b75d294")
-    root = tree(tmp_path, {
-        "proc/meminfo": capture("meminfo-24g.txt"),
-        "proc/self/cgroup": f"13:cpuset:{pod}\n4:memory:{pod}\n",
-        "sys/fs/cgroup/memory/memory.limit_in_bytes": str(16 * GIB),  # the test's: a 16 GiB pod
-        "sys/fs/cgroup/memory/memory.usage_in_bytes": str(3 * GIB),
-    })
-    assert resources.mem_available(root) == 13 * GIB
+def test_git_paths_are_placed_and_checked_by_tree_id(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGATRON_ENV_CACHE", str(tmp_path / "cache"))
+    tree = tree_of(upstream, tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    resources.place(headers(upstream, tree), src, Path("python3"), echo=lambda *_: None)
+    assert (src / "3rdparty/cutlass/include/sub/b.h").read_text() == "int b;\n"
+    assert (src / "3rdparty/cutlass/tools/util/include/u.h").exists()
+    assert not (src / "3rdparty/cutlass/media").exists()  # only what the build reads
+    # the same paths as a tar (offline): the same tree id, so accepted
+    monkeypatch.setenv("MEGATRON_ENV_SOURCE_CUTLASS_HEADERS", str(upstream["tar"]))
+    other = tmp_path / "src2"
+    other.mkdir()
+    resources.place(headers(upstream, tree), other, Path("python3"), echo=lambda *_: None)
+    assert (other / "3rdparty/cutlass/include/run.sh").stat().st_mode & 0o111
 
 
-def test_unreadable_cgroup_files_are_ignored_and_no_meminfo_means_a_small_machine(tmp_path):
-    root = tree(tmp_path, {
-        "proc/meminfo": capture("meminfo-24g.txt"),
-        "proc/self/cgroup": "0::/\n",
-        "sys/fs/cgroup/memory.max": capture("meminfo-24g.txt"),  # garbage where a number goes
-        "sys/fs/cgroup/memory.current": "1\n",
-    })
-    assert resources.memory(root) == (MEMINFO_AVAILABLE, "free")
-    assert resources.mem_available(tmp_path / "nothing") == 8 * GIB
+def test_a_changed_file_in_the_offline_copy_is_refused(upstream, tmp_path, monkeypatch):
+    tree = tree_of(upstream, tmp_path)
+    work = tmp_path / "tampered"
+    with tarfile.open(upstream["tar"]) as t:
+        t.extractall(work, filter="data")
+    (work / "include" / "a.h").write_text("#define A 2\n")
+    monkeypatch.setenv("MEGATRON_ENV_SOURCE_CUTLASS_HEADERS", str(work))
+    (tmp_path / "src").mkdir()
+    with pytest.raises(UserError, match=f"holds tree [0-9a-f]{{40}}, the recipe pins {tree}"):
+        resources.place(headers(upstream, tree), tmp_path / "src", Path("python3"))
+    assert not (tmp_path / "src" / "3rdparty").exists()  # nothing placed
 
 
-def test_cores_are_the_ones_this_process_may_use():
-    import os
-    assert resources.cores() == len(os.sched_getaffinity(0)) >= 1
+def wheel(tmp_path: Path) -> Path:
+    w = tmp_path / "nvidia_cudnn_frontend-1.25.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(w, "w") as z:
+        z.writestr("include/cudnn_frontend.h", "// fe\n")
+        z.writestr("include/node/rope.h", "// rope\n")
+        z.writestr("cudnn/_compiled_module.so", "binary")
+    return w
+
+
+def frontend(w: Path, sha: str) -> Resource:
+    return Resource("cudnn-frontend-headers", "3rdparty/cudnn-frontend", "3rdparty/cudnn-frontend",
+                    "e46d7082" * 5, ("include",), "headers from the release wheel",
+                    wheel=w.name, sha256=sha)
+
+
+def test_a_wheel_gives_its_include_tree_and_is_checked_by_sha256(tmp_path, monkeypatch):
+    w = wheel(tmp_path)
+    monkeypatch.setenv("MEGATRON_ENV_SOURCE_CUDNN_FRONTEND_HEADERS", str(w))
+    src = tmp_path / "src"
+    src.mkdir()
+    sha = hashlib.sha256(w.read_bytes()).hexdigest()
+    resources.place(frontend(w, sha), src, Path("python3"), echo=lambda *_: None)
+    assert (src / "3rdparty/cudnn-frontend/include/node/rope.h").exists()
+    assert not (src / "3rdparty/cudnn-frontend/cudnn").exists()
+    with pytest.raises(UserError, match=f"has sha256 {sha}, the recipe pins 0000"):
+        resources.place(frontend(w, "0" * 64), tmp_path / "src", Path("python3"))
+
+
+def test_a_resource_stands_in_only_at_its_pin_and_enters_the_source_digest(upstream):
+    res = headers(upstream, "ab" * 20)
+    r = Recipe("pkg", "about", "git", repo="https://example.invalid/pkg.git",
+               submodules={"3rdparty/cutlass": "https://example.invalid/cutlass.git"},
+               resources=(res,))
+    pinned = recipe.resolve(r, {"commit": "c" * 40,
+                                "submodules": {"3rdparty/cutlass": upstream["commit"]}}, ["9.0"])
+    assert pinned.source.submodules == () and pinned.source.resources == (res,)
+    assert pinned.source.digest.endswith(f"+3rdparty/cutlass<tree:{'ab' * 20}")
+    moved = recipe.resolve(r, {"commit": "c" * 40, "submodules": {"3rdparty/cutlass": "d" * 40}},
+                           ["9.0"])
+    assert moved.source.resources == ()  # another pin: the whole submodule from git, as before
+    assert moved.source.submodules == (("3rdparty/cutlass", "https://example.invalid/cutlass.git",
+                                        "d" * 40),)

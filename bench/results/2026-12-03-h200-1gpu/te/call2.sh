@@ -6,8 +6,9 @@
 # kernels (forward, backward, varlen, kvcache), smoke_train with TE layers. Same carry as call1.sh
 # plus .carry/flash_attn-2.8.3.tar.gz.
 set -o pipefail
-C=${C:-$PWD/.carry}; T0=$(date +%s); END=$((T0 + ${BUDGET:-545})); R=/tmp/r; mkdir -p $R
+C=${C:-$PWD/.carry}; T0=$(date +%s); END=$((T0 + ${BUDGET:-520})); R=/tmp/r; mkdir -p $R
 left() { echo $(( END - $(date +%s) )); }
+save() { tar czf $OUT/call2.tar.gz -C $R . 2>/dev/null; }  # after each phase: a cut-off call still returns what ran
 cd $C/tool
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $C/whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 UV_PYTHON_DOWNLOADS=never
@@ -22,19 +23,19 @@ export MEGATRON_ENV_MIRROR_TRANSFORMER_ENGINE=/tmp/te/TransformerEngine.git MEGA
   MEGATRON_ENV_SOURCE_CUDNN_FRONTEND_HEADERS=$(ls $C/te/nvidia_cudnn_frontend-1.25.0-*.whl) \
   MEGATRON_ENV_SOURCE_CUDNN_FRONTEND_CMAKE=$C/te/fe-cmake.tar.gz
 B="python3 -m invoke build --profile $P --python $PY --cache-dir $K"
-( time timeout 420 $B transformer-engine ) > $R/te-cold.txt 2>&1 &
-( time timeout 420 $B flash-attn ) > $R/fa-cold.txt 2>&1 &
-while sleep 20; do jobs -r | grep -q . || break; echo "$(( $(date +%s) - T0 )) s: $(tail -n1 $R/te-cold.txt) | $(tail -n1 $R/fa-cold.txt)"; done
+( time timeout 400 $B transformer-engine ) > $R/te-cold.txt 2>&1 &
+( time timeout 400 $B flash-attn ) > $R/fa-cold.txt 2>&1 &
+while sleep 20; do jobs -r | grep -q . || break; save; echo "$(( $(date +%s) - T0 )) s: $(tail -n1 $R/te-cold.txt) | $(tail -n1 $R/fa-cold.txt)"; done
 for n in transformer-engine flash-attn; do ( time timeout 60 $B $n ) > $R/$n-hit.txt 2>&1; tail -4 $R/$n-hit.txt; done
-tail -5 $R/te-cold.txt $R/fa-cold.txt
+tail -5 $R/te-cold.txt $R/fa-cold.txt; save
 SP=$($PY -c "import sysconfig;print(sysconfig.get_path('platlib'))")
 for so in $SP/flash_attn_2_cuda*.so $SP/transformer_engine/*.so $SP/transformer_engine_torch*.so; do
   [ -f "$so" ] && echo "$(basename $so): basic_ostream exported $(nm -C -D --defined-only $so | grep -c basic_ostream), $(readelf -d $so | grep -o 'libstdc++.so.6' || echo 'NO libstdc++.so.6 NEEDED')"
 done | tee $R/libstdcxx.txt
-timeout 60 env PYTHONPATH=/tmp/megatron $PY -m torch.distributed.run --nproc_per_node=1 scripts/smoke_train.py --layer-spec transformer_engine --out $R/smoke-te > $R/smoke-te.log 2>&1; echo "exit $?" >> $R/smoke-te.log; tail -3 $R/smoke-te.log
+timeout 60 env PYTHONPATH=/tmp/megatron $PY -m torch.distributed.run --nproc_per_node=1 scripts/smoke_train.py --layer-spec transformer_engine --out $R/smoke-te > $R/smoke-te.log 2>&1; echo "exit $?" >> $R/smoke-te.log; tail -3 $R/smoke-te.log; save
 echo "gpu checks get $(left) s"
-timeout $(left) python3 bench/kernel_build.py flash-attn --python $PY --out $R/fa-gpu --gpu-checks-only 2>&1 | tee $R/fa-gpu.log | tail -40
+timeout $(left) python3 bench/kernel_build.py flash-attn --python $PY --out $R/fa-gpu --gpu-checks-only 2>&1 | tee $R/fa-gpu.log | tail -40; save
 mkdir -p $R/cache; for m in $K/wheels/*/meta.json; do d=$(basename $(dirname $m)); cp $m $R/cache/$d.meta.json; cp -r $(dirname $m)/ninja-logs $R/cache/$d.ninja-logs 2>/dev/null; done
 for l in $K/logs/*.log; do gzip -c $l > $R/cache/$(basename $l).gz; done
-tar czf $OUT/call2.tar.gz -C $R . ; cp $R/fa-gpu/gpu_checks.json $OUT/ 2>/dev/null; cp $R/libstdcxx.txt $OUT/
+save; cp $R/fa-gpu/gpu_checks.json $OUT/ 2>/dev/null; cp $R/libstdcxx.txt $OUT/
 echo "call2 done in $(( $(date +%s) - T0 )) s"
