@@ -25,8 +25,12 @@ torch = pytest.importorskip("torch")
 CPP = textwrap.dedent("""\
     #include <torch/extension.h>
     int answer() { return 41; }
-    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); }
+    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); m.def("fail_int", &fail_int); }
     """)
+# flash-attn's left-out kernel check: a TORCH_CHECK that formats an int. With a static libstdc++
+# inside the extension it crashed (H200) or lost the message; linked right it raises.
+FAIL_INT = 'void fail_int(int v) { TORCH_CHECK(false, "built without head dim ", v, " kernels"); }\n'
+CPP = CPP.replace("int answer()", FAIL_INT + "int answer()")
 SETUP = textwrap.dedent("""\
     import os
     from setuptools import setup
@@ -43,12 +47,13 @@ PATCH = textwrap.dedent("""\
     diff --git a/csrc/tiny.cpp b/csrc/tiny.cpp
     --- a/csrc/tiny.cpp
     +++ b/csrc/tiny.cpp
-    @@ -1,3 +1,3 @@
+    @@ -1,4 +1,4 @@
      #include <torch/extension.h>
+     FAIL_INT
     -int answer() { return 41; }
     +int answer() { return 42; }
-     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); }
-    """)
+     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); m.def("fail_int", &fail_int); }
+    """).replace("FAIL_INT\n", FAIL_INT)
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +122,14 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
     assert meta["key"]["source"] == f"sha256:{world['sha']}"  # what bundles select builds by
     assert "tinyext._C" in res.modules
     assert answer(world["python"]) == "42"  # the patch reached the compiled code
+    # an int formatted into a TORCH_CHECK's message raises, whole, and the extension carries
+    # no libstdc++ of its own (the H200's static copy: ~100 exported basic_ostream symbols)
+    r = subprocess.run([world["python"], "-c", "import torch, tinyext._C as c; c.fail_int(64)"],
+                       capture_output=True, text=True, cwd="/")
+    assert r.returncode == 1 and "RuntimeError: built without head dim 64 kernels" in r.stderr, \
+        (r.returncode, r.stderr[-2000:])
+    from megatron_env.kernels import libstdcxx
+    assert libstdcxx.own_copies(res.wheel) == {}
     # a second node (or run) with the same inputs: no compiler may run
     monkeypatch.setenv("CXX", "/bin/false")
     monkeypatch.setenv("CC", "/bin/false")
