@@ -41,27 +41,41 @@ from megatron_env import recipes  # noqa: E402
 from megatron_env.host import parsers  # noqa: E402
 from megatron_env.host.resources import cores, mem_available, memory  # noqa: E402
 
-# Kernels outside the profile's variant (head dim 64, fp16): each call must raise the
-# variant's RuntimeError (or run, where the build has them), never crash the process.
-# One case per process (`-X faulthandler`): a case that kills its interpreter (seen on the H200,
-# 2026-12-03: SIGSEGV, empty stderr) leaves the others' answers, and the fault's Python stack and
-# the stage it reached ("call", "raised", "backward", "exit") show where it died.
-NOT_BUILT_CASES = (("bfloat16", 64), ("float16", 128))
+# Kernels outside the profile's variant: each call must raise the variant's RuntimeError (or
+# run, where the build has them), never crash the process. Every entry point that dispatches on
+# head dim and dtype: forward, backward (the low-level op, on a forward's shapes), varlen and
+# kvcache. One case per process (`-X faulthandler`): a case that kills its interpreter (seen on
+# the H200, 2026-12-03: SIGSEGV, empty stderr; a static libstdc++ inside the extension) leaves
+# the others' answers, and the stage it reached ("call", "raised", "exit") shows where it died.
+NOT_BUILT_CASES = (("forward", "bfloat16", 64), ("forward", "float16", 128),
+                   ("forward", "bfloat16", 256), ("backward", "bfloat16", 64),
+                   ("varlen", "bfloat16", 64), ("kvcache", "bfloat16", 64),
+                   ("kvcache", "float16", 128))
 NOT_BUILT_PROBE = """
 import json, sys, torch
-from flash_attn import flash_attn_func
-dtype, d = getattr(torch, sys.argv[1]), int(sys.argv[2])
+import flash_attn.flash_attn_interface as fa
+kind, dtype, d = sys.argv[1], getattr(torch, sys.argv[2]), int(sys.argv[3])
 print("stage call", flush=True)
-q = torch.randn(1, 128, 4, d, device="cuda", dtype=dtype, requires_grad=True)
+x = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype)
 try:
-    out = flash_attn_func(q, q, q)
-    print("stage backward", flush=True)
-    out.sum().backward()
+    if kind == "forward":
+        fa.flash_attn_func(x(1, 128, 4, d), x(1, 128, 4, d), x(1, 128, 4, d))
+    elif kind == "backward":
+        q = x(1, 128, 4, d)
+        lse = torch.zeros(1, 4, 128, device="cuda", dtype=torch.float32)
+        fa._flash_attn_backward(q, q, q, q, q, lse, None, None, None, 0.0, d ** -0.5, False,
+                                -1, -1, 0.0, None, False)
+    elif kind == "varlen":
+        cu = torch.tensor([0, 64, 128], device="cuda", dtype=torch.int32)
+        fa.flash_attn_varlen_func(x(128, 4, d), x(128, 4, d), x(128, 4, d), cu, cu, 64, 64)
+    else:
+        fa.flash_attn_with_kvcache(x(1, 1, 4, d), x(1, 256, 4, d), x(1, 256, 4, d),
+                                   cache_seqlens=128)
     torch.cuda.synchronize()
     print(json.dumps({"result": "ran"}), flush=True)
 except RuntimeError as e:
     print("stage raised", flush=True)
-    print(json.dumps({"result": str(e).splitlines()[0]}), flush=True)
+    print(json.dumps({"result": "raised", "message": str(e).splitlines()[0]}), flush=True)
 print("stage exit", flush=True)
 """
 
@@ -198,27 +212,32 @@ def all_kernels_profile(name: str | None, where: Path) -> str:
     return str(dest)
 
 
-def gpu_checks(python: str, out: Path, check: str, outside_variant: bool) -> dict:
+def gpu_checks(python: str, out: Path, check: str, outside_variant: bool,
+               head_dims: str = "128") -> dict:
     """On a GPU: scripts/gpu_health.py (the recipe's gpu_check, e.g. flash-attn against SDPA,
     forward and backward) and, for flash-attn, the probe for a head dim the variant left out."""
     r = subprocess.run([python, str(ROOT / "scripts" / "gpu_health.py"), "--size", "4096",
-                        "--out", str(out / "gpu_health")], capture_output=True, text=True)
+                        "--head-dims", head_dims, "--out", str(out / "gpu_health")],
+                       capture_output=True, text=True)
     (out / "gpu_health.txt").write_text(r.stdout + r.stderr)
     found: dict = {"gpu_health_rc": r.returncode}
     res = out / "gpu_health" / "results.json"
     if res.exists():
         found["kernels"] = json.loads(res.read_text())["gpus"][0]["kernels"]
         found["check"] = {"name": check, **found["kernels"].get(check, {"status": "absent"})}
+        found["attention"] = json.loads(res.read_text())["gpus"][0].get("attention")
     if not outside_variant:
         return found
     found["outside_variant"] = {}
-    for dtype, d in NOT_BUILT_CASES:
-        r = subprocess.run([python, "-X", "faulthandler", "-c", NOT_BUILT_PROBE, dtype, str(d)],
-                           capture_output=True, text=True, timeout=600)
+    for kind, dtype, d in NOT_BUILT_CASES:
+        r = subprocess.run([python, "-X", "faulthandler", "-c", NOT_BUILT_PROBE, kind, dtype,
+                            str(d)], capture_output=True, text=True, timeout=600)
         lines = r.stdout.splitlines()
-        answer = next((json.loads(x)["result"] for x in lines if x.startswith("{")), None)
-        found["outside_variant"][f"{dtype}-{d}"] = {
-            "rc": r.returncode, "result": answer,
+        answer = next((json.loads(x) for x in lines if x.startswith("{")), {})
+        found["outside_variant"][f"{kind}-{dtype}-{d}"] = {
+            "rc": r.returncode,
+            "result": answer.get("result") or ("crashed" if r.returncode < 0 else "error"),
+            "message": answer.get("message"),
             "stages": [x.split()[1] for x in lines if x.startswith("stage ")],
             "stderr_tail": r.stderr[-2000:]}
     return found
@@ -233,9 +252,20 @@ def main() -> int:
     p.add_argument("--full", action="store_true",
                    help="flash-attn: also build every head dim and dtype, for comparison")
     p.add_argument("--no-gpu-check", action="store_true")
+    p.add_argument("--gpu-checks-only", action="store_true",
+                   help="no build: check what is installed (gpu_health, left-out kernels)")
+    p.add_argument("--head-dims", default="128", help="gpu_health's attention head dims")
     a = p.parse_args()
 
     a.out.mkdir(parents=True, exist_ok=True)
+    if a.gpu_checks_only:
+        found = gpu_checks(a.python, a.out, recipes.get(a.package).gpu_check,
+                           outside_variant=a.package == "flash-attn", head_dims=a.head_dims)
+        doc = {"date": time.strftime("%Y-%m-%d"), "package": a.package,
+               "machine": machine(a.python), "gpu": found}
+        (a.out / "gpu_checks.json").write_text(json.dumps(doc, indent=2) + "\n")
+        print(json.dumps(found.get("outside_variant"), indent=1))
+        return 0
     argv = [sys.executable, "-m", "invoke", "build", a.package, "--python", a.python]
     result = {"date": time.strftime("%Y-%m-%d"), "package": a.package, "profile": a.profile,
               "machine": machine(a.python)}

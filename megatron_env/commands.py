@@ -48,9 +48,17 @@ def collect(out: str, force: bool = False) -> int:
 @command(snapshot="analyse a snapshot directory instead of this host")
 def check(profile: str | None = None, snapshot: str | None = None, json: bool = False) -> int:
     """Check whether this host (or a snapshot) can train the profile's stack at full speed."""
+    from megatron_env.host import attention
+
     prof = load_profile(profile)
     found = checks.evaluate(prof, Path(snapshot) if snapshot else None)
     source = snapshot or "this host"
+    # the attention backends gpu_health timed on this node (its default --out, or the
+    # snapshot's gpu_health.json as a preflight keeps it): the fastest is named
+    health = (Path(snapshot) / "gpu_health.json" if snapshot
+              else REPO_ROOT / "runs" / "gpu_health" / "results.json")
+    if att := attention.from_file(health, prof):
+        found.append(att)
     if json:
         findings.emit_json(found, profile=prof.name, source=source)
     else:

@@ -113,6 +113,8 @@ def _kernel_schema(r: Recipe) -> dict[str, Any]:
     """The pins a [kernels.<name>] table must give, by the recipe's kind of source."""
     common = {"variants": Field(list, _list_of(_one_of([v.name for v in r.variants])),
                                 required=False),
+              "build": Field(bool, required=False),  # false: pinned, not built (a kernel
+              #                                        torch already ships a faster one of)
               **{c.name: Field(list, _list_of(_one_of(["all", *c.values])), required=False)
                  for c in r.choices}}
     if r.source == "sdist":

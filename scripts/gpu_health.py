@@ -53,7 +53,123 @@ def rel_err(torch, out, ref) -> float:
     return float((out - ref).norm() / ref.norm())
 
 
-def gpu_report(torch, index: int, size: int) -> dict:
+# --- attention: which backend is fastest on this GPU, measured ------------------------------
+# A training-like shape: 4 sequences of 4096 tokens, hidden 4096 (heads = 4096 / head dim),
+# causal, bf16, forward + backward (what a training step runs).
+ATTN_SHAPE = {"batch": 4, "seq": 4096, "hidden": 4096, "causal": True, "dtype": "bfloat16"}
+
+
+def attention_flops(batch: int, seq: int, heads: int, head_dim: int, causal: bool) -> float:
+    """FLOPs of one forward + backward (flash-attn's own count): the forward's two matmuls are
+    4*b*s^2*h*d, halved when causal; the backward is 2.5x the forward."""
+    fwd = 4 * batch * seq * seq * heads * head_dim / (2 if causal else 1)
+    return 3.5 * fwd
+
+
+def fastest(backends: dict) -> str | None:
+    """The backend with the most TFLOP/s (None when nothing ran)."""
+    return max(backends, key=backends.get) if backends else None
+
+
+def attention_backends(torch) -> dict:
+    """name -> (layout, make(heads, head_dim) -> fn(q, k, v)) for every attention backend
+    present; `layout` is "bshd" (flash-attn, TE) or "bhsd" (SDPA). The SDPA backends are
+    pinned one at a time with torch.nn.attention.sdpa_kernel, so none falls back silently."""
+    found = {}
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        pass
+    else:
+        found["flash_attn"] = ("bshd", lambda h, d: lambda q, k, v: flash_attn_func(
+            q, k, v, causal=True))
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3
+        pass
+    else:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def pinned(backend):
+            def fn(q, k, v):
+                with sdpa_kernel(backend):
+                    return sdpa(q, k, v, is_causal=True)
+            return lambda h, d: fn
+
+        for name, which in (("sdpa_cudnn", "CUDNN_ATTENTION"), ("sdpa_flash", "FLASH_ATTENTION"),
+                            ("sdpa_efficient", "EFFICIENT_ATTENTION")):
+            if hasattr(SDPBackend, which):
+                found[name] = ("bhsd", pinned(getattr(SDPBackend, which)))
+    try:
+        import transformer_engine.pytorch as te
+    except Exception:  # noqa: BLE001 - absent or broken: te_check says which
+        pass
+    else:
+        def make_te(h, d):
+            m = te.DotProductAttention(h, d, attn_mask_type="causal", qkv_format="bshd")
+            return lambda q, k, v: m(q, k, v)
+        found["te"] = ("bshd", make_te)
+    return found
+
+
+def attention_report(torch, dev, head_dims=(128,), shape=None, reps=10) -> dict:
+    """TFLOP/s of each backend present, forward + backward, per head dim: the first head dim's
+    numbers are `backends` and `fastest`. A backend that cannot run a shape (a flash-attn build
+    without that head dim, SDPA's cuDNN backend on an old cuDNN) is listed under `skipped` with
+    its error, never fatal."""
+    shape = {**ATTN_SHAPE, **(shape or {})}
+    dtype = getattr(torch, shape["dtype"])
+    out: dict = {"shape": shape, "head_dims": list(head_dims), "by_head_dim": {},
+                 "skipped": {}}
+    present = attention_backends(torch)
+    for d in head_dims:
+        h = shape["hidden"] // d
+        b, s = shape["batch"], shape["seq"]
+        flops = attention_flops(b, s, h, d, shape["causal"])
+        q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        dout = torch.randn_like(q)
+        res = {}
+        for name, (layout, make) in present.items():
+            args = (q, k, v) if layout == "bshd" else tuple(
+                x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+            dy = dout if layout == "bshd" else dout.transpose(1, 2)
+            try:
+                fn = make(h, d)
+
+                def step(fn=fn, args=args, dy=dy):
+                    o = fn(*args)
+                    torch.autograd.grad(o, args, dy.reshape(o.shape))
+
+                t = timed(torch, step, warmup=2, reps=reps)
+                res[name] = round(flops / t / 1e12, 1)
+            except Exception as e:  # noqa: BLE001 - recorded per backend
+                out["skipped"][f"{name}@{d}"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        out["by_head_dim"][str(d)] = {"backends": res, "fastest": fastest(res)}
+        del q, k, v, dout
+        torch.cuda.empty_cache()
+    first = out["by_head_dim"][str(head_dims[0])]
+    out["backends"], out["fastest"] = first["backends"], first["fastest"]
+    return out
+
+
+def attention_finding(gpu: str, att: dict) -> dict:
+    """gpu.attention: the fastest backend, the others beside it, and when flash-attn is built
+    but slower, how much and how to stop compiling it (`invoke check` shows this finding)."""
+    tf, best = att["backends"], att["fastest"]
+    others = ", ".join(f"{n} {tf[n]}" for n in sorted(tf, key=lambda n: -tf[n]) if n != best)
+    summary = (f"{gpu}: fastest attention {best} ({tf[best]} TFLOP/s, head dim "
+               f"{att['head_dims'][0]}, causal bf16 fwd+bwd)" + (f"; {others}" if others else ""))
+    fix = ""
+    if "flash_attn" in tf and best != "flash_attn" and tf["flash_attn"] > 0:
+        summary += f"; flash-attn is {tf[best] / tf['flash_attn']:.1f}x slower than {best}"
+        fix = ("train without --use-flash-attn (Megatron then uses TE or torch's SDPA) and stop "
+               "compiling flash-attn: `build = false` under [kernels.flash-attn] in the profile")
+    return finding("gpu.attention", "pass", summary,
+                   [f"{k}: {v}" for k, v in att.get("skipped", {}).items()], fix)
+
+
+def gpu_report(torch, index: int, size: int, head_dims=(128,), attention=True) -> dict:
     torch.cuda.set_device(index)
     props = torch.cuda.get_device_properties(index)
     dev = torch.device("cuda", index)
@@ -75,6 +191,8 @@ def gpu_report(torch, index: int, size: int) -> dict:
            "copy_tbs": round(copy_tbs, 3), "kernels": {}}
     rep["kernels"].update(kernel_checks(torch, dev))
     torch.cuda.empty_cache()
+    if attention:
+        rep["attention"] = attention_report(torch, dev, head_dims)
     return rep
 
 
@@ -197,6 +315,8 @@ def judge(rep: dict) -> list[dict]:
                               f"({ratio:.0%} of {want} for {model})",
                               fix="" if status == "pass" else
                               "check clocks and throttling (invoke check: gpu.throttle)"))
+    if (att := rep.get("attention")) and att.get("fastest"):
+        fs.append(attention_finding(gpu, att))
     for name, k in rep["kernels"].items():
         if k["status"] == "skip":
             fs.append(finding(f"kernel.{name}", "skip", f"{gpu}: {name}: {k['why']}"))
@@ -220,6 +340,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=8192, help="GEMM edge (default 8192)")
     p.add_argument("--out", default="runs/gpu_health")
+    p.add_argument("--head-dims", default="128",
+                   help="attention head dims to time, comma-separated (the profile's)")
+    p.add_argument("--no-attention", action="store_true", help="leave the attention timing out")
     args = p.parse_args(argv)
     import torch
 
@@ -229,7 +352,9 @@ def main(argv=None) -> int:
         return 1
     local = os.environ.get("LOCAL_RANK")
     indices = [int(local)] if local is not None else list(range(torch.cuda.device_count()))
-    reports = [gpu_report(torch, i, args.size) for i in indices]
+    head_dims = tuple(int(x) for x in args.head_dims.split(",") if x)
+    reports = [gpu_report(torch, i, args.size, head_dims, not args.no_attention)
+               for i in indices]
     findings = [f for r in reports for f in judge(r)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -241,6 +366,11 @@ def main(argv=None) -> int:
         print(f"GPU{r['index']} {r['name']}: bf16 GEMM {r['gemm_bf16_tflops']} TFLOP/s, "
               f"copy {r['copy_tbs']} TB/s, kernels "
               + ", ".join(f"{k}={v['status']}" for k, v in r["kernels"].items()))
+        if a := r.get("attention"):
+            print(f"GPU{r['index']} attention (head dim {a['head_dims'][0]}, causal bf16, fwd+bwd, "
+                  "TFLOP/s): " + ", ".join(f"{k} {v}" for k, v in sorted(
+                      a["backends"].items(), key=lambda kv: -kv[1]))
+                  + f"; fastest {a['fastest']}")
     for f in findings:
         print(f"{f['id']:<18} {f['status']:<5} {f['summary']}")
     failed = any(f["status"] == "fail" for f in findings)

@@ -23,14 +23,18 @@ from .conftest import user_error
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 
-# pybind11 (from torch's include directory) rather than torch/extension.h: the machinery under
-# test is the same (torch's BuildExtension, its flags and libraries), and a compile takes seconds
-# instead of a minute of parsing every torch header on two cores. tests/test_build_cuda.py
-# compiles against torch's own headers.
+# pybind11 (from torch's include directory) and c10's TORCH_CHECK rather than torch/extension.h:
+# the machinery under test is the same (torch's BuildExtension, its flags and libraries), and a
+# compile takes seconds instead of a minute of parsing every torch header on two cores.
+# fail_int is flash-attn's left-out kernel check: a TORCH_CHECK that formats an int. With a
+# static libstdc++ inside the extension it crashed (H200) or lost the message; linked right it
+# raises.
 CPP = textwrap.dedent("""\
     #include <pybind11/pybind11.h>
+    #include <c10/util/Exception.h>
+    void fail_int(int v) { TORCH_CHECK(false, "built without head dim ", v, " kernels"); }
     int answer() { return 41; }
-    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); }
+    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); m.def("fail_int", &fail_int); }
     """)
 SETUP = textwrap.dedent("""\
     import os
@@ -48,11 +52,13 @@ PATCH = textwrap.dedent("""\
     diff --git a/csrc/tiny.cpp b/csrc/tiny.cpp
     --- a/csrc/tiny.cpp
     +++ b/csrc/tiny.cpp
-    @@ -1,3 +1,3 @@
+    @@ -1,5 +1,5 @@
      #include <pybind11/pybind11.h>
+     #include <c10/util/Exception.h>
+     void fail_int(int v) { TORCH_CHECK(false, "built without head dim ", v, " kernels"); }
     -int answer() { return 41; }
     +int answer() { return 42; }
-     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); }
+     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); m.def("fail_int", &fail_int); }
     """)
 
 
@@ -122,6 +128,14 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
     assert meta["key"]["source"] == f"sha256:{world['sha']}"  # what bundles select builds by
     assert "tinyext._C" in res.modules
     assert answer(world["python"]) == "42"  # the patch reached the compiled code
+    # an int formatted into a TORCH_CHECK's message raises, whole, and the extension carries
+    # no libstdc++ of its own (the H200's static copy: ~100 exported basic_ostream symbols)
+    r = subprocess.run([world["python"], "-c", "import torch, tinyext._C as c; c.fail_int(64)"],
+                       capture_output=True, text=True, cwd="/")
+    assert r.returncode == 1 and "RuntimeError: built without head dim 64 kernels" in r.stderr, \
+        (r.returncode, r.stderr[-2000:])
+    from megatron_env.kernels import libstdcxx
+    assert libstdcxx.own_copies(res.wheel) == {}
     # a second node (or run) with the same inputs: no compiler may run
     monkeypatch.setenv("CXX", "/bin/false")
     monkeypatch.setenv("CC", "/bin/false")
@@ -131,6 +145,18 @@ def test_build_cache_install_verify_then_cache_hit_without_compiler(world, tmp_p
     assert again.cache_hit and again.build_seconds is None and again.log is None
     assert answer(world["python"]) == "42"
     assert any("cache hit" in s for s in said)
+    # the same wheel is installed already: not rewritten (apex's 43 MB took seconds), and
+    # torch's facts come from the cache (no torch import before the one import check)
+    assert any("is installed already (same files)" in s for s in said), said
+    assert list((tmp_path / "cache" / "facts").glob("*.json"))
+    # a changed file of the installed package: reinstalled, not trusted
+    so = next(Path(again.modules["tinyext._C"]).parent.glob("_C*.so"))
+    so.write_bytes(so.read_bytes() + b"\0")
+    said.clear()
+    build.build_and_install(package(world), world["python"], [], patch_root=world["patches"],
+                            echo=said.append)
+    assert any("cache hit, installing" in s for s in said), said
+    assert answer(world["python"]) == "42"
 
 
 NODE = textwrap.dedent("""\
@@ -173,8 +199,8 @@ def test_compile_error_names_the_log_and_leaves_no_build_tree(world, tmp_path, m
     (root / "tinyext" / "1.0").mkdir(parents=True)
     # the error stands before any header, which the compiler then never parses
     (root / "tinyext" / "1.0" / "0001-typo.patch").write_text(PATCH.replace(
-        "@@ -1,3 +1,3 @@\n #include <pybind11/pybind11.h>",
-        "@@ -1,3 +1,4 @@\n+#include \"no_such_header.h\"\n #include <pybind11/pybind11.h>"))
+        "@@ -1,5 +1,5 @@\n #include <pybind11/pybind11.h>",
+        "@@ -1,5 +1,6 @@\n+#include \"no_such_header.h\"\n #include <pybind11/pybind11.h>"))
     key = build.build_and_install(package(world), world["python"], [], dry_run=True,
                                   patch_root=root, echo=lambda *_: None).key
     stale = tmp_path / "cache" / "build" / f"{key}.tmp-999999"  # a killed build's leftovers

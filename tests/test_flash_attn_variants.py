@@ -147,8 +147,10 @@ def test_dispatch_reaches_built_kernels_and_raises_for_the_others(patched, tmp_p
     assert out[:4] == ["ran bf16 128", "ran bf16 128", "ran bf16 64", "ran bf16 64"]
     assert out[4] == ("error flash-attn was built without its head dim 32 kernels, which "
                       "head_size 32 needs (this build has head dims 64 128; dtypes bf16): "
-                      "rebuild with head dim 32 in FLASH_ATTN_HDIMS")
+                      'add "32" to hdims under [kernels.flash-attn] in the profile (or ["all"]), '
+                      "then run invoke build flash-attn")
     assert out[5] == ("error flash-attn was built without its fp16 kernels (this build has "
-                      "head dims 64 128; dtypes bf16): rebuild with fp16 in FLASH_ATTN_DTYPES")
+                      'head dims 64 128; dtypes bf16): add "fp16" to dtypes under [kernels.flash-attn] '
+                      'in the profile (or ["all"]), then run invoke build flash-attn')
     assert out[6].startswith("error flash-attn was built without its head dim 256 kernels")
     assert len(out) == 7

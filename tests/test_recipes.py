@@ -70,10 +70,17 @@ TE_SUBMODULES = {"3rdparty/cutlass": "57e3cfb47a2d9e0d46eb6335c3dc411498efa198",
 def test_transformer_engine_resolves_with_pinned_submodules():
     te = build.packages(profile.load("core_v0.19.0-cu130"))["transformer-engine"]
     assert (te.pin, te.source.tag) == (TE_COMMIT, "v2.17.1")
-    assert te.source.submodules == tuple((p, f"https://github.com/NVIDIA/{p.split('/')[1]}.git",
-                                          c) for p, c in TE_SUBMODULES.items())
-    assert te.source.digest == f"git:{TE_COMMIT}" + "".join(f"+{p}@{c}"
-                                                            for p, c in TE_SUBMODULES.items())
+    # at TE's own pins both submodules are stood in for by pinned content (recipe: why)
+    assert te.source.submodules == ()
+    assert [(r.replaces, r.when, r.take) for r in te.source.resources] == [
+        ("3rdparty/cutlass", TE_SUBMODULES["3rdparty/cutlass"], ("include", "tools/util/include")),
+        ("3rdparty/cudnn-frontend", TE_SUBMODULES["3rdparty/cudnn-frontend"], ("include",)),
+        ("3rdparty/cudnn-frontend", TE_SUBMODULES["3rdparty/cudnn-frontend"],
+         ("cmake/cuDNN.cmake",))]
+    assert te.source.digest == (
+        f"git:{TE_COMMIT}+3rdparty/cutlass<tree:4ae78f8521f265590718b6b14868cc7c61a0a007"
+        "+3rdparty/cudnn-frontend<sha256:9a94a72d736bd79eb35f451aaf26d9493778e02ecabccc92c05425508c9e7a83"
+        "+3rdparty/cudnn-frontend<tree:0fdf136318fee402f6182cffbff27041dbe4d8a3")
     assert te.switches == {"NVTE_FRAMEWORK": "pytorch", "NVTE_WITH_NCCL_EP": "0",
                            "NVTE_NO_LOCAL_VERSION": "1",
                            "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1", "NVTE_CUDA_ARCHS": "90"}

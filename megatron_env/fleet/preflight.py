@@ -31,7 +31,7 @@ from typing import Any
 from megatron_env import REPO_ROOT, findings, output, proc, profile
 from megatron_env.errors import UserError
 from megatron_env.fleet import analysis, fingerprint
-from megatron_env.host import checks, snapshot
+from megatron_env.host import attention, checks, snapshot
 
 OVERRIDE_ENV = "MEGATRON_ENV_PREFLIGHT_OVERRIDE"
 HEALTH_FILE = "gpu_health.json"
@@ -57,7 +57,8 @@ def _no_gpu(snap: snapshot.Snapshot) -> str:
     return f"no GPU: {nvml['error']}; nvidia-smi {'not installed' if smi == 'missing' else smi}"
 
 
-def gpu_health(python: Path, snap: snapshot.Snapshot, out: Path, size: int) -> dict[str, Any]:
+def gpu_health(python: Path, snap: snapshot.Snapshot, out: Path, size: int,
+               head_dims: list[int] | tuple[int, ...] = (128,)) -> dict[str, Any]:
     """scripts/gpu_health.py on every GPU of this node (seconds), or a skip saying why."""
     if why := _no_gpu(snap):
         doc = {"skipped": why, "gpus": [], "findings": [
@@ -65,7 +66,8 @@ def gpu_health(python: Path, snap: snapshot.Snapshot, out: Path, size: int) -> d
     else:
         with tempfile.TemporaryDirectory(prefix="gpu-health-") as tmp:
             argv = [python, REPO_ROOT / "scripts" / "gpu_health.py", "--out", tmp,
-                    "--size", str(size)]
+                    "--size", str(size), "--head-dims",
+                    ",".join(map(str, head_dims))]
             env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
             r = proc.run(argv, env=env, timeout=600, log=out / "gpu_health.log")
             results = Path(tmp) / "results.json"
@@ -110,7 +112,7 @@ def run_node(run_dir: Path, profile_name: str | None, python: str | None, *,
     snap = snapshot.collect(out, echo=lambda *_: None)
     timings = {"collect": time.monotonic() - t0}
     if health:
-        gpu_health(py, snap, out, size)
+        gpu_health(py, snap, out, size, attention.head_dims(prof))
         timings["gpu_health"] = time.monotonic() - t0 - sum(timings.values())
     fp = fingerprint.collect(prof, py)
     (out / FINGERPRINT_FILE).write_text(json.dumps(fp, indent=2) + "\n")

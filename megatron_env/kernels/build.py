@@ -25,7 +25,7 @@ from pathlib import Path
 from megatron_env import digest, mutex, output, proc, recipes
 from megatron_env.errors import UserError
 from megatron_env.host import resources
-from megatron_env.kernels import ninjalog
+from megatron_env.kernels import libstdcxx, ninjalog
 from megatron_env.kernels.jobs import Jobs, derive
 from megatron_env.kernels.progress import Progress
 from megatron_env.kernels.toolkit import cuda_home, site_paths
@@ -36,16 +36,18 @@ from megatron_env.recipes.recipe import Package, source_var
 from megatron_env.sources import archive as archive_mod
 from megatron_env.sources import index, patches, repos
 from megatron_env.sources.given import Given
+from megatron_env.sources.resources import place as place_resource
 
 CACHE_DIR_ENV = repos.CACHE_ENV
 GIB = 2**30
 
 
 def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Package]:
-    """The kernel packages the profile builds: each [kernels.<name>] table with its recipe."""
+    """The kernel packages the profile builds: each [kernels.<name>] table with its recipe
+    (but those with `build = false`)."""
     archs = archs or profile.archs
     return {name: recipe.resolve(recipes.get(name), pins, archs)
-            for name, pins in profile.kernels.items()}
+            for name, pins in profile.kernels.items() if pins.get("build", True)}
 
 
 def cache_dir() -> Path:
@@ -63,11 +65,14 @@ def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
     root = cache or cache_dir()
     if src.repo:
         dest = root / "src" / f"{pkg.name}-{src.commit[:12]}"
-        if src.submodules:
+        if src.submodules or src.resources:
             dest = dest.with_name(f"{dest.name}-{digest.hexpart(digest.of(src.digest), 8)}")
         if not (dest / ".megatron-env-pristine").exists():
             for name, repo, commit, tag, path in git_sources(pkg):
                 repos.checkout(name, repo, tag, commit, dest / path, echo=echo, given=given)
+            for res in src.resources:  # pinned content in place of a submodule
+                echo(f"{pkg.name}: {res.path} from {res.origin} ({', '.join(res.take)})")
+                place_resource(res, dest, echo=echo)
             (dest / ".megatron-env-pristine").write_text(src.digest + "\n")
         return dest
     archive = sdist_archive(pkg, root)
@@ -175,6 +180,8 @@ class Plan:
         p = self.package
         out = [f"{p.name} {p.pin}" + (f" +{' +'.join(p.variants)}" if p.variants else ""),
                f"  source   {p.source.url or p.source.repo} ({p.source.digest})",
+               *(f"  resource {r.path}/{{{','.join(r.take)}}} from {r.origin} ({r.digest[:19]}), "
+                 f"for {r.replaces}@{r.when[:8]}: {r.why}" for r in p.source.resources),
                "  patches  " + (", ".join(x.name for x in self.patches) or "none"),
                f"  torch    {self.torch['torch']} (CUDA {self.torch['cuda']}, "
                f"{self.torch['tag']}, cxx11abi={self.torch['abi']})",
@@ -224,7 +231,7 @@ def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str,
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
          facts: dict | None = None) -> Plan:
     """`facts`: probe.torch_facts(python) when the caller has them already (one torch import)."""
-    facts = facts or probe.torch_facts(python)
+    facts = facts or torch_facts(python)
     series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
     build_env = {**os.environ, **pkg.switches,
                  "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -233,6 +240,8 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
         build_env["CUDA_HOME"] = str(home)
         build_env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     build_env.update(site_paths(pkg, facts.get("platlib")))
+    fixed = libstdcxx.shared_libstdcxx(build_env, cache_dir())
+    build_env.update(fixed)
     derived = max_jobs(pkg.gb_per_job, pkg.parallel_var)
     jobs, why = derived.max_jobs, derived.why
     build_env["MAX_JOBS"] = str(jobs)
@@ -242,8 +251,59 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
         why += "; ninja missing: builds will be serial"
     key_doc = cache_key_doc(pkg, series, facts["torch"], facts["cuda"], facts["tag"],
                             facts["abi"], archs)
+    if fixed:  # wheels linked before the fix carry a static libstdc++: another key
+        key_doc["libstdcxx"] = "shared"
     key = digest.hexpart(digest.of(key_doc), 32)
     return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
+
+
+def torch_facts(python: Path) -> dict:
+    """probe.torch_facts, remembered in the cache under torch's stamp (its _C extension's path,
+    size and mtime): the C++ ABI needs `import torch` (seconds), the rest is read from files.
+    A cache hit thus costs no torch import before the install check's one."""
+    cheap = probe.torch_stamp(python)
+    if not cheap.get("stamp") or not cheap.get("torch"):
+        return probe.torch_facts(python)  # its error says what is wrong
+    known = cache_dir() / "facts" / f"{digest.hexpart(digest.of(cheap), 24)}.json"
+    try:
+        return json.loads(known.read_text())
+    except (OSError, json.JSONDecodeError):
+        pass
+    facts = probe.torch_facts(python)
+    known.parent.mkdir(parents=True, exist_ok=True)
+    tmp = known.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(facts))
+    os.replace(tmp, known)
+    return facts
+
+
+def installed_from(wheel: Path, platlib: str | None) -> bool:
+    """Is the wheel's content already installed in `platlib`, file for file (the installed
+    RECORD names every file of the wheel with the same hash, and each is there at its size)?
+    Then a reinstall would rewrite the same bytes: a repeated cache hit skips it."""
+    if not platlib:
+        return False
+    with zipfile.ZipFile(wheel) as z:
+        record = next((n for n in z.namelist() if n.endswith(".dist-info/RECORD")), None)
+        if record is None:
+            return False
+        info = record.rsplit("/", 1)[0]
+        want = {tuple(line.split(",")[:3]) for line in z.read(record).decode().splitlines()
+                if line and not line.startswith(info + "/")}
+    try:
+        have = (Path(platlib) / info / "RECORD").read_text().splitlines()
+    except OSError:
+        return False
+    have_set = {tuple(line.split(",")[:3]) for line in have if line}
+    if not want <= have_set:
+        return False
+    for path, _hash, size in want:
+        try:
+            if size and (Path(platlib) / path).stat().st_size != int(size):
+                return False
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 # --- build, cache, install, verify -----------------------------------------------------------
@@ -296,6 +356,14 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                         "not cached", fix="a Python-only build is not a build: check the build "
                                           f"log ({log}) for skipped extensions",
                         kind="build.python-only")
+                if own := libstdcxx.own_copies(wheel):
+                    raise UserError(
+                        f"{pkg.name}: {', '.join(own)} carries its own libstdc++ ("
+                        f"{max(own.values())} basic_ostream symbols exported); it was not cached: "
+                        "a TORCH_CHECK formatting a number can crash in it",
+                        fix="the compiler linked libstdc++ statically: give it a libstdc++.so "
+                            f"(LDFLAGS=-L<dir>), or use a complete g++ (log: {log})",
+                        kind="build.static-libstdcxx")
                 staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
                 staging.mkdir()
                 shutil.copy(wheel, staging / wheel.name)
@@ -312,12 +380,20 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                     shutil.rmtree(d, ignore_errors=True)
             wheels = list(slot.glob("*.whl"))
     wheel = wheels[0]
-    echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
-    r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
-                  wheel], env=uv.env(), timeout=1800)
-    if not r.ok:
-        raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
-    missing, facts = probe.missing_modules(python, pkg.modules)
+    t_install = time.monotonic()
+    if hit and installed_from(wheel, p.torch.get("platlib")):
+        echo(f"{pkg.name}: cache hit, {wheel.name} is installed already (same files)")
+    else:
+        echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
+        r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
+                      wheel], env=uv.env(), timeout=1800)
+        if not r.ok:
+            raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
+    t_verify = time.monotonic()
+    missing, facts = probe.imports(python, pkg.modules)
+    echo(f"{pkg.name}: plan {t_install - t0 - (built_in or 0):.1f} s, install "
+         f"{t_verify - t_install:.1f} s, import check {time.monotonic() - t_verify:.1f} s"
+         + (f", build {built_in:.0f} s" if built_in else ""))
     if missing:
         raise UserError(f"{pkg.name} installed without its compiled modules "
                         f"{', '.join(missing)}: " + "; ".join(facts["errors"])[-500:],
@@ -397,6 +473,9 @@ def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:
     if which == "all":
         return list(pkgs.values())
     recipes.get(which)  # an unknown name: the error lists the declared recipes
+    if which not in pkgs and which in profile.kernels:
+        raise UserError(f"profile {profile.name} says build = false for {which}",
+                        fix=f"remove `build = false` from [kernels.{which}] in {profile.path}")
     if which not in pkgs:
         raise UserError(f"profile {profile.name} pins no {which}",
                         fix=f"add a [kernels.{which}] table to {profile.path}",

@@ -66,3 +66,4 @@ def site_paths(pkg: Package, platlib: str | None) -> dict[str, str]:
                             kind="build.site-paths")
         out[var] = os.pathsep.join([*map(str, dirs), *filter(None, [os.environ.get(var)])])
     return out
+

@@ -139,6 +139,63 @@ _TORCH = ("import json, sys, sysconfig, torch; print(json.dumps({'torch': torch.
           "'tag': sys.implementation.cache_tag, 'platlib': sysconfig.get_path('platlib')}))")
 
 
+_IMPORTS = r"""
+import importlib, json, sys
+out = {"imported": {}, "errors": []}
+try:
+    import torch  # extensions need its libraries loaded first
+except Exception as e:
+    out["errors"].append("import torch: %s: %s" % (type(e).__name__, e))
+for name in sys.argv[1:]:
+    try:
+        out["imported"][name] = getattr(importlib.import_module(name), "__file__", None)
+    except Exception as e:
+        out["errors"].append("import %s: %s: %s" % (name, type(e).__name__, e))
+print(json.dumps(out))
+"""
+
+
+def imports(python: Path | str, modules: tuple[str, ...] | list[str]) -> tuple[list[str], dict]:
+    """(the modules that do not import, in order; {imported, errors}): one interpreter that
+    imports torch and the modules and nothing else (no distribution listing, no cuDNN or NCCL
+    query): what a kernel's install check needs, in the time of one torch import."""
+    r = proc.run([str(python), "-c", _IMPORTS, *modules], timeout=600,
+                 cwd=tempfile.gettempdir())
+    if not r.ok:
+        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
+    facts = json.loads(r.stdout.strip().splitlines()[-1])
+    return [m for m in modules if m not in facts["imported"]], facts
+
+
+_STAMP = r"""
+import glob, json, os, sys, sysconfig
+from importlib import util
+spec = util.find_spec("torch")
+root = os.path.dirname(spec.origin) if spec and spec.origin else None
+ns = {}
+if root and os.path.exists(os.path.join(root, "version.py")):
+    with open(os.path.join(root, "version.py")) as f:
+        exec(f.read(), ns)
+lib = sorted(glob.glob(os.path.join(root or "/nonexistent", "_C.*.so")))
+st = os.stat(lib[0]) if lib else None
+print(json.dumps({"torch": ns.get("__version__"), "cuda": ns.get("cuda"),
+                  "tag": sys.implementation.cache_tag, "platlib": sysconfig.get_path("platlib"),
+                  "stamp": [lib[0], st.st_size, st.st_mtime_ns] if st else None}))
+"""
+
+
+def torch_stamp(python: Path) -> dict:
+    """torch's version, CUDA, the Python tag and platlib read from files, without importing
+    torch (50 ms instead of seconds), and `stamp`: the path, size and mtime of torch's _C
+    extension, which changes whenever torch does (None when torch is not found): a key under
+    which torch_facts' C++ ABI can be remembered."""
+    r = proc.run([python, "-c", _STAMP], timeout=120, cwd="/")
+    if not r.ok:
+        raise UserError(f"{python} does not run: {r.tail(3)}",
+                        fix="build the environment first (`invoke env`)")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def torch_facts(python: Path) -> dict:
     """What a compiled extension depends on: torch's version, its CUDA, C++ ABI, the Python tag."""
     r = proc.run([python, "-c", _TORCH], timeout=300, cwd="/")

@@ -44,6 +44,42 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class Resource:
+    """Content placed into the source tree in place of a submodule, pinned by a content hash
+    (Spack's `resource(..., when=...)`): used when the submodule's own commit cannot be fetched,
+    or when the build reads a few of its paths out of a large repository.
+
+    Active when the profile pins the submodule `replaces` at `when`; another pin checks the
+    submodule out whole, as before. Exactly one origin:
+    - `wheel` (a file name on the package index) + `sha256`: `take` are directories inside it;
+    - `repo` + `commit` + `tree`: `take` are paths at that commit, `tree` the git tree id of
+      those paths together (what `git write-tree` gives for an index holding only them), so a
+      tarball of them (offline) is checked as strictly as the repository itself.
+    Offline, MEGATRON_ENV_SOURCE_<NAME> names a local copy: the wheel, or a directory or tar of
+    the `take` paths. `why` says why this stands in for the submodule: the plan prints it."""
+
+    name: str  # also the MEGATRON_ENV_SOURCE_<NAME> variable
+    path: str  # where `take` lands in the tree (the submodule's path)
+    replaces: str  # the submodule (its path in recipe.submodules) this stands in for
+    when: str  # ... when the profile pins it at this commit
+    take: tuple[str, ...]
+    why: str
+    wheel: str = ""
+    sha256: str = ""
+    repo: str = ""
+    commit: str = ""
+    tree: str = ""
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.sha256}" if self.wheel else f"tree:{self.tree}"
+
+    @property
+    def origin(self) -> str:
+        return self.wheel or f"{self.repo}@{self.commit[:12]}"
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str  # the distribution; also patches/<name>/<pin>/ and the profile's [kernels.<name>]
     about: str
@@ -51,6 +87,7 @@ class Recipe:
     sdist: str = ""  # file name of a release's sdist, "{version}" filled in (sdist recipes)
     repo: str = ""  # upstream repository (git recipes); MEGATRON_ENV_MIRROR_<NAME> replaces it
     submodules: Mapping[str, str] = field(default_factory=dict)  # path -> repo; profile pins each
+    resources: tuple[Resource, ...] = ()  # content standing in for a submodule at a given pin
     env: Mapping[str, str] = field(default_factory=dict)  # always in the build's environment
     build_options: tuple[str, ...] = ()  # always passed as config setting --build-option
     metadata_env: Mapping[str, str] = field(default_factory=dict)  # reading metadata, no compile
@@ -89,13 +126,15 @@ class Source:
     repo: str | None = None
     commit: str | None = None
     tag: str | None = None
-    submodules: tuple[tuple[str, str, str], ...] = ()
+    submodules: tuple[tuple[str, str, str], ...] = ()  # checked out whole from git
+    resources: tuple[Resource, ...] = ()  # placed from pinned content instead
 
     @property
     def digest(self) -> str:
         if self.sha256:
             return f"sha256:{self.sha256}"
-        return f"git:{self.commit}" + "".join(f"+{p}@{c}" for p, _r, c in self.submodules)
+        return (f"git:{self.commit}" + "".join(f"+{p}@{c}" for p, _r, c in self.submodules)
+                + "".join(f"+{r.path}<{r.digest}" for r in self.resources))
 
 
 @dataclass(frozen=True)
@@ -158,10 +197,13 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
         url = recipe.sdist.format(version=version)
         source, pin = Source(sha256=pins["sha256"], url=url), version
     else:
-        subs = tuple((path, repo, pins["submodules"][path])
-                     for path, repo in recipe.submodules.items())
+        pinned = pins.get("submodules", {})
+        used = tuple(r for r in recipe.resources if pinned.get(r.replaces) == r.when)
+        stood_in = {r.replaces for r in used}
+        subs = tuple((path, repo, pinned[path]) for path, repo in recipe.submodules.items()
+                     if path not in stood_in)
         source = Source(repo=recipe.repo, commit=pins["commit"], tag=pins.get("tag"),
-                        submodules=subs)
+                        submodules=subs, resources=used)
         pin = pins["commit"]
     return Package(recipe.name, pin, source, switches=env, modules=tuple(modules),
                    cuda=recipe.cuda, gb_per_job=recipe.gib_per_job * at_once,

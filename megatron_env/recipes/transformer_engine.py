@@ -1,10 +1,23 @@
 """transformer-engine: NVIDIA Transformer Engine for PyTorch (Megatron's TE layer spec).
 
-Built from the git tag with two pinned submodules: cutlass (header-only GEMM templates) and
-cudnn-frontend (headers and the CMake finder of cuDNN, at the fixed path
-3rdparty/cudnn-frontend; TE's CMake has no variable to point elsewhere). Offline, each comes
-from a local bare repository holding the pinned commit: MEGATRON_ENV_MIRROR_TRANSFORMER_ENGINE,
-..._TRANSFORMER_ENGINE_3RDPARTY_CUTLASS and ..._TRANSFORMER_ENGINE_3RDPARTY_CUDNN_FRONTEND.
+Built from the git tag with two pinned submodules, each read by TE's CMake from a fixed path
+(transformer_engine/common/CMakeLists.txt has no variable to point elsewhere):
+- 3rdparty/cutlass (header-only GEMM templates): the build reads include/ and
+  tools/util/include/ only (28 MiB of a repository whose depth-1 pack is ~29 MB compressed), so
+  at TE's pin 57e3cfb4 those two paths are taken, pinned by their git tree id: `git archive`
+  from the repository, or (offline) a tar of them in MEGATRON_ENV_SOURCE_CUTLASS_HEADERS.
+- 3rdparty/cudnn-frontend: TE's pin e46d7082 (FE 1.25.0) is in no fetchable mirror (they end
+  at v1.23.0), and the build reads only include/ (the headers) and cmake/cuDNN.cmake (the
+  finder of cuDNN that defines CUDNN::cudnn_all). The headers come from NVIDIA's own release
+  artefact of FE 1.25.0, the wheel nvidia-cudnn-frontend 1.25.0 (its include/ is the tag's: in
+  1.23.0 all 92 headers have the tag's git blob ids; 1.25.0 adds node/rope*.h), pinned by
+  sha256. The wheel has no cmake/ and 1.25.0 has no sdist, so cuDNN.cmake comes from v1.23.0
+  (fb682ce7), pinned by tree id: TE's CMake did not change across FE 1.23 -> 1.25, it uses only
+  CUDNN::cudnn_all, and every variant of the file finds and links the same cuDNN 9 libraries.
+  Offline: MEGATRON_ENV_SOURCE_CUDNN_FRONTEND_HEADERS (the wheel) and
+  MEGATRON_ENV_SOURCE_CUDNN_FRONTEND_CMAKE (a tar of cmake/cuDNN.cmake).
+A profile pinning other submodule commits checks each submodule out whole from git, as before.
+TE itself offline: MEGATRON_ENV_MIRROR_TRANSFORMER_ENGINE (a bare repository with the commit).
 
 Switches: PyTorch only (otherwise it builds for every framework it can import, jax too); no
 NCCL EP (on by default, it builds 3rdparty/nccl, needs NCCL >= 2.30 and is absent from release
@@ -21,7 +34,10 @@ loads libtransformer_engine.so and registers transformer_engine_torch. Both shar
 inside the transformer_engine package of the wheel.
 """
 
-from megatron_env.recipes.recipe import Recipe
+from megatron_env.recipes.recipe import Recipe, Resource
+
+CUTLASS = "57e3cfb47a2d9e0d46eb6335c3dc411498efa198"  # TE v2.17.1's 3rdparty/cutlass
+FRONTEND = "e46d7082450264ce05cf898f8740011c4896f817"  # TE v2.17.1's 3rdparty/cudnn-frontend
 
 RECIPE = Recipe(
     name="transformer-engine",
@@ -30,6 +46,25 @@ RECIPE = Recipe(
     repo="https://github.com/NVIDIA/TransformerEngine.git",
     submodules={"3rdparty/cutlass": "https://github.com/NVIDIA/cutlass.git",
                 "3rdparty/cudnn-frontend": "https://github.com/NVIDIA/cudnn-frontend.git"},
+    resources=(
+        Resource("cutlass-headers", "3rdparty/cutlass", "3rdparty/cutlass", CUTLASS,
+                 ("include", "tools/util/include"),
+                 "the build reads these two header trees only",
+                 repo="https://github.com/NVIDIA/cutlass.git", commit=CUTLASS,
+                 tree="4ae78f8521f265590718b6b14868cc7c61a0a007"),
+        Resource("cudnn-frontend-headers", "3rdparty/cudnn-frontend", "3rdparty/cudnn-frontend",
+                 FRONTEND, ("include",),
+                 "FE 1.25.0's headers from its release wheel; the commit is in no mirror",
+                 wheel="nvidia_cudnn_frontend-1.25.0-cp312-cp312-manylinux_2_27_x86_64."
+                       "manylinux_2_28_x86_64.whl",
+                 sha256="9a94a72d736bd79eb35f451aaf26d9493778e02ecabccc92c05425508c9e7a83"),
+        Resource("cudnn-frontend-cmake", "3rdparty/cudnn-frontend", "3rdparty/cudnn-frontend",
+                 FRONTEND, ("cmake/cuDNN.cmake",),
+                 "the cuDNN finder TE's CMake includes; not in the wheel, same links since 1.19",
+                 repo="https://github.com/NVIDIA/cudnn-frontend.git",
+                 commit="fb682ce761a2705e40f9b5d528737a3e0eb33cec",  # v1.23.0
+                 tree="0fdf136318fee402f6182cffbff27041dbe4d8a3"),
+    ),
     env={"NVTE_FRAMEWORK": "pytorch", "NVTE_WITH_NCCL_EP": "0", "NVTE_NO_LOCAL_VERSION": "1",
          "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1"},
     site_paths={"CPATH": ("nvidia/cudnn/include", "nvidia/nccl/include"),

@@ -1,0 +1,129 @@
+"""Resources: pinned content placed into a source tree in place of a submodule.
+
+A recipe declares them (recipes/recipe.py: `Resource`); this module fetches, verifies and places
+them. Two origins, each pinned by a content hash:
+- a wheel on the package index, by file name and sha256: downloaded with `pip download
+  --only-binary` (a wheel runs nothing when it is fetched), or given as a local file;
+- paths of a git repository at a commit, pinned by the git tree id of those paths together:
+  `git archive` from a mirror, or a local directory or tar of the same paths, which is checked
+  by recomputing that tree id (so an offline copy is held to the repository's own hash).
+MEGATRON_ENV_SOURCE_<NAME> names the local copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from megatron_env import digest, output, proc
+from megatron_env.errors import UserError
+from megatron_env.recipes.recipe import Resource, source_var
+from megatron_env.sources import index, repos
+
+
+def tree_id(root: Path, paths: tuple[str, ...]) -> str:
+    """The git tree id of `paths` under `root` together: the root tree of an index holding
+    only them (file modes included, as git records them)."""
+    with tempfile.TemporaryDirectory(prefix="tree-") as tmp:
+        env = {**os.environ, "GIT_DIR": str(Path(tmp) / "git"), "GIT_WORK_TREE": str(root),
+               "GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_CEILING_DIRECTORIES": tmp}
+        r = proc.run(["git", "init", "-q", "--bare", Path(tmp) / "git"], timeout=60,
+                     env={k: v for k, v in env.items() if k != "GIT_WORK_TREE"})
+        if r.ok:
+            r = proc.run(["git", "add", "-f", "--", *paths], cwd=root, timeout=600, env=env)
+        if r.ok:
+            r = proc.run(["git", "write-tree"], cwd=root, timeout=600, env=env)
+        if r.missing:
+            raise UserError("git is not installed", fix="install git (apt-get install git)")
+        if not r.ok:
+            raise UserError(f"cannot hash {', '.join(paths)} under {root}: {r.tail(2)}")
+        return r.stdout.strip()
+
+
+def _unpack(local: Path, dest: Path) -> None:
+    """A directory is copied, a tar (any compression) extracted."""
+    if local.is_dir():
+        shutil.copytree(local, dest, symlinks=True, dirs_exist_ok=True)
+        return
+    try:
+        with tarfile.open(local) as tar:
+            tar.extractall(dest, filter="data")
+    except (tarfile.TarError, OSError) as e:
+        raise UserError(f"{local}: not a directory or a readable tar ({e})",
+                        fix="give a directory or a tar of the resource's paths") from None
+
+
+def _from_git(res: Resource, dest: Path, echo) -> None:
+    git_dir = repos.mirror(res.name, res.repo, echo=echo)
+    archive = dest.with_suffix(".tar")
+    r = proc.run(["git", "--git-dir", git_dir, "archive", "--format=tar", "-o", archive,
+                  res.commit, "--", *res.take], timeout=1800)
+    if not r.ok:
+        raise UserError(f"{res.name}: {', '.join(res.take)} at {res.commit} not found in "
+                        f"{repos.repo_url(res.name, res.repo)}: {r.tail(2)}",
+                        fix="check the mirror; it must hold the pinned commit")
+    _unpack(archive, dest)
+    archive.unlink()
+
+
+def _wheel(res: Resource, where: Path, echo) -> Path:
+    """The pinned wheel file: the local copy, or fetched from the configured index by its file
+    name (sources/index.py: checked by sha256, nothing of it run)."""
+    if local := os.environ.get(source_var(res.name)):
+        return Path(local)
+    echo(f"{res.name}: fetching {res.wheel} from the package index")
+    project = res.wheel.split("-")[0]
+    try:
+        got = index.fetch(project, res.wheel, res.sha256 or "", where / res.wheel, echo=echo)
+    except UserError as e:
+        raise UserError(f"cannot fetch {res.wheel}: {e.message}",
+                        fix=f"set {source_var(res.name)} to a copy of that wheel",
+                        kind=e.kind or "source.unreachable") from None
+    return got.path
+
+
+def place(res: Resource, tree: Path, echo=output.status) -> None:
+    """Fetch `res`, check its hash and put its `take` paths under tree/res.path."""
+    with tempfile.TemporaryDirectory(prefix=f"{res.name}-", dir=tree.parent) as tmp:
+        work = Path(tmp) / "content"
+        work.mkdir()
+        local = os.environ.get(source_var(res.name))
+        if res.wheel:
+            whl = _wheel(res, Path(tmp), echo)
+            got = digest.hexpart(digest.of_file(whl), 64)
+            if got != res.sha256:
+                raise UserError(f"{res.name}: {whl} has sha256 {got}, the recipe pins "
+                                f"{res.sha256}", fix=f"use the original {res.wheel}")
+            with zipfile.ZipFile(whl) as z:
+                members = [m for m in z.namelist()
+                           if any(m == t or m.startswith(t.rstrip("/") + "/") for t in res.take)]
+                z.extractall(work, members)
+        else:
+            if local:
+                _unpack(Path(local), work)
+                tops = list(work.iterdir())
+                if (len(tops) == 1 and tops[0].is_dir()
+                        and not any((work / t).exists() for t in res.take)):
+                    work = tops[0]  # a tar of one top directory (cutlass/include ...)
+            else:
+                _from_git(res, work, echo)
+            missing = [t for t in res.take if not (work / t).exists()]
+            got = "" if missing else tree_id(work, res.take)
+            if got != res.tree:
+                where = local or f"{res.repo}@{res.commit}"
+                raise UserError(
+                    f"{res.name}: {where} " + (f"lacks {', '.join(missing)}" if missing else
+                                               f"holds tree {got}, the recipe pins {res.tree}"),
+                    fix=f"give {source_var(res.name)} the paths {', '.join(res.take)} of "
+                        f"{res.commit} (git archive {res.commit} {' '.join(res.take)})")
+        target = tree / res.path
+        for t in res.take:
+            if not (work / t).exists():
+                raise UserError(f"{res.name}: {res.origin} holds no {t}",
+                                fix="check the recipe's `take`")
+            (target / t).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(work / t, target / t)
