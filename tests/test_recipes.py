@@ -7,7 +7,7 @@ from pathlib import Path
 
 from megatron_env import commands, profile, recipes
 from megatron_env.findings import Finding
-from megatron_env.kernels import build
+from megatron_env.kernels import build, compiler
 from megatron_env.recipes import recipe
 from megatron_env.setup import pipeline
 
@@ -99,12 +99,12 @@ def test_wheel_check_looks_for_the_declared_libraries(tmp_path):
         z.writestr("transformer_engine/__init__.py", "")
         z.writestr("transformer_engine/libtransformer_engine.so", "")
         z.writestr("transformer_engine/pytorch/__init__.py", "")
-    assert build._not_in_wheel(wheel, te.wheel_libraries) == [
+    assert compiler.missing_libraries(wheel, te.wheel_libraries) == [
         "transformer_engine/transformer_engine_torch"]
     with zipfile.ZipFile(wheel, "a") as z:
         z.writestr("transformer_engine/transformer_engine_torch.cpython-312-x86_64-linux-gnu.so",
                    "")
-    assert build._not_in_wheel(wheel, te.wheel_libraries) == []
+    assert compiler.missing_libraries(wheel, te.wheel_libraries) == []
 
 
 def _toolkit(root: Path) -> Path:

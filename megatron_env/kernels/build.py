@@ -25,9 +25,8 @@ from pathlib import Path
 from megatron_env import digest, mutex, output, proc, recipes
 from megatron_env.errors import UserError
 from megatron_env.host import resources
-from megatron_env.kernels import libstdcxx, ninjalog
+from megatron_env.kernels import compiler, libstdcxx
 from megatron_env.kernels.jobs import Jobs, derive
-from megatron_env.kernels.progress import Progress
 from megatron_env.kernels.toolkit import cuda_home, site_paths
 from megatron_env.profile import Profile
 from megatron_env.pyenv import probe, uv
@@ -349,8 +348,9 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                 patches.apply_series(pristine, work, p.patches)
                 for x in p.patches:
                     echo(f"{pkg.name}: applied {x.name}")
-                built_in, wheel = _compile(p, work, log, echo)
-                if absent := _not_in_wheel(wheel, pkg.wheel_libraries):
+                built_in, wheel = compiler.compile_wheel(pkg.name, p.python, p.env,
+                                                         pkg.build_options, work, log, echo)
+                if absent := compiler.missing_libraries(wheel, pkg.wheel_libraries):
                     raise UserError(
                         f"{pkg.name}: the wheel has no compiled {', '.join(absent)}; it was "
                         "not cached", fix="a Python-only build is not a build: check the build "
@@ -367,7 +367,7 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                 staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
                 staging.mkdir()
                 shutil.copy(wheel, staging / wheel.name)
-                timings = _keep_ninja_logs(work, staging / "ninja-logs")
+                timings = compiler.keep_ninja_logs(work, staging / "ninja-logs")
                 (staging / "meta.json").write_text(json.dumps(
                     {"plan": p.lines(), "max_jobs": p.max_jobs, "why_jobs": p.why_jobs,
                      "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -376,7 +376,7 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                     indent=2) + "\n")
                 os.replace(staging, slot)
             finally:
-                for d in (work, _dist_dir(work)):
+                for d in (work, compiler.dist_dir(work)):
                     shutil.rmtree(d, ignore_errors=True)
             wheels = list(slot.glob("*.whl"))
     wheel = wheels[0]
@@ -410,60 +410,6 @@ def _sweep(key: str, cache: Path) -> None:
     for pattern in (f"build/{key}.tmp-*", f"wheels/{key}.tmp-*"):
         for d in cache.glob(pattern):
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _not_in_wheel(wheel: Path, libraries: tuple[str, ...]) -> list[str]:
-    """The libraries (a/b) without a shared object in the wheel (a/b.<abi tag>.so, a/b.so)."""
-    with zipfile.ZipFile(wheel) as z:
-        names = z.namelist()
-    return [lib for lib in libraries
-            if not any(n.startswith(lib + ".") and n.endswith(".so") for n in names)]
-
-
-def _keep_ninja_logs(work: Path, dest: Path) -> dict:
-    """Copy each extension's .ninja_log (per object: start, end) out of the build tree before
-    it is removed, and summarise them (slowest objects, parallelism): where the time went."""
-    found = sorted(work.rglob(".ninja_log"))
-    kept = []
-    for i, f in enumerate(found):
-        dest.mkdir(parents=True, exist_ok=True)
-        kept.append(dest / f"{i:02d}-{f.parent.name}.ninja_log")
-        shutil.copy(f, kept[-1])
-    try:
-        return ninjalog.summary(ninjalog.read(kept))
-    except ninjalog.NinjaLogError as e:  # a ninja this module does not read: keep the files
-        return {"error": str(e)}
-
-
-def _dist_dir(work: Path) -> Path:
-    return work.parent / f"{work.name}-dist"
-
-
-def _compile(p: Plan, work: Path, log: Path, echo) -> tuple[float, Path]:
-    out = _dist_dir(work)
-    shutil.rmtree(out, ignore_errors=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    echo(f"{p.package.name}: building a wheel (log: {log})")
-    last = [0.0]
-    counts = Progress()
-
-    def progress(line: str) -> None:
-        if counts.feed(line) and time.monotonic() - last[0] > 5:
-            last[0] = time.monotonic()
-            echo(counts.line(p.package.name, time.monotonic() - t0))
-
-    # switches a setup.py reads from sys.argv only: setuptools appends them to bdist_wheel's
-    options = (["--config-setting=--build-option=" + " ".join(p.package.build_options)]
-               if p.package.build_options else [])
-    r = proc.run([uv.exe(), "build", "--wheel", "--no-build-isolation", "--python", p.python,
-                  *options, "--out-dir", out, work], env={**p.env, "UV_PYTHON_DOWNLOADS": "never"},
-                 timeout=None, log=log, stream=True, on_line=progress)
-    wheels = list(out.glob("*.whl"))
-    if not r.ok or not wheels:
-        raise UserError(f"building {p.package.name} failed after {time.monotonic() - t0:.0f} s:"
-                        f"\n{r.tail(15)}", fix=f"full log: {log}", kind="build.failed")
-    return time.monotonic() - t0, wheels[0]
 
 
 def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:
