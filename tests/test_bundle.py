@@ -404,8 +404,15 @@ def test_a_bundle_made_by_a_tool_without_torch_takes_the_sdist_from_the_index(
 
     from .test_index import RAISES, Index
 
-    assert subprocess.run([sys.executable, "-c", "import torch"],
-                          capture_output=True).returncode != 0
+    # the tool's interpreter without torch: where the test venv has it, a torch that cannot be
+    # imported stands first on the path (a fresh `pip install -e .` has none at all)
+    no_torch = tmp_path / "no-torch"
+    (no_torch / "torch").mkdir(parents=True)
+    (no_torch / "torch" / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named \'torch\'", name="torch")\n')
+    path = f"{no_torch}{os.pathsep}{repo}"
+    assert subprocess.run([sys.executable, "-c", "import torch"], capture_output=True,
+                          env={**os.environ, "PYTHONPATH": path}).returncode != 0
     env = fake_kernel_sources(repo, tmp_path, setup_py=RAISES)
     sdists = {k: Path(v) for k, v in env.items() if k.startswith("MEGATRON_ENV_SOURCE_")}
     pkgs = build.packages(profile.load_file(repo / "envs" / PROFILE / "profile.toml"))
@@ -420,7 +427,7 @@ def test_a_bundle_made_by_a_tool_without_torch_takes_the_sdist_from_the_index(
     try:
         r = make_bundle(repo, tmp_path, [toolhouse], "--out", out, "--adopt",
                         env_over={**{k: None for k in sdists}, "PIP_NO_INDEX": None,
-                                  "PIP_INDEX_URL": served})
+                                  "PIP_INDEX_URL": served, "PYTHONPATH": path})
     finally:
         server.shutdown()
     assert f"flash-attn: downloading {fa.source.url} from {served}" in flat(r), flat(r)[-3000:]
