@@ -15,6 +15,18 @@ from pathlib import Path
 from megatron_env import proc
 from megatron_env.errors import UserError
 
+# Both probes end the same way: each module named on the command line imported, its file or
+# the error recorded, and the result printed.
+_IMPORT_NAMED = r"""
+import importlib
+for name in sys.argv[1:]:
+    try:
+        out["imported"][name] = getattr(importlib.import_module(name), "__file__", None)
+    except Exception as e:
+        out["errors"].append("import %s: %s: %s" % (name, type(e).__name__, e))
+print(json.dumps(out))
+"""
+
 _PROBE = r"""
 import json, os, site, sys, sysconfig
 from importlib import metadata
@@ -46,14 +58,7 @@ try:
         out["errors"].append("torch.backends.cudnn.version(): %s" % e)
 except Exception as e:
     out["errors"].append("import torch: %s: %s" % (type(e).__name__, e))
-import importlib
-for name in sys.argv[1:]:
-    try:
-        out["imported"][name] = getattr(importlib.import_module(name), "__file__", None)
-    except Exception as e:
-        out["errors"].append("import %s: %s: %s" % (name, type(e).__name__, e))
-print(json.dumps(out))
-"""
+""" + _IMPORT_NAMED
 
 # The same facts from files alone, for `invoke report` (importing torch takes 10-30 s): torch's
 # version and CUDA from torch/version.py, its C++ ABI from TorchConfig.cmake, NCCL and cuDNN
@@ -140,19 +145,13 @@ _TORCH = ("import json, sys, sysconfig, torch; print(json.dumps({'torch': torch.
 
 
 _IMPORTS = r"""
-import importlib, json, sys
+import json, sys
 out = {"imported": {}, "errors": []}
 try:
     import torch  # extensions need its libraries loaded first
 except Exception as e:
     out["errors"].append("import torch: %s: %s" % (type(e).__name__, e))
-for name in sys.argv[1:]:
-    try:
-        out["imported"][name] = getattr(importlib.import_module(name), "__file__", None)
-    except Exception as e:
-        out["errors"].append("import %s: %s: %s" % (name, type(e).__name__, e))
-print(json.dumps(out))
-"""
+""" + _IMPORT_NAMED
 
 
 def imports(python: Path | str, modules: tuple[str, ...] | list[str]) -> tuple[list[str], dict]:
