@@ -100,7 +100,7 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
 @command(prefix="the environment to install into (default .megatron-env/<profile>)")
 def megatron(profile: str | None = None, prefix: str | None = None) -> int:
     """Check out Megatron-LM at the profile's tag (pinned commit), patch it, install it."""
-    return setup.__wrapped__(profile, prefix, only="megatron")
+    return setup(profile, prefix, only="megatron")
 
 
 @guarded
