@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 
 def of(doc: Any) -> str:
@@ -35,6 +35,18 @@ def file_hex(path: Path | str, algo: str = "sha256") -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def copy_hashed(src: BinaryIO, dest: Path) -> tuple[str, int]:
+    """Stream `src` into the file `dest`, hashing on the way: -> (sha256 hex, size). A download
+    or a tar member is checked without being read twice."""
+    h, size = hashlib.sha256(), 0
+    with open(dest, "wb") as out:
+        while chunk := src.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+            out.write(chunk)
+    return h.hexdigest(), size
 
 
 def of_files(paths: Iterable[Path]) -> str:

@@ -17,7 +17,6 @@ any host after STALE_HOURS (another node's process cannot be asked).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -27,7 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from megatron_env import mutex, output
+from megatron_env import digest, mutex, output
 from megatron_env.bundle.layout import MANIFEST, truncated_error
 from megatron_env.errors import UserError
 from megatron_env.sources import archive
@@ -133,14 +132,9 @@ def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path) -> tuple[str,
     src = tar.extractfile(m)
     if src is None:
         raise tarfile.ReadError(f"{m.name} has no data")
-    h, size = hashlib.sha256(), 0
     target.parent.mkdir(parents=True, exist_ok=True)
-    with src, open(target, "wb") as out:
-        while chunk := src.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-            out.write(chunk)
-    return h.hexdigest(), size
+    with src:
+        return digest.copy_hashed(src, target)
 
 
 def _extract(paths: list[Path], docs: dict[Path, dict], tmp: Path, dest: Path, echo

@@ -32,7 +32,7 @@ from megatron_env.errors import UserError
 from megatron_env.profile import LOCK_FILE, PROFILE_FILE, Profile, load_file
 from megatron_env.pyenv.lock import WHEEL_PLATFORMS, parse_hashes, parse_lock
 from megatron_env.redact import mask_urls
-from megatron_env.sources import index
+from megatron_env.sources import archive, index
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -101,7 +101,7 @@ def tree_at(base: str) -> Iterator[Path]:
                 raise UserError(f"git archive {base}: {r.stderr.decode(errors='replace')[-200:]}",
                                 fix="pass --base REF naming a commit of this repository")
             with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tar:
-                tar.extractall(tmp, filter="data")
+                archive.extract(tar, Path(tmp), f"git archive {base}")
         yield Path(tmp)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import configparser
-import hashlib
 import json
 import os
 import re
@@ -344,12 +343,8 @@ def _credentials(url: str, index_url: str) -> str:
 
 def _download(url: str, dest: Path, cfg: Config) -> str:
     """Stream `url` to `dest`; -> its sha256."""
-    h = hashlib.sha256()
-    with _open(url, cfg) as r, open(dest, "wb") as out:
-        while chunk := r.read(1 << 20):
-            h.update(chunk)
-            out.write(chunk)
-    return h.hexdigest()
+    with _open(url, cfg) as r:
+        return digest.copy_hashed(r, dest)[0]
 
 
 def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | None = None,

@@ -22,7 +22,7 @@ from pathlib import Path
 from megatron_env import digest, output, proc
 from megatron_env.errors import UserError
 from megatron_env.recipes.recipe import Resource, source_var
-from megatron_env.sources import index, repos
+from megatron_env.sources import archive, index, repos
 
 
 def tree_id(root: Path, paths: tuple[str, ...]) -> str:
@@ -51,8 +51,8 @@ def _unpack(local: Path, dest: Path) -> None:
         return
     try:
         with tarfile.open(local) as tar:
-            tar.extractall(dest, filter="data")
-    except (tarfile.TarError, OSError) as e:
+            archive.extract(tar, dest, str(local))
+    except (tarfile.TarError, ValueError, OSError) as e:
         raise UserError(f"{local}: not a directory or a readable tar ({e})",
                         fix="give a directory or a tar of the resource's paths") from None
 
@@ -94,7 +94,7 @@ def place(res: Resource, tree: Path, echo=output.status) -> None:
         local = os.environ.get(source_var(res.name))
         if res.wheel:
             whl = _wheel(res, Path(tmp), echo)
-            got = digest.hexpart(digest.of_file(whl), 64)
+            got = digest.file_hex(whl)
             if got != res.sha256:
                 raise UserError(f"{res.name}: {whl} has sha256 {got}, the recipe pins "
                                 f"{res.sha256}", fix=f"use the original {res.wheel}")
