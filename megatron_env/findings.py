@@ -47,7 +47,6 @@ def exit_code(findings: list[Finding]) -> int:
     return 1 if any(f.status == "fail" for f in findings) else 0
 
 
-
 def summary_line(findings: list[Finding]) -> str:
     counts = Counter(f.status for f in findings)
     return ", ".join(f"{counts[s]} {s}" for s in ("pass", "warn", "fail", "skip") if counts[s])

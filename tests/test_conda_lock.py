@@ -15,6 +15,7 @@ from .test_lock import copy_repo, invoke
 
 pytest.importorskip("rattler")
 
+
 def test_conda_lock_and_install_from_a_local_channel(tmp_path, monkeypatch):
     src = profile.ENVS_DIR / "core_v0.4.0-cu121"
     shutil.copytree(src, tmp_path / "envs" / src.name)

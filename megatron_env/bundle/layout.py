@@ -42,6 +42,7 @@ MACHINE = "x86_64"  # the locks are made for linux x86_64 (lock.PLATFORM)
 # left out: the tool writes its checkout and cache there when run from it)
 OWNED = ("tool", "wheels", "sources", "git", "builds", "conda")
 
+
 def profile_digest(prof: Profile) -> str:
     """The profile, its locks and every patch series it uses: what a bundle was made from."""
     files = [prof.path, prof.lock_file, prof.env_file, prof.conda_lock_file]
@@ -54,8 +55,6 @@ def profile_digest(prof: Profile) -> str:
 
 def py_tag(version: str) -> str:
     return "cpython-" + version.replace(".", "")
-
-
 
 
 def repo_path(name: str, commit: str) -> str:

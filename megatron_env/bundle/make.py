@@ -40,8 +40,6 @@ SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfi
 _PIP_NAME = re.compile(r"[-_.]+")
 
 
-
-
 @dataclass
 class Entry:
     arcname: str

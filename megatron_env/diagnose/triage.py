@@ -25,6 +25,7 @@ from megatron_env.findings import Finding
 NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
             "TORCH_NCCL_DESYNC_DEBUG=1")
 
+
 def ranks(rs) -> str:
     """'rank 5', 'ranks 0, 1 and 2', 'ranks 0-7' as a person would say it."""
     rs = sorted(set(rs))

@@ -66,7 +66,6 @@ def _runtime_libstdcxx(cxx: str, build_env: dict[str, str]) -> Path | None:
     return p if r.ok and p.is_absolute() and p.exists() else None
 
 
-
 # std::locale::classic(): defined only by a libstdc++ itself (static copy or the runtime)
 _OWN_RUNTIME = "_ZNSt6locale7classicEv"
 

@@ -20,7 +20,6 @@ MEGATRON = "megatron-core"
 ON_TOP = {MEGATRON, *recipes.declared()}
 
 
-
 @dataclass(frozen=True)
 class Mismatch:
     """One way an environment differs from its profile and lock. Callers decide by `kind`

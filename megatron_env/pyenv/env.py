@@ -39,6 +39,8 @@ STAMP = ".megatron-env.json"
 MANIFEST = ".megatron-env-manifest.json"  # every installed file; see megatron_env.pyenv.manifest
 MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"
 DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: ~5-6 GiB
+
+
 # Installed by the venv or conda machinery, not by the lock; never counted as "extra".
 def default_prefix(profile: Profile) -> Path:
     return ENV_ROOT / profile.name
@@ -53,7 +55,6 @@ def read_stamp(prefix: Path) -> dict | None:
         return json.loads((prefix / STAMP).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-
 
 
 @dataclass
