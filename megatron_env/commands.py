@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, findings, output
+from megatron_env import REPO_ROOT, findings, output, project
 from megatron_env.cli import command, guarded
 from megatron_env.errors import UserError
 from megatron_env.host import checks, snapshot
@@ -56,7 +56,7 @@ def check(profile: str | None = None, snapshot: str | None = None, json: bool = 
     # the attention backends gpu_health timed on this node (its default --out, or the
     # snapshot's gpu_health.json as a preflight keeps it): the fastest is named
     health = (Path(snapshot) / "gpu_health.json" if snapshot
-              else REPO_ROOT / "runs" / "gpu_health" / "results.json")
+              else project.state_root() / "runs" / "gpu_health" / "results.json")
     if att := attention.from_file(health, prof):
         found.append(att)
     if json:
