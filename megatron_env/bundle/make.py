@@ -35,9 +35,8 @@ from megatron_env.pyenv import lock
 from megatron_env.sources import patches, repos
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
-SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py", "setup.py",
-                "MANIFEST.in",
-                "pyproject.toml", "README.md")
+SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
+                "pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
 _PIP_NAME = re.compile(r"[-_.]+")
 
 

@@ -103,7 +103,8 @@ def command(name: str, o: Options, python: str, run_dir: Path) -> list[str]:
 def run(name: str, args: list[str]) -> int:
     o = parse(args)
     python = interpreter(o)
-    run_dir = o.run_dir or project.state_root() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    run_dir = o.run_dir or (project.state_root() / "runs"
+                            / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = command(name, o, python, run_dir)
     (run_dir / "command.txt").write_text(shlex.join(argv) + "\n")
