@@ -187,10 +187,12 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
          profile="this profile only (default: every profile)",
          offline="do not read the package index: sizes and yanked flags left out",
          index_url="the index to read sizes and yanked flags from (default: the installer's: "
-                   "uv's, then pip's configuration)")
+                   "uv's, then pip's configuration)",
+         max_bytes="with --markdown: cut the body at a table row to at most this many bytes "
+                   "(a pull-request comment's limit), saying so at its end")
 def lock_diff(base: str | None = None, markdown: bool = False, json: bool = False,
               profile: str | None = None, offline: bool = False,
-              index_url: str | None = None) -> int:
+              index_url: str | None = None, max_bytes: int = 0) -> int:
     """What the lock changes do: packages moved, download size, yanked files, kernel rebuilds."""
     from megatron_env.kernels import build
     from megatron_env.pyenv import lockdiff
@@ -202,7 +204,11 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
         load_profile(profile)  # an unknown name: one clear line
     report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs,
                              index_url=None if offline else index_url or index.installer_index())
-    output.result(lockdiff.render(report, json))
+    text = lockdiff.render(report, json)
+    if max_bytes and not json:
+        text = lockdiff.cut(text, max_bytes, "_(truncated at a table row: the full diff is in "
+                                             "the job summary)_")
+    output.result(text)
     return 0
 
 
