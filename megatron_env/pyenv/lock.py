@@ -299,7 +299,8 @@ def download_wheels(lockfile: Path, dest: Path, python: str, on_line=None) -> pr
     `invoke env --find-links DIR --no-index` on a cluster without an index. `on_line` receives
     pip's output line by line (progress of long downloads)."""
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
-            "--index-url", index.installer_index(), "-r", lockfile, "-d", dest, "--python-version", python, "--implementation", "cp",
+            "--index-url", index.installer_index(), "-r", lockfile, "-d", dest,
+            "--python-version", python, "--implementation", "cp",
             "--only-binary=:all:", "--progress-bar", "off"]
     for plat in WHEEL_PLATFORMS:
         argv += ["--platform", plat]
