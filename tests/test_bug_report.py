@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 import venv
 
 from megatron_env import profile, redact
@@ -163,7 +164,7 @@ def test_report_reads_versions_from_files_without_importing_torch(tmp_path):
     assert json.loads(deep.stdout)["torch"]["torch"] is None  # --imports did import: it failed
 
 
-def _setup_run(ctx, fail: str | None = None):
+def _setup_run(ctx, fail: str | None = None, only: str | None = None):
     """The setup chain's own decide/execute writing and removing its stamps; each step's work
     (a torch environment, a Megatron checkout: hours and a GPU) is a line, or `fail` raises."""
     import dataclasses
@@ -180,7 +181,7 @@ def _setup_run(ctx, fail: str | None = None):
 
     decisions = [dataclasses.replace(d, step=dataclasses.replace(
         d.step, run=work(d.step.name), verify=lambda _c: "asked to run again"))
-        for d in pipeline.decide(ctx, pipeline.STEPS)]
+        for d in pipeline.decide(ctx, [only] if only else pipeline.STEPS)]
     return pipeline.execute(ctx, decisions)
 
 
@@ -210,6 +211,12 @@ def test_report_says_megatron_is_not_verified_while_setup_fails(tmp_path):
     assert report.setup_unverified(prefix) == \
         "setup's megatron step: megatron.json is not a stamp"
     (ctx.stamps / "megatron.json").unlink()
+    _setup_run(ctx)
+    assert report.setup_unverified(prefix) is None
+    time.sleep(1.1)  # stamps record the second
+    _setup_run(ctx, only="megatron")  # `invoke megatron`: installed again, imports not proven
+    assert report.setup_unverified(prefix) == \
+        "setup's verify step has not run since its megatron step installed Megatron"
     _setup_run(ctx)
     assert report.setup_unverified(prefix) is None
     facts = {"megatron": {"tag": "t", "commit": "c" * 40, "patches": [], "checkout": "x",

@@ -18,6 +18,7 @@ the process environment are removed from the text wherever they appear.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import platform
@@ -194,6 +195,7 @@ def setup_unverified(prefix: Path) -> str | None:
     a step that fails removes its stamp, so a setup failing at any of these steps shows here
     even while the environment's files look complete."""
     stamps = prefix.with_name(prefix.name + ".setup")
+    at: dict[str, datetime.datetime] = {}
     for step in SETUP_STAMPED:
         f = stamps / f"{step}.json"
         try:
@@ -204,6 +206,12 @@ def setup_unverified(prefix: Path) -> str | None:
             return f"setup's {step} step: its stamp {f.name} cannot be read ({e})"
         if not isinstance(doc, dict) or not _DIGEST.fullmatch(str(doc.get("digest"))):
             return f"setup's {step} step: {f.name} is not a stamp"
+        with contextlib.suppress(TypeError, ValueError):
+            at[step] = datetime.datetime.strptime(doc.get("at"), "%Y-%m-%dT%H:%M:%S%z")
+    # the imports proven before Megatron was last installed (`invoke megatron` alone) prove
+    # nothing about this install
+    if {"megatron", "verify"} <= at.keys() and at["verify"] < at["megatron"]:
+        return "setup's verify step has not run since its megatron step installed Megatron"
     return None
 
 
