@@ -215,8 +215,8 @@ def test_report_says_megatron_is_not_verified_while_setup_fails(tmp_path):
     assert report.setup_unverified(prefix) is None
     time.sleep(1.1)  # stamps record the second
     _setup_run(ctx, only="megatron")  # `invoke megatron`: installed again, imports not proven
-    assert report.setup_unverified(prefix) == \
-        "setup's verify step has not run since its megatron step installed Megatron"
+    assert report.setup_unverified(prefix).startswith(
+        "setup's verify step has not run since its megatron step installed Megatron")
     _setup_run(ctx)
     assert report.setup_unverified(prefix) is None
     facts = {"megatron": {"tag": "t", "commit": "c" * 40, "patches": [], "checkout": "x",

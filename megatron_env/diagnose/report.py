@@ -211,7 +211,8 @@ def setup_unverified(prefix: Path) -> str | None:
     # the imports proven before Megatron was last installed (`invoke megatron` alone) prove
     # nothing about this install
     if {"megatron", "verify"} <= at.keys() and at["verify"] < at["megatron"]:
-        return "setup's verify step has not run since its megatron step installed Megatron"
+        return ("setup's verify step has not run since its megatron step installed Megatron; "
+                "`invoke setup --verify-deep` proves it")
     return None
 
 
