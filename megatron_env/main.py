@@ -83,10 +83,12 @@ def completion(top: argparse.ArgumentParser, shell: str) -> str:
     top_opts = " ".join(o for a in top._actions for o in a.option_strings if o.startswith("--"))
     script = "\n".join([
         "_megatron_env() {",
-        '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="" w opts',
+        '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="" w opts skip=""',
         '    for w in "${COMP_WORDS[@]:1:COMP_CWORD-1}"; do',
-        '        case "$w" in -*) ;; *) cmd="$w"; break ;; esac',
+        '        if [ -n "$skip" ]; then skip=""; continue; fi',  # the value of --project
+        '        case "$w" in --project) skip=1 ;; -*) ;; *) cmd="$w"; break ;; esac',
         "    done",
+        '    if [ -n "$skip" ]; then COMPREPLY=(); return; fi',  # a directory: -o default
         '    if [ -z "$cmd" ]; then',
         f'        COMPREPLY=($(compgen -W "{" ".join(subs.choices)} {top_opts}" -- "$cur"))',
         "        return",

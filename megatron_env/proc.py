@@ -6,6 +6,7 @@ timeouts, captured output and logging, and one seam for tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -75,18 +76,20 @@ def run(
     try:
         if stream:
             return _run_streaming(args, cwd, env, timeout, log, on_line)
-        cp = subprocess.run(
-            args,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            input=input,
-            stdin=(None if input is not None else
-                   stdin_file.open("rb") if stdin_file is not None else subprocess.DEVNULL),
-        )
+        with (stdin_file.open("rb") if stdin_file is not None and input is None
+              else contextlib.nullcontext(None if input is not None else subprocess.DEVNULL)
+              ) as stdin:
+            cp = subprocess.run(
+                args,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                input=input,
+                stdin=stdin,
+            )
     except FileNotFoundError:
         return Result(args, 127, "", f"{exe}: command not found", missing=True)
     except PermissionError as e:
