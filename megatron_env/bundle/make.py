@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, __version__, digest, output, proc
+from megatron_env import REPO_ROOT, __version__, digest, disk, output, proc
 from megatron_env.bundle import tool
 from megatron_env.bundle.layout import (
     FORMAT,
@@ -365,6 +365,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         part = out.with_name(out.name + f".part-{os.getpid()}")
+        # the archive's size is known before it is written: a full disk is said up front
+        disk.ensure(out.parent, sum(e.size for e in written) + 2**20, f"bundle {out.name}")
         echo(f"writing {out.name}: {len(written)} files, "
              f"{sum(e.size for e in written) / 2**20:.1f} MiB")
         try:
