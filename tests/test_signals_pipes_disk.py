@@ -66,7 +66,7 @@ def test_sigint_during_a_git_fetch_is_an_interrupt_not_an_unreachable_mirror(tmp
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(p, mark, "fetching")
     end = time.monotonic() + 30
-    while not (gits := proc.run(["pgrep", "-P", str(p.pid), "git"]).stdout.split()):
+    while not (proc.run(["pgrep", "-P", str(p.pid), "git"]).stdout.split()):
         assert time.monotonic() < end and p.poll() is None, p.communicate()
         time.sleep(0.1)
     time.sleep(0.3)
