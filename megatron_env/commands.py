@@ -422,7 +422,7 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
 def _bundle_profile(bundle: list[str], profile: str | None) -> str:
     from megatron_env.bundle import layout
 
-    return profile or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
+    return profile or layout.read_manifest(Path(bundle[-1]).absolute()).profile.name
 
 
 def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -114,6 +115,8 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the program itself: Ctrl-C interrupts even where SIGINT was inherited
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as ignored (`cmd &`)
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--project")
