@@ -28,7 +28,7 @@ def merge(evs: list[Events]) -> Events:
     out = Events()
     for ev in evs:
         for f in fields(Events):
-            if f.name.startswith("_") or f.name in ("lines", "nccl"):
+            if f.name.startswith("_") or f.name in ("lines", "nccl", "job"):
                 continue
             have, more = getattr(out, f.name), getattr(ev, f.name)
             if isinstance(have, list):
@@ -39,6 +39,7 @@ def merge(evs: list[Events]) -> Events:
                 for k, v in more.items():
                     have.setdefault(k, v)
         out.lines += ev.lines
+        out.job.merge(ev.job)
         if ev.nccl is not None:
             out.nccl = nccl_log.merge(out.nccl, ev.nccl)
     return out
