@@ -27,9 +27,11 @@ _DESYNC_HEAD = "lagging/dead/mismatched ranks that caused the desync are"
 _DESYNC_ENTRY = re.compile(r"^\s*-?\s*\[(?:Rank )?(\d+(?:, \d+)*)\] (.+)$")
 _DESYNC_AT = re.compile(r"Timeout at collective: (\w+), #(\d+)")
 # "NCCL error in: file:line, KIND", "NCCL error: KIND", "NCCL Error 2: KIND" (the number is
-# ncclResult_t), "ncclCommInitRank failed: KIND" (Horovod)
+# ncclResult_t), "ncclCommInitRank failed: KIND" (Horovod), "...ProcessGroupNCCL.cpp:1275, KIND"
+# (a paste that lost the line's head)
 _NCCL_ERROR = re.compile(
-    r"(?:NCCL [Ee]rror(?: in: \S+?,| (\d+):|:| \S+)?|nccl\w+ failed:) '?(unhandled system error|"
+    r"(?:NCCL [Ee]rror(?: in: \S+?,| (\d+):|:| \S+)?|nccl\w+ failed:|NCCL\w*\.[ch]pp:\d+,) "
+    r"'?(unhandled system error|"
     r"remote process exited or there was a network error|unhandled cuda error|internal error|"
     r"invalid usage|invalid argument)(?:[^,]*, NCCL version ([\w.+]+))?")
 _CUDA_ERROR = re.compile(r"CUDA error: ([^.\n]+?)(?:\.|$)|cuda runtime error \(\d+\) : ([^.\n]+?)"
@@ -112,7 +114,7 @@ _TB_COLL = re.compile(r"distributed_c10d\.py\", line \d+, in ([a-z]\w+)"
 _NOT_COLL = frozenset({"wrapper", "new_group", "init_process_group", "destroy_process_group",
                        "get_rank", "get_world_size", "new_subgroups"})
 _INIT = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nranks \d+ cudaDev (\d+)")
-_LAST_ERROR = re.compile(r"^\s*Last error:\s*(.+)")
+_LAST_ERROR = re.compile(r"^\s*Last error:\s*(.*)")
 
 
 @dataclass

@@ -41,6 +41,8 @@ _BRACKET_TAG = re.compile(
     r"|\[(?:default|[a-z]+_?)(\d+)\]:")                        # torchrun role+local rank
 # what a prefix before a tag may say about the host: Ray's `ip=`, an aggregator's `job.host [std..]`
 _PREFIX_IP = re.compile(r"\bip=((?:\d{1,3}\.){3}\d{1,3})")
+# Ray's `(Actor pid=123, ip=10.0.0.1) ` in front of every line a worker printed
+_RAY_PREFIX = re.compile(r"\(\w+ pid=\d+(?:, ip=((?:\d{1,3}\.){3}\d{1,3}))?[^)]{0,40}\) ")
 _PREFIX_STREAM = re.compile(r"(?:^|\s)([\w.-]+)\s+\[std(?:out|err)\]\s*$")
 # a line that begins a new message (never the continuation of a wrapped one)
 _RECORD = re.compile(
@@ -146,8 +148,11 @@ def _continues(cur: list, body: str, rank: int | None, host: str | None,
 def _untag(line: str) -> tuple[str, int | None, str | None]:
     """The line without its launcher tags, and the rank and host they named."""
     rank = host = None
+    if line[:1] == "(" and (m := _RAY_PREFIX.match(line)):
+        line, host = line[m.end():], m.group(1)
     if ": " in line[:64]:
-        line, rank, host = _start_tags(line)
+        line, rank, host2 = _start_tags(line)
+        host = host2 or host
     if "]:" not in line and "]<" not in line:
         return line, rank, host
     m = _BRACKET_TAG.search(line)

@@ -101,9 +101,11 @@ def read(path: Path) -> Events:
     return ev
 
 
-def run(paths: list[str | Path]) -> tuple[list[Finding], int, list[str]]:
-    """Findings of the logs named (grouped into jobs), the number of lines and the files read."""
-    per_file = {str(f): read(f) for f in logfiles.files(paths)}
+def run(paths: list[str | Path], skipped: list[str] | None = None,
+        ) -> tuple[list[Finding], int, list[str]]:
+    """Findings of the logs named (grouped into jobs), the number of lines and the files read;
+    the files of a directory that could not be read are left out, each named in `skipped`."""
+    per_file = {str(f): read(f) for f in logfiles.files(paths, skipped)}
     groups, reasons = group(per_file)
     lines = sum(ev.lines for ev in per_file.values())
     if len(groups) == 1:

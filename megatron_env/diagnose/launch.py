@@ -142,7 +142,7 @@ def stalls(ev: Events) -> list[Finding]:
     if not ev.stalls:
         return []
     missing = sorted({r for s in ev.stalls for r in s["ranks"]})
-    ops = sorted({s["op"] for s in ev.stalls})
+    ops = list(dict.fromkeys(s["op"] for s in ev.stalls))  # as first reported
     kinds = sorted({m.group(1).lower() for o in ops if (m := _STALL_ACTION.search(o))})
     return [Finding(
         "job.stall", "fail",

@@ -298,8 +298,12 @@ def _root_cause(ev: Events) -> list[Finding]:
            f"local rank {root['local_rank']}")
     if root["rank"] is not None and root["local_rank"] is not None:
         who += f" (local rank {root['local_rank']})"
-    if root["host"]:
-        who += f" on host {root['host']}"
+    p = ev.who(root)
+    if p["host"]:
+        who += f" on host {p['host']}"
+    more = ", ".join(x for x in (f"GPU {p['gpu']}" if p["gpu"] is not None else "",
+                                 f"pid {p['pid']}" if p["pid"] else "") if x)
+    who += f" ({more})" if more else ""
     fixes = {-6: "SIGABRT is usually PyTorch's NCCL watchdog ending the process after a timeout "
                  "or an NCCL error: see those findings",
              -9: "SIGKILL: the kernel's OOM killer or the scheduler; check `dmesg` and the job's "
