@@ -68,7 +68,7 @@ _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _HOT = ("NCCL", "rror", "WARN", "atchdog", "nccl", "exitcode", "dump signal", "stuck for",
         "lagging/dead", "Snapshot of", "out of memory", "Xid", "Root Cause", "Failures:",
         "worker died", "ignal", "issing ranks", "Last error", "ibv_", "distributed_c10d",
-        "work = ", "connect to", "Fatal Python")
+        "work = ", "connect to", "Fatal Python", "rdzv_endpoint", "ready ranks")
 HOT = re.compile("|".join(map(re.escape, _HOT)))  # for a reader that passes over cold lines
 _DATE_PROBES = 200  # hot lines of a file searched for a date (its start is what tells jobs apart)
 _RENDEZVOUS = re.compile(r"(DistNetworkError|DistStoreError|RendezvousConnectionError)\b:? "
@@ -76,8 +76,9 @@ _RENDEZVOUS = re.compile(r"(DistNetworkError|DistStoreError|RendezvousConnection
 # where a store was: "(host, 29500)", "to host:29500", "[host]:29500", "host=h, port=29500"
 _STORE_AT = re.compile(r"(?:\(|to |\[)([\w.:-]*?[\w-])\]?[,:] ?(\d{2,5})\)?"
                        r"|host=([\w.-]+), port=(\d+)")
-_STORE_LINE = re.compile(r"(?:failed to connect to|connect to any network address|TCPStore\(|"
+_STORE_LINE = re.compile(r"(?:to connect to|connect to any network address|TCPStore\(|"
                          r"Connection to) \S")
+_ENDPOINT = re.compile(r"rdzv_endpoint\s*[:=]\s*'?([\w.-]+(?::\d+)?)")
 _RAY_DIED = re.compile(r"A worker died or was killed.*?Worker IP address: (\S+).*?Worker PID: "
                        r"(\d+)(?:.*?Worker exit type: (\w+))?")
 _DATE = re.compile(r"\[[EWIF](\d{1,2})(\d\d) \d\d:|\b(20\d\d)-(\d\d)-(\d\d)[ T_]")
@@ -97,7 +98,7 @@ _SIGNAL_FORMS = [
 ]
 _SIGNAL_NAMES = {"Bus error": 7, "Segmentation fault": 11, "Aborted": 6, "Killed": 9,
                  "Floating point exception": 8}
-_STALL = re.compile(r"(\S+) \[missing ranks: ([\d, ]+)\]")
+_STALL = re.compile(r"(\S+) \[(missing|ready) ranks: ([\d, ]+)\]")
 _STALL_BLOCK = re.compile(r"^\s*(\d+): \[(\S+?)[,\]]")  # "Missing ranks:\n1: [op, ...]"
 _IBV = re.compile(r"(ibv_\w+)(?:\(\))? failed(?: with error|:|,)? ?(.*?)(?: \((?:errno|error)"
                   r"[ =:]*(\d+)\)|\s*$)")
@@ -334,23 +335,31 @@ class _Reader:
                 # "1: [op, ...]": the rank may have been read as an srun label already
                 rank, op = ((int(m.group(1)), m.group(2)) if m else
                             (line.rank, t[1:].split(",")[0].rstrip("]")))
-                ev.add("stalls", {"ranks": [rank], "op": op, "rank": None, "host": line.host},
+                ev.add("stalls", {"ranks": [rank], "ready": [], "op": op, "rank": None,
+                                  "host": line.host},
                        key=(rank, op))
                 return True
             self.in_stall = False
-        if self.entry is not None and (m := _FIELD.match(t)):
-            self.entry[m.group(1)] = m.group(2).strip()
-            if m.group(1) == "traceback":
-                f = _failure(self.entry)
-                ev.add("failures", f)
-                if f["rank"] is not None:
-                    ev.job.note(f["rank"], f["host"], f["pid"])
-                self.entry = None
-            return True
+        if self.entry is not None:
+            if m := _FIELD.match(t):
+                self.entry[m.group(1)] = m.group(2).strip()
+                if m.group(1) == "traceback":
+                    self.end_entry()
+                return True
+            self.end_entry()  # a table cut short: what it said is kept
         if self.table and _ENTRY.match(t):
             self.entry = {"root": self.root}
             return True
         return False
+
+    def end_entry(self) -> None:
+        """One process of torchrun's failure table, read."""
+        if self.entry is not None and len(self.entry) > 1:
+            f = _failure(self.entry)
+            self.ev.add("failures", f)
+            if f["rank"] is not None:
+                self.ev.job.note(f["rank"], f["host"], f["pid"])
+        self.entry = None
 
     def _hot(self, prev: Line | None, line: Line, t: str, ahead: deque) -> None:
         ev, facts = self.ev, self.facts
@@ -383,10 +392,11 @@ def events(lines: Iterable[Line]) -> Events:
     r = _Reader()
     for prev, line, ahead in _window(lines):
         r.line(prev, line, ahead)
+    r.end_entry()
     ev = r.ev
     ev.flush()
     ev.failures = [f for f in ev.failures if f.get("rank") is not None
-                   or f.get("local_rank") is not None]
+                   or f.get("local_rank") is not None or f.get("host")]
     return ev
 
 
@@ -545,11 +555,21 @@ def _signal(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
 
 
 def _stall(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    """Horovod's stall inspector names, per tensor, the ranks missing (newer) or the ranks ready
+    (older: the missing ones are the rest)."""
     for m in _STALL.finditer(t):
-        missing = [int(x) for x in m.group(2).replace(" ", "").split(",") if x]
-        ev.add("stalls", {"ranks": missing, "op": m.group(1).removeprefix("ops:"),
-                          "rank": _rank(line), "host": line.host},
-               key=(m.group(2), m.group(1)))
+        named = [int(x) for x in m.group(3).replace(" ", "").split(",") if x]
+        ready = m.group(2) == "ready"
+        ev.add("stalls", {"ranks": [] if ready else named, "ready": named if ready else [],
+                          "op": m.group(1).removeprefix("ops:"), "rank": _rank(line),
+                          "host": line.host},
+               key=(m.group(3), m.group(1)))
+
+
+def _endpoint(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    """torchrun's --rdzv_endpoint, as its launch configuration prints it: where the store is."""
+    if (m := _ENDPOINT.search(t)) and m.group(1) not in ev.stores and len(ev.stores) < 16:
+        ev.stores.append(m.group(1))
 
 
 def _ibv(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
@@ -581,7 +601,8 @@ _READERS = [
     ("exitcode", _elastic), ("Dist", _rendezvous), ("Rendezvous", _rendezvous),
     ("connect to", _store_line), ("Connection to", _store_line), ("TCPStore(", _store_line),
     ("worker died", _ray), ("ignal", _signal), ("Fatal Python", _signal),
-    ("issing ranks", _stall), ("ibv_", _ibv),
+    ("issing ranks", _stall), ("ready ranks", _stall), ("ibv_", _ibv),
+    ("rdzv_endpoint", _endpoint),
     ("distributed_c10d", _collective), ("work = ", _collective),
 ]
 

@@ -30,6 +30,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\[\d{1,2}(?:;\d{1,3})*m(?=[(\[\w ]|$
 # tags at the very start of a line, tried repeatedly (a pdsh host, then a rank label, ...)
 _START_TAGS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r" *(\d{1,5}): "), "rank"),                        # srun --label
+    (re.compile(r"std(?:out|err): "), "stream"),  # a launcher relaying its child's streams
     # pdsh/clush "host: ": a dotted IPv4 address or a host name with a digit in it
     (re.compile(r"((?:\d{1,3}\.){3}\d{1,3}|[A-Za-z][\w-]*\d[\w.-]*): "), "host"),
 ]
@@ -176,7 +177,7 @@ def _start_tags(line: str) -> tuple[str, int | None, str | None]:
             if m := rx.match(line):
                 if what == "rank":
                     rank = int(m.group(1))
-                else:
+                elif what == "host":
                     host = m.group(1)
                 line = line[m.end():]
                 break

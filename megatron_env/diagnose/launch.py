@@ -142,16 +142,20 @@ def stalls(ev: Events) -> list[Finding]:
     if not ev.stalls:
         return []
     missing = sorted({r for s in ev.stalls for r in s["ranks"]})
+    ready = sorted({r for s in ev.stalls for r in s["ready"]})
+    if not missing and ready:  # only the ready ones named: the gaps among them are missing
+        missing = sorted(set(range(ready[-1] + 1)) - set(ready))
     ops = list(dict.fromkeys(s["op"] for s in ev.stalls))  # as first reported
     kinds = sorted({m.group(1).lower() for o in ops if (m := _STALL_ACTION.search(o))})
     return [Finding(
         "job.stall", "fail",
-        f"Horovod's stall inspector: {ranks(missing)} never submitted {len(ops)} tensor(s) the "
-        f"other ranks wait on" + (f" ({', '.join(kinds)})" if kinds else "")
+        f"Horovod's stall inspector: {ranks(missing) if missing else 'a rank'} never submitted "
+        f"{len(ops)} tensor(s) the other ranks wait on" + (f" ({', '.join(kinds)})" if kinds else "")
+        + (f" ({ranks(ready)} ready)" if ready else "")
         + f", e.g. {ops[0][:120]}",
         [f"{o} [missing {ranks({r for s in ev.stalls if s['op'] == o for r in s['ranks']})}]"
-         for o in ops[:6]],
-        f"{ranks(missing)} took another code path or died: read its log for an error; ranks that "
+         if not ready else f"{o} [ready {ranks(ready)}]" for o in ops[:6]],
+        f"{ranks(missing) if missing else 'the rank not ready'} took another code path or died: read its log for an error; ranks that "
         "submit tensors under different names or in a different order (a conditional branch, "
         "a layer built only on some ranks) deadlock the same way; HOROVOD_STALL_CHECK_TIME_SECONDS "
         "sets when the inspector reports")]

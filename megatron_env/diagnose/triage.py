@@ -72,7 +72,7 @@ def _timeouts(ev: Events) -> list[Finding]:
         summary += f"; the watchdog only noticed after {_seconds(ran)}"
     if ev.first_timeout:
         summary += f"; {ranks(ev.first_timeout)} timed out first"
-    evidence = [f"rank {t['rank']}{' on ' + t['host'] if t['host'] else ''}"
+    evidence = [describe(ev.who(t))
                 + (f" ([Rank {t['pg_rank']}] of its process group)"
                    if t.get("pg_rank") not in (None, t["rank"]) else "")
                 + f": {t['op']} SeqNum {t['seq']}"
@@ -293,9 +293,9 @@ def _root_cause(ev: Events) -> list[Finding]:
     root = next((f for f in ev.failures if f["root"]), ev.failures[0])
     code = root["exitcode"]
     how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
-           if code is not None and code < 0 else f"exit code {code}")
-    who = (f"rank {root['rank']}" if root["rank"] is not None else
-           f"local rank {root['local_rank']}")
+           if code is not None and code < 0 else f"exit code {code}" if code is not None
+           else "its exit code cut off")
+    who = _proc(root)
     if root["rank"] is not None and root["local_rank"] is not None:
         who += f" (local rank {root['local_rank']})"
     p = ev.who(root)
@@ -320,9 +320,17 @@ def _root_cause(ev: Events) -> list[Finding]:
         "job.root_cause", "fail",
         f"torchrun's first observed failure: {who}, {how}",
         [f"{'root cause' if f['root'] else 'also failed'}: "
-         + (f"rank {f['rank']}" if f["rank"] is not None else f"local rank {f['local_rank']}")
+         + _proc(f)
          + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
          for f in [root, *others][:8]], fix)]
+
+
+def _proc(f: dict) -> str:
+    """A failure table's process: its rank, else its local rank, else (a table cut short) 'a
+    worker'."""
+    if f["rank"] is not None:
+        return f"rank {f['rank']}"
+    return f"local rank {f['local_rank']}" if f["local_rank"] is not None else "a worker"
 
 
 def _nccl_debug(ev: Events) -> list[Finding]:
