@@ -98,8 +98,10 @@ TUNE = {
         "id:job.root_cause", "local rank 0"],
     "sigsegv-torchrun-glog-childfailed-flagembedding1549.log": [
         "id:job.root_cause", "local rank 0", "SIGSEGV"],
+    # the excerpt ends at the table's `host` field; `[0]:` is torchrun's index of the entry (the
+    # root cause is always printed as [0]), not its rank, so the rank is not in the log
     "torchrun-root-cause-rich-box-kohyass897.log": [
-        "id:job.root_cause", "rank 0", "DESKTOP-MU52LFJ.lan"],
+        "id:job.root_cause", "DESKTOP-MU52LFJ.lan"],
     "torchrun-failures-no-root-cause-timm1724.log": [
         "id:job.root_cause", "rank 1", "fredo-SYS-4028GR-TVRT-01-PD006"],
     "remote-error-distbackend-megatronbridge926.log": [

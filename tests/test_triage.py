@@ -202,7 +202,7 @@ def test_cli_json_directory_and_exit_codes(tmp_path):
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["findings"][0]["id"] == "job.root_cause" and len(doc["logs"]) == 2
+    assert doc["findings"][0]["id"] == "job.root_cause" and len(doc["logs"]) == len(list(LOGS.glob("torchrun-root-cause-*.log")))
     (tmp_path / "ok.log").write_text("step 1 loss 2.0\n")
     r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True)

@@ -28,10 +28,12 @@ _DESYNC_ENTRY = re.compile(r"^\s*-?\s*\[(?:Rank )?(\d+(?:, \d+)*)\] (.+)$")
 _DESYNC_AT = re.compile(r"Timeout at collective: (\w+), #(\d+)")
 # "NCCL error in: file:line, KIND", "NCCL error: KIND", "NCCL Error 2: KIND" (the number is
 # ncclResult_t), "ncclCommInitRank failed: KIND" (Horovod), "...ProcessGroupNCCL.cpp:1275, KIND"
-# (a paste that lost the line's head)
+# (a paste that lost the line's head), or any line with one of the three unmistakable kinds
+# (TensorFlow's "NCCL communication aborted: unhandled system error")
 _NCCL_ERROR = re.compile(
-    r"(?:NCCL [Ee]rror(?: in: \S+?,| (\d+):|:| \S+)?|nccl\w+ failed:|NCCL\w*\.[ch]pp:\d+,) "
-    r"'?(unhandled system error|"
+    r"(?:NCCL [Ee]rror(?: in: \S+?,| (\d+):|:| \S+)?|nccl\w+ failed:|NCCL\w*\.[ch]pp:\d+,|"
+    r"(?=unhandled (?:system|cuda) error|remote process exited)[^']?)"
+    r" ?'?(unhandled system error|"
     r"remote process exited or there was a network error|unhandled cuda error|internal error|"
     r"invalid usage|invalid argument)(?:[^,]*, NCCL version ([\w.+]+))?")
 _CUDA_ERROR = re.compile(r"CUDA error: ([^.\n]+?)(?:\.|$)|cuda runtime error \(\d+\) : ([^.\n]+?)"
@@ -68,7 +70,8 @@ _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _HOT = ("NCCL", "rror", "WARN", "atchdog", "nccl", "exitcode", "dump signal", "stuck for",
         "lagging/dead", "Snapshot of", "out of memory", "Xid", "Root Cause", "Failures:",
         "worker died", "ignal", "issing ranks", "Last error", "ibv_", "distributed_c10d",
-        "work = ", "connect to", "Fatal Python", "rdzv_endpoint", "ready ranks")
+        "work = ", "connect to", "Fatal Python", "rdzv_endpoint", "ready ranks", "CANCELLED",
+        "the rendezvous", "checked in", "RayTaskError")
 HOT = re.compile("|".join(map(re.escape, _HOT)))  # for a reader that passes over cold lines
 _DATE_PROBES = 200  # hot lines of a file searched for a date (its start is what tells jobs apart)
 _RENDEZVOUS = re.compile(r"(DistNetworkError|DistStoreError|RendezvousConnectionError)\b:? "
@@ -81,6 +84,14 @@ _STORE_LINE = re.compile(r"(?:to connect to|connect to any network address|TCPSt
 _ENDPOINT = re.compile(r"rdzv_endpoint\s*[:=]\s*'?([\w.-]+(?::\d+)?)")
 _RAY_DIED = re.compile(r"A worker died or was killed.*?Worker IP address: (\S+).*?Worker PID: "
                        r"(\d+)(?:.*?Worker exit type: (\w+))?")
+_RAY_ACTOR = re.compile(r"RayTaskError\((\w+)\): \S+ \(pid=(\d+), ip=([\w.-]+)")
+# dynamic rendezvous naming its node "host_pid_n"
+_RDZV_NODE = re.compile(r"The node '([\w.-]+?)_(\d+)_\d+' has failed to (\w+) the rendezvous "
+                        r"'[^']*' due to an error of type (\w+)")
+_RAISED = re.compile(r"^\w*(?:Error|Exception): (.+)")
+_BOOTSTRAP = re.compile(r"Bootstrap Root : rank (\d+) of (\d+) ranks has already checked in")
+_SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) ([\w.]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO "
+                           r"([A-Z ]+?))? \*\*\*")
 _DATE = re.compile(r"\[[EWIF](\d{1,2})(\d\d) \d\d:|\b(20\d\d)-(\d\d)-(\d\d)[ T_]")
 _TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 # a process killed by a signal, as UCX, CPython, Open MPI, the DataLoader, torchrun's agent, gdb
@@ -196,6 +207,8 @@ class Events:
     rendezvous: list[dict] = field(default_factory=list)
     stores: list[str] = field(default_factory=list)  # store addresses a client failed to reach
     ray_deaths: list[dict] = field(default_factory=list)
+    bootstrap: list[dict] = field(default_factory=list)  # NCCL's root: a rank checked in twice
+    cancelled: list[dict] = field(default_factory=list)  # Slurm cancelled the step or job
     signals: list[dict] = field(default_factory=list)  # processes a signal killed
     stalls: list[dict] = field(default_factory=list)  # Horovod's stall inspector
     ibv: list[dict] = field(default_factory=list)  # failed ibv_* calls, by errno
@@ -228,8 +241,14 @@ class Events:
             self._batch = []
 
     def who(self, e: dict) -> dict:
-        """An event's process with all the job model adds to it."""
-        return self.job.who(e.get("rank"), e.get("host"), e.get("pid"))
+        """An event's process with all the job model adds to it (and the host, when every
+        process the logs name ran on one)."""
+        p = self.job.who(e.get("rank"), e.get("host"), e.get("pid"))
+        if p["host"] is None:
+            hosts = {x.get("host") for x in self.job.by_pid.values()}
+            if len(hosts) == 1:
+                p["host"] = hosts.pop()
+        return p
 
 
 def new_facts() -> dict:
@@ -535,6 +554,37 @@ def _ray(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
                key=(m.group(2),))
 
 
+def _ray_actor(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    if m := _RAY_ACTOR.search(t):
+        ev.add("ray_deaths", {"ip": m.group(3), "pid": m.group(2), "exit": m.group(1)},
+               key=(m.group(2),))
+
+
+def _rdzv_node(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    """Dynamic rendezvous failing on a node; the exception it names follows a few lines on."""
+    if m := _RDZV_NODE.search(t):
+        why = next((r.group(1) for x in ahead if (r := _RAISED.match(x.text))), "")
+        ev.add("rendezvous", {"error": m.group(4), "what": f"failed to {m.group(3)} the "
+                              f"rendezvous" + (f": {why}" if why else ""), "store": None,
+                              "rank": _rank(line), "host": m.group(1), "pid": m.group(2)},
+               key=(m.group(4), m.group(1)))
+
+
+def _bootstrap(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    if m := _BOOTSTRAP.search(t):
+        o = _NCCL_ORIGIN.search(t)
+        host = line.host or (t[:o.start()].split()[-1] if o and o.group(1) and o.start() else None)
+        ev.add("bootstrap", {"rank": int(m.group(1)), "nranks": int(m.group(2)), "host": host},
+               key=(m.group(1), host))
+
+
+def _cancelled(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    if m := _SLURM_CANCEL.search(t):
+        ev.add("cancelled", {"what": m.group(1).lower(), "id": m.group(2), "host": m.group(3),
+                             "at": m.group(4), "why": (m.group(5) or "").lower()},
+               key=(m.group(2),))
+
+
 def _signal(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
     m, groups = next(((m, g) for rx, g in _SIGNAL_FORMS if (m := rx.search(t))), (None, None))
     if m is None:
@@ -602,7 +652,8 @@ _READERS = [
     ("connect to", _store_line), ("Connection to", _store_line), ("TCPStore(", _store_line),
     ("worker died", _ray), ("ignal", _signal), ("Fatal Python", _signal),
     ("issing ranks", _stall), ("ready ranks", _stall), ("ibv_", _ibv),
-    ("rdzv_endpoint", _endpoint),
+    ("rdzv_endpoint", _endpoint), ("RayTaskError", _ray_actor), ("the rendezvous", _rdzv_node),
+    ("checked in", _bootstrap), ("CANCELLED", _cancelled),
     ("distributed_c10d", _collective), ("work = ", _collective),
 ]
 

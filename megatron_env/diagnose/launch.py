@@ -150,17 +150,51 @@ def stalls(ev: Events) -> list[Finding]:
     return [Finding(
         "job.stall", "fail",
         f"Horovod's stall inspector: {ranks(missing) if missing else 'a rank'} never submitted "
-        f"{len(ops)} tensor(s) the other ranks wait on" + (f" ({', '.join(kinds)})" if kinds else "")
+        f"{len(ops)} tensor(s) the other ranks wait on"
+        + (f" ({', '.join(kinds)})" if kinds else "")
         + (f" ({ranks(ready)} ready)" if ready else "")
         + f", e.g. {ops[0][:120]}",
         [f"{o} [missing {ranks({r for s in ev.stalls if s['op'] == o for r in s['ranks']})}]"
          if not ready else f"{o} [ready {ranks(ready)}]" for o in ops[:6]],
         f"{ranks(missing) if missing else 'the rank not ready'} took another code path or died: read its log for an error; ranks that "
         "submit tensors under different names or in a different order (a conditional branch, "
-        "a layer built only on some ranks) deadlock the same way; HOROVOD_STALL_CHECK_TIME_SECONDS "
-        "sets when the inspector reports")]
+        "a layer built only on some ranks) deadlock the same way; "
+        "HOROVOD_STALL_CHECK_TIME_SECONDS sets when the inspector reports")]
+
+
+def bootstrap(ev: Events) -> list[Finding]:
+    """NCCL's bootstrap root saw one rank check in twice: two processes claim one rank."""
+    if not ev.bootstrap:
+        return []
+    b = ev.bootstrap[0]
+    hosts = sorted({x["host"] for x in ev.bootstrap if x["host"]})
+    return [Finding(
+        "job.bootstrap", "fail",
+        f"NCCL's bootstrap root{' on ' + ', '.join(hosts) if hosts else ''}: rank {b['rank']} "
+        f"of {b['nranks']} ranks has already checked in (two processes claim one rank)",
+        [f"rank {x['rank']} of {x['nranks']} checked in twice"
+         + (f" (root on {x['host']})" if x["host"] else "") for x in ev.bootstrap[:4]],
+        "two processes were given the same rank: a launcher started twice per node (srun "
+        "--ntasks-per-node against torchrun's own --nproc_per_node, or Lightning under srun "
+        "with mismatched devices/num_nodes), or two jobs share MASTER_ADDR:MASTER_PORT")]
+
+
+def cancelled(ev: Events) -> list[Finding]:
+    """Slurm cancelled the step or job: nothing inside the job failed first, or it did earlier."""
+    if not ev.cancelled:
+        return []
+    c = ev.cancelled[0]
+    return [Finding(
+        "job.slurm_cancelled", "fail",
+        f"Slurm cancelled {c['what']} {c['id']} on {c['host']} at {c['at']}"
+        + (f" due to {c['why']}" if c["why"] else ""),
+        [f"{x['what']} {x['id']} on {x['host']} cancelled at {x['at']}"
+         + (f" ({x['why']})" if x["why"] else "") for x in ev.cancelled[:4]],
+        "a time limit raises --time (or checkpoint more often and requeue); otherwise someone or "
+        "something ran scancel (preemption, a node failure, the job's own error handler): "
+        "`sacct -j JOB -o JobID,State,ExitCode,Reason` says which")]
 
 
 def findings(ev: Events) -> list[Finding]:
     return (rendezvous(ev) + ray_deaths(ev) + dump_signal(ev) + signals(ev)
-            + stalls(ev))
+            + stalls(ev) + bootstrap(ev) + cancelled(ev))

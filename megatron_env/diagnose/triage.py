@@ -183,7 +183,7 @@ def _nccl_errors(ev: Events) -> list[Finding]:
     for e in ev.nccl_errors:
         by_kind[e["kind"]].append(e)
     for kind, es in by_kind.items():
-        where = sorted({describe(ev.who(e)) for e in es if e["rank"] is not None or e["host"]})
+        where = sorted({describe(ev.who(e)) for e in es} - {"a process"})
         version = next((e["version"] for e in es if e["version"]), None)
         last = next((e["last_error"] for e in es if e["last_error"]), "") or next(
             (x["what"] for x in ev.last_errors), "")
@@ -389,9 +389,10 @@ def _ibv(ev: Events) -> list[Finding]:
 
 ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
          "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "nccl.ibverbs",
-         "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.rendezvous",
+         "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.bootstrap",
+         "job.rendezvous",
          "nccl.socket", "job.nccl_error", "job.root_cause",
-         "job.ray_worker", "nccl.peer_lost", "job.timeout",
+         "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.slurm_cancelled",
          "nccl.net", "nccl.transport"]
 
 
