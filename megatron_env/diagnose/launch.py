@@ -156,7 +156,8 @@ def stalls(ev: Events) -> list[Finding]:
         + f", e.g. {ops[0][:120]}",
         [f"{o} [missing {ranks({r for s in ev.stalls if s['op'] == o for r in s['ranks']})}]"
          if not ready else f"{o} [ready {ranks(ready)}]" for o in ops[:6]],
-        f"{ranks(missing) if missing else 'the rank not ready'} took another code path or died: read its log for an error; ranks that "
+        f"{ranks(missing) if missing else 'the rank not ready'} took another code path or died: "
+        "read its log for an error; ranks that "
         "submit tensors under different names or in a different order (a conditional branch, "
         "a layer built only on some ranks) deadlock the same way; "
         "HOROVOD_STALL_CHECK_TIME_SECONDS sets when the inspector reports")]
