@@ -70,7 +70,8 @@ class Line(NamedTuple):
 
 def normalise(text: str, source: str = "-") -> list[Line]:
     """Split, strip colour and launcher tags, join wrapped lines. Pure."""
-    return list(lines(text.splitlines(), source))
+    raw = text.replace("\r\n", "\n").split("\n")  # a lone CR is a rewrite, not a line end
+    return list(lines(raw[:-1] if raw and raw[-1] == "" else raw, source))
 
 
 def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
