@@ -93,8 +93,8 @@ def _label(srcs: list[str]) -> str:
 def read(path: Path) -> Events:
     """One file's events, its cold lines passed over (counted, their rank tags read)."""
     tally = logfiles.Tally()
-    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally),
-                                        str(path)))
+    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally,
+                                                          events_mod.HOT_RARE), str(path)))
     ev.lines += tally.skipped
     ev.ranks_seen |= tally.ranks
     ev.sources.setdefault(str(path), events_mod.new_facts())["ranks"] |= tally.ranks

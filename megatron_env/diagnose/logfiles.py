@@ -168,11 +168,11 @@ class Tally:
 
 
 def physical(path: Path, hot: re.Pattern[str] | None = None,
-             tally: Tally | None = None) -> Iterator[str | int]:
+             tally: Tally | None = None, rare: tuple[str, ...] = ()) -> Iterator[str | int]:
     """The file's lines without line ends, NULs removed, each at most joblog.MAX_LINE long.
 
     Read in blocks of a MiB. With `hot` (what a line must hold to matter), only the lines near
-    one that matches are handed on (`_BEFORE` before, `_AFTER` after: a wrapped message's
+    one that matches, or that holds one of the `rare` words, are handed on (`_BEFORE` before, `_AFTER` after: a wrapped message's
     head, a table under its heading); an int stands for the lines passed over, which `tally`
     counts and whose launcher tags it reads, block by block, at C speed."""
     try:
@@ -205,7 +205,7 @@ def physical(path: Path, hot: re.Pattern[str] | None = None,
             if tally is not None and len(tally.ranks) < _MAX_RANKS:
                 tally.ranks |= joblog.tagged_ranks(text)
             lines = tail + lines
-            keep = _windows(text, hot, len(tail), after)
+            keep = _windows(text, hot, len(tail), after, rare)
             after = max(0, keep[-1][1] - len(lines)) if keep else 0
             # the last lines near no hot one wait for the next block (a hot line may follow)
             held = max(min(keep[-1][1], len(lines)) if keep else 0, len(lines) - _BEFORE)
@@ -230,25 +230,43 @@ def _decode(data: bytes) -> tuple[str, list[str]]:
     return text, lines
 
 
-def _windows(text: str, hot: re.Pattern[str], offset: int,
-             after: int) -> list[tuple[int, int]]:
+def _windows(text: str, hot: re.Pattern[str], offset: int, after: int,
+             rare: tuple[str, ...] = ()) -> list[tuple[int, int]]:
     """[start, end) line ranges around the hot lines of `text` (`offset` lines on), merged."""
     spans: list[tuple[int, int]] = [(offset, offset + after)] if after else []
-    pos = line = 0
-    while m := hot.search(text, pos):
-        line += text.count("\n", pos, m.start())
+    line = at = 0
+    for pos in _hits(text, hot, rare):
+        line += text.count("\n", at, pos)
+        at = pos
         idx = offset + line
         start, end = max(0, idx - _BEFORE), idx + 1 + _AFTER
         if spans and start <= spans[-1][1]:
             spans[-1] = (spans[-1][0], max(spans[-1][1], end))
         else:
             spans.append((start, end))
-        nl = text.find("\n", m.end())
-        if nl < 0:
-            break
-        pos = nl + 1
-        line += 1
     return spans
+
+
+def _hits(text: str, hot: re.Pattern[str], rare: tuple[str, ...]) -> list[int]:
+    """Where the hot lines of `text` start, in order (one position per line and word kind)."""
+    out = []
+    pos = 0
+    while m := hot.search(text, pos):
+        out.append(text.rfind("\n", 0, m.start()) + 1)
+        pos = text.find("\n", m.end()) + 1
+        if pos == 0:
+            break
+    for word in rare:
+        i = text.find(word)
+        while i >= 0:
+            out.append(text.rfind("\n", 0, i) + 1)
+            nl = text.find("\n", i)
+            if nl < 0:
+                break
+            i = text.find(word, nl)
+    if rare:
+        out = sorted(set(out))
+    return out
 
 
 def _handed_on(lines: list[str], keep: list[tuple[int, int]], held: int,
