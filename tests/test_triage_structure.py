@@ -236,3 +236,23 @@ def test_cli_reads_stdin_and_names_skipped_files(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 1 and "timed out in ALLREDUCE" in r.stdout
     assert r.stderr.count("skipped") == 1 and "b.bin" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("line, name, host, pid", [
+    # Open MPI's handler, as posted in https://github.com/ChenRocks/UNITER/issues/82
+    ("[1,0]<stderr>:[1a62e574072d:00334] Signal: Bus error (7)", "SIGBUS", "1a62e574072d",
+     "00334"),
+    # the error line as posted in https://github.com/sgl-project/sglang/issues/6083
+    ("Fatal Python error: Bus error", "SIGBUS", None, None),
+])
+def test_signal_forms_name_signal_host_and_pid(line, name, host, pid):
+    ev = events_mod.events(joblog.normalise(line))
+    (s,) = ev.signals
+    assert (s["signal"], s["host"], s["pid"]) == (name, host, pid)
+
+
+def test_job_model_keeps_what_it_knew_first():
+    job = events_mod.Job()
+    job.note(host="node5", pid="240", gpu=1)
+    job.note(pid="240", gpu=2)  # a later line does not overwrite the GPU already known
+    assert job.who(pid="240")["gpu"] == 1
