@@ -274,6 +274,12 @@ HELDOUT = {
         "SIGKILL", "mlxlab115rp2n7682d40d9-20250521025625-6dyyd3-8nir8b-worker"],
     "sigkill-mp-spawn-process-exited-prompt4nr3.log": [
         FAIL + r".*SIGKILL", "process 0"],
+    "rendezvous-terminal-padded-wrapped-torchtune2676.log": [
+        "id:job.rendezvous"],
+    "rendezvous-ray-commandactor-prefix-torchx540.log": [
+        "id:job.rendezvous", "10.130.6.168"],
+    "rendezvous-create-tcp-store-ray-torchtune2450.log": [
+        "id:job.rendezvous"],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 
