@@ -160,6 +160,12 @@ TUNE = {
     "ib-completion-pod-log-quoted-sichek44.log": [
         "first:nccl.ib_completion", "test-ys-512-scaling-test-0104-1504-a7de2925-master-0",
         "status 12", "vendor err 129"],
+    "torchrun-failures-and-root-cause-all-exit1-pytorch121209.log": [
+        "id:job.root_cause", "rank 0", "vmnuvocinpoc.internal.cloudapp.net"],
+    "watchdog-service-thread-closed-megatron735.log": [
+        "id:job.timeout", "ALLREDUCE", "SeqNum 305", "9aee1c01f3e7"],
+    "watchdog-terminate-what-reduce-scatter-megatron935.log": [
+        "id:job.timeout", "rank 1", "_REDUCE_SCATTER_BASE", "SeqNum 199"],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -280,6 +286,15 @@ HELDOUT = {
         "id:job.rendezvous", "10.130.6.168"],
     "rendezvous-create-tcp-store-ray-torchtune2450.log": [
         "id:job.rendezvous"],
+    "unhandled-system-error-interleaved-chars-fabric-nccl1000.log": [
+        FAIL + r".*unhandled system error", "2.18.5"],
+    "unhandled-system-error-last-error-poll-barrier-veomni131.log": [
+        "id:job.nccl_error", "unhandled system error", "rank 9",
+        "2.26.6", "socketPollConnect", "re:(?i)barrier"],
+    "collective-fingerprint-seq-mismatch-deepspeed4890.log": [
+        FAIL + r".*(?i:1277|1275|mismatch|desync)", "rank 0"],
+    "sigsegv-deepspeed-launcher-rc11-glued-deepspeedexamples626.log": [
+        FAIL + r".*(?i:sigsegv|-11|segmentation)"],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 
