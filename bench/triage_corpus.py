@@ -166,6 +166,10 @@ TUNE = {
         "id:job.timeout", "ALLREDUCE", "SeqNum 305", "9aee1c01f3e7"],
     "watchdog-terminate-what-reduce-scatter-megatron935.log": [
         "id:job.timeout", "rank 1", "_REDUCE_SCATTER_BASE", "SeqNum 199"],
+    "ray-raylet-worker-died-repeated-nemorl2937.log": [
+        "id:job.ray_worker", "1530113", "10.109.18.239"],
+    "ray-node-marked-dead-heartbeats-ray45179.log": [
+        FAIL + r".*(?i:dead|heartbeat|raylet)", "10.0.0.51"],
 }
 
 # written from EXPECT.md before the tool was run on these logs
