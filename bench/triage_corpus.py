@@ -138,6 +138,40 @@ TUNE = {
         FAIL + r".*(?i:cancel)", "DEL2212S020"],
     "watchdog-broadcast-seq1-interleaved-info-lightning20434.log": [
         "id:job.timeout", "rank 3", "BROADCAST", "SeqNum 1", "babel-0-31"],
+    "unhandled-cuda-error-last-error-rank-prefix-nccl1410.log": [
+        "id:job.nccl_error", "unhandled cuda error", "rank 7", "2.20.5", "invalid argument"],
+    "unhandled-cuda-error-last-error-999-diffusionpipe10.log": [
+        FAIL + r".*(?i:unhandled ?cuda|cuda failure)", "999", "rank 0"],
+    "ib-completion-129-then-249-hostname-nccl1814.log": [
+        "first:nccl.ib_completion", "hostname-test",
+        "status 12", "vendor err 129", "172.36.143.59"],
+    "ofi-cq-einval-cloudwatch-table-prefix-awsofi715.log": [
+        FAIL + r".*(?i:OFI|CQ|libfabric)", "algo-1"],
+    "ibv-create-cq-enomem-proxy-connect-deepep143.log": [
+        FAIL + r".*ibv_create_cq.*Cannot allocate memory", "msm-h200-2"],
+    "ibv-create-qp-no-errno-slurm-pyxis-nccl562.log": [
+        FAIL + r".*ibv_create_qp", "hai-a100-3"],
+    "ofi-register-memory-einval-one-line-awsome203.log": [
+        FAIL + r".*(?i:register memory).*Invalid argument"],
+    "sigterm-death-signal-determined-prefix-determined8915.log": [
+        FAIL + r".*(?i:SIGTERM|death signal|signal 15)"],
+    "sigkill-glog-no-other-failures-robomamba10.log": [
+        "id:job.root_cause", "local rank 5", "SIGKILL"],
+    "ray-train-task-error-nested-ray40850.log": [
+        FAIL + r".*(?i:ray|worker|task)", "192.168.0.107"],
+    "ib-completion-pod-log-quoted-sichek44.log": [
+        "first:nccl.ib_completion", "test-ys-512-scaling-test-0104-1504-a7de2925-master-0",
+        "status 12", "vendor err 129"],
+    "torchrun-failures-and-root-cause-all-exit1-pytorch121209.log": [
+        "id:job.root_cause", "rank 0", "vmnuvocinpoc.internal.cloudapp.net"],
+    "watchdog-service-thread-closed-megatron735.log": [
+        "id:job.timeout", "ALLREDUCE", "SeqNum 305", "9aee1c01f3e7"],
+    "watchdog-terminate-what-reduce-scatter-megatron935.log": [
+        "id:job.timeout", "rank 1", "_REDUCE_SCATTER_BASE", "SeqNum 199"],
+    "ray-raylet-worker-died-repeated-nemorl2937.log": [
+        "id:job.ray_worker", "1530113", "10.109.18.239"],
+    "ray-node-marked-dead-heartbeats-ray45179.log": [
+        FAIL + r".*(?i:dead|heartbeat|raylet)", "10.0.0.51"],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -243,6 +277,30 @@ HELDOUT = {
         "id:job.timeout", "rank 2", "ALLREDUCE", "SeqNum 7487"],
     "slurm-time-limit-cancelled-zettautils671.log": [
         FAIL + r".*(?i:time limit)", "494583"],
+    "unhandled-cuda-error-terminate-what-objdetect9.log": [
+        FAIL + r".*unhandled cuda error", "2.7.8"],
+    "sigkill-torchrun-root-cause-rank7-recurrentdrafter5.log": [
+        "id:job.root_cause", "rank 7", "SIGKILL", "f5735d9ffd4f"],
+    "sigkill-root-cause-k8s-pod-host-accelerate-cppo6.log": [
+        "id:job.root_cause", "rank 0",
+        "SIGKILL", "mlxlab115rp2n7682d40d9-20250521025625-6dyyd3-8nir8b-worker"],
+    "sigkill-mp-spawn-process-exited-prompt4nr3.log": [
+        FAIL + r".*SIGKILL", "process 0"],
+    "rendezvous-terminal-padded-wrapped-torchtune2676.log": [
+        "id:job.rendezvous"],
+    "rendezvous-ray-commandactor-prefix-torchx540.log": [
+        "id:job.rendezvous", "10.130.6.168"],
+    "rendezvous-create-tcp-store-ray-torchtune2450.log": [
+        "id:job.rendezvous"],
+    "unhandled-system-error-interleaved-chars-fabric-nccl1000.log": [
+        FAIL + r".*unhandled system error", "2.18.5"],
+    "unhandled-system-error-last-error-poll-barrier-veomni131.log": [
+        "id:job.nccl_error", "unhandled system error", "rank 9",
+        "2.26.6", "socketPollConnect", "re:(?i)barrier"],
+    "collective-fingerprint-seq-mismatch-deepspeed4890.log": [
+        FAIL + r".*(?i:1277|1275|mismatch|desync)", "rank 0"],
+    "sigsegv-deepspeed-launcher-rc11-glued-deepspeedexamples626.log": [
+        FAIL + r".*(?i:sigsegv|-11|segmentation)"],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 

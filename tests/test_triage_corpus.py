@@ -32,7 +32,43 @@ def test_every_log_has_its_source_and_split():
     assert set(corpus.TUNE) <= {k for k, v in split.items() if v == "tune"}
 
 
-@pytest.mark.parametrize("name", sorted(corpus.TUNE))
+# Tune logs added with the second batch whose checks the parser does not meet yet: the parser
+# change this half exists for makes them pass, and strict xfail makes a passing one fail until it
+# is taken off this list.
+NOT_YET_TUNED = {
+    "bootstrap-root-already-checked-in-slurm-lightning14986.log",
+    "horovod-stall-many-missing-horovod457.log",
+    "horovod-stall-mpirun-tag-split-horovod1012.log",
+    "horovod-stalled-ops-ready-ranks-horovod530.log",
+    "ibv-reg-mr-einval-quoted-rank-traceback-msswift6107.log",
+    "nccl-abort-tf-k8s-timestamp-nccl1039.log",
+    "ofi-cq-einval-cloudwatch-table-prefix-awsofi715.log",
+    "ray-node-marked-dead-heartbeats-ray45179.log",
+    "ray-task-error-actor-died-k8s-pod-openrlhf624.log",
+    "ray-train-task-error-nested-ray40850.log",
+    "rendezvous-connection-reset-shutdown-llamaalpaca2-274.log",
+    "rendezvous-error-handler-bracket-level-pytorch64926.log",
+    "rendezvous-python-logging-error-handler-json-pytorch79388.log",
+    "rendezvous-socket-timeout-c10d-pytorch107021.log",
+    "sigsegv-reduce-scatter-backtrace-nemo-nccl1050.log",
+    "sigsegv-ucs-backtrace-ras-nccl1996.log",
+    "sigterm-death-signal-determined-prefix-determined8915.log",
+    "slurm-step-cancelled-progress-bar-myria3d123.log",
+    "torchrun-failures-no-root-cause-timm1724.log",
+    "torchrun-root-cause-rich-box-kohyass897.log",
+    "torchrun-root-cause-stderr-prefix-accelerate1473.log",
+    "unhandled-cuda-error-last-error-999-diffusionpipe10.log",
+    "unhandled-cuda-error-last-error-rank-prefix-nccl1410.log",
+    "unhandled-cuda-error-quoted-rank-broadcast-ultralytics19375.log",
+    "watchdog-broadcast-seq1-interleaved-info-lightning20434.log",
+    "watchdog-service-thread-closed-megatron735.log",
+    "watchdog-terminate-what-reduce-scatter-megatron935.log",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="shape not read yet"))
+    if n in NOT_YET_TUNED else n for n in sorted(corpus.TUNE)])
 def test_tune_logs_give_what_expect_says(name):
     findings, _, _ = jobs.run([corpus.LOGS / name])
     text = corpus.blob(findings)
@@ -69,6 +105,7 @@ HELDOUT_MISSES = {
 NOT_YET_MEASURED = {
     "bus-error-backtrace-p2p-megatron516.log",
     "bus-error-nccl-info-interleaved-deepspeed2638.log",
+    "collective-fingerprint-seq-mismatch-deepspeed4890.log",
     "connect-refused-nccl2-redacted-host-nccl111.log",
     "connection-closed-nccl-failure-nccltests15.log",
     "cuda-oom-pdsh-host-prefix-deepspeed2899.log",
@@ -79,9 +116,16 @@ NOT_YET_MEASURED = {
     "ray-actor-died-raylet-easyr1-300.log",
     "ray-actor-died-tab-fields-toolstar10.log",
     "ray-task-error-taskrunner-verl2995.log",
+    "rendezvous-create-tcp-store-ray-torchtune2450.log",
     "rendezvous-json-escaped-callstack-pytorch67581.log",
+    "rendezvous-ray-commandactor-prefix-torchx540.log",
     "rendezvous-tcpstore-connect-timed-out-pytorch69197.log",
+    "rendezvous-terminal-padded-wrapped-torchtune2676.log",
     "sigkill-deepspeed-launcher-rc9-deepspeed3232.log",
+    "sigkill-mp-spawn-process-exited-prompt4nr3.log",
+    "sigkill-root-cause-k8s-pod-host-accelerate-cppo6.log",
+    "sigkill-torchrun-root-cause-rank7-recurrentdrafter5.log",
+    "sigsegv-deepspeed-launcher-rc11-glued-deepspeedexamples626.log",
     "sigsegv-handler-horovod-comm-init-nccl529.log",
     "sigsegv-openmpi-handler-libmlx4-chainer7586.log",
     "sigsegv-openmpi-handler-timestamp-k8s-nccl2380.log",
@@ -89,6 +133,9 @@ NOT_YET_MEASURED = {
     "slurm-time-limit-cancelled-zettautils671.log",
     "socket-connect-abort-proxy-recv-nccltests166.log",
     "socket-poll-no-route-sglang3820.log",
+    "unhandled-cuda-error-terminate-what-objdetect9.log",
+    "unhandled-system-error-interleaved-chars-fabric-nccl1000.log",
+    "unhandled-system-error-last-error-poll-barrier-veomni131.log",
     "unhandled-system-error-repeated-nemo833.log",
     "watchdog-allreduce-failure-detected-vlmr1-294.log",
     "watchdog-coalesced-first-work-nccl1504.log",
