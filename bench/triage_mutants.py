@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ["megatron_env/diagnose/events.py", "megatron_env/diagnose/triage.py"]
-TESTS_ALL = ["tests/test_triage.py", "tests/test_triage_structure.py", "tests/test_triage_corpus.py"]
+TESTS_ALL = ["tests/test_triage.py", "tests/test_triage_structure.py",
+             "tests/test_triage_corpus.py"]
 TESTS = [t for t in TESTS_ALL if (ROOT / t).exists()]
 FLIP = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE,
         ast.LtE: ast.Gt, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot,

@@ -36,33 +36,8 @@ def test_every_log_has_its_source_and_split():
 # change this half exists for makes them pass, and strict xfail makes a passing one fail until it
 # is taken off this list.
 NOT_YET_TUNED = {
-    "bootstrap-root-already-checked-in-slurm-lightning14986.log",
-    "horovod-stall-many-missing-horovod457.log",
-    "horovod-stall-mpirun-tag-split-horovod1012.log",
-    "horovod-stalled-ops-ready-ranks-horovod530.log",
-    "ibv-reg-mr-einval-quoted-rank-traceback-msswift6107.log",
-    "nccl-abort-tf-k8s-timestamp-nccl1039.log",
     "ofi-cq-einval-cloudwatch-table-prefix-awsofi715.log",
     "ray-node-marked-dead-heartbeats-ray45179.log",
-    "ray-task-error-actor-died-k8s-pod-openrlhf624.log",
-    "ray-train-task-error-nested-ray40850.log",
-    "rendezvous-connection-reset-shutdown-llamaalpaca2-274.log",
-    "rendezvous-error-handler-bracket-level-pytorch64926.log",
-    "rendezvous-python-logging-error-handler-json-pytorch79388.log",
-    "rendezvous-socket-timeout-c10d-pytorch107021.log",
-    "sigsegv-reduce-scatter-backtrace-nemo-nccl1050.log",
-    "sigsegv-ucs-backtrace-ras-nccl1996.log",
-    "sigterm-death-signal-determined-prefix-determined8915.log",
-    "slurm-step-cancelled-progress-bar-myria3d123.log",
-    "torchrun-failures-no-root-cause-timm1724.log",
-    "torchrun-root-cause-rich-box-kohyass897.log",
-    "torchrun-root-cause-stderr-prefix-accelerate1473.log",
-    "unhandled-cuda-error-last-error-999-diffusionpipe10.log",
-    "unhandled-cuda-error-last-error-rank-prefix-nccl1410.log",
-    "unhandled-cuda-error-quoted-rank-broadcast-ultralytics19375.log",
-    "watchdog-broadcast-seq1-interleaved-info-lightning20434.log",
-    "watchdog-service-thread-closed-megatron735.log",
-    "watchdog-terminate-what-reduce-scatter-megatron935.log",
 }
 
 

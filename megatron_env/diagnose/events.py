@@ -14,8 +14,8 @@ from megatron_env.diagnose.joblog import Line
 
 _WATCHDOG = re.compile(
     r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), "
-    r"OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?, Timeout\(ms\)=(\d+)\) ran for (\d+) "
-    r"milliseconds")
+    r"OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?, Timeout\(ms\)=(\d+)\)(?: ran for (\d+) "
+    r"milliseconds)?")  # (a paste cut after the parenthesis still names the collective)
 _WORK = re.compile(r"detected by watchdog at work(?: sequence id)?: (\d+),? (?:PG status: )?last "
                    r"enqueued (?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)")
 _DUMP_WORK = re.compile(r"dump signal.*?[Ll]ast enqueued NCCL work: (-?\d+), last completed "
@@ -118,6 +118,7 @@ _SIGNAL_FORMS = [
     (re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)"), (1, 2, None, 3)),
     (re.compile(r"<Signals\.(SIG\w+): (\d+)>"), (2, 1, None, None)),
     (re.compile(r"received signal (SIG\w+)"), (None, 1, None, None)),
+    (re.compile(r"Received (\d+) death signal, shutting down workers"), (1, None, None, None)),
 ]
 _SIGNAL_NAMES = {"Bus error": 7, "Segmentation fault": 11, "Aborted": 6, "Killed": 9,
                  "Floating point exception": 8}
@@ -449,7 +450,7 @@ def _watchdog(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None
             "rank": rank if rank is not None else pg, "pg_rank": pg, "seq": int(m.group(2)),
             "op": m.group(3), "numel_in": int(m.group(4)) if m.group(4) else None,
             "numel_out": int(m.group(5)) if m.group(5) else None,
-            "timeout_ms": int(m.group(6)), "ran_ms": int(m.group(7)), "host": line.host},
+            "timeout_ms": int(m.group(6)), "ran_ms": int(m.group(7) or 0), "host": line.host},
             key=(rank if rank is not None else pg, int(m.group(2)), m.group(3)))
 
 
@@ -602,7 +603,7 @@ def _signal(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
     if m is None:
         return
     gnum, gname, ghost, gpid = groups
-    what = m.group(gname).strip()
+    what = m.group(gname).strip() if gname else SIGNALS.get(int(m.group(gnum)), "signal")
     num = int(m.group(gnum)) if gnum else _SIGNAL_NAMES.get(what) or next(
         (n for n, s in SIGNALS.items() if s == what), None)
     host = (m.group(ghost) if ghost else None) or line.host
@@ -610,7 +611,8 @@ def _signal(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
     name = SIGNALS.get(num, what) if num else what
     ev.add("signals", {"signal": name, "what": what, "number": num, "rank": _rank(line),
                        "host": host, "pid": pid, "worker": "is killed by signal" in t,
-                       "agent": "received by PID" in t, "line": t.strip()[:300]},
+                       "agent": "received by PID" in t or "death signal" in t,
+                       "line": t.strip()[:300]},
            key=(name, _rank(line), host, pid))
     if pid is not None:
         ev.job.note(_rank(line), host, pid)

@@ -127,7 +127,7 @@ def signals(ev: Events) -> list[Finding]:
             fix = ("DataLoader workers pass batches through /dev/shm: give the container "
                    "--shm-size or --ipc=host, or fewer workers (num_workers)")
         out.append(Finding(
-            "job.signal", "warn" if agent else "fail",
+            "job.signal", "fail",
             f"{subject} killed by {name}" + (f" ({what})" if what != name else "")
             + (f" on {', '.join(who[:4])}" if worker and who != ["a process"] else ""),
             [s["line"] for s in ss[:4]] + (who[4:8] if len(who) > 4 else []), fix))

@@ -172,7 +172,8 @@ def physical(path: Path, hot: re.Pattern[str] | None = None,
     """The file's lines without line ends, NULs removed, each at most joblog.MAX_LINE long.
 
     Read in blocks of a MiB. With `hot` (what a line must hold to matter), only the lines near
-    one that matches, or that holds one of the `rare` words, are handed on (`_BEFORE` before, `_AFTER` after: a wrapped message's
+    one that matches, or that holds one of the `rare` words, are handed on (`_BEFORE` before,
+    `_AFTER` after: a wrapped message's
     head, a table under its heading); an int stands for the lines passed over, which `tally`
     counts and whose launcher tags it reads, block by block, at C speed."""
     try:

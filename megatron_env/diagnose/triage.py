@@ -78,7 +78,7 @@ def _timeouts(ev: Events) -> list[Finding]:
                 + f": {t['op']} SeqNum {t['seq']}"
                 + (f" ({t['numel_in']} elements in / {t['numel_out']} out)"
                    if t["numel_in"] is not None and len(groups) > 1 else "")
-                + f", ran for {t['ran_ms']} ms" for t in ts[:8]]
+                + (f", ran for {t['ran_ms']} ms" if t["ran_ms"] else "") for t in ts[:8]]
     evidence += [f"rank {r}: {w}" for r, w in sorted(ev.work.items())[:8]]
     out = []
     odd = _odd_ones(by_rank)
@@ -405,6 +405,8 @@ def findings(ev: Events) -> list[Finding]:
         rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
         if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
             rank = ORDER.index("job.timeout") + 1
+        if f.id == "job.signal" and f.summary.startswith("torchrun's agent"):  # from outside
+            rank = ORDER.index("job.slurm_cancelled") + 1
         return (f.status != "fail", rank)
 
     fs.sort(key=key)
