@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from megatron_env import digest, output, proc
@@ -69,12 +70,16 @@ def prepare(profile: Profile, echo=output.status, given: Given | None = None) ->
     return dest
 
 
-def install(profile: Profile, python: Path, src: Path, echo=output.status) -> dict:
-    """Editable install of `src` for the interpreter `python`; returns the import check."""
+def install(profile: Profile, python: Path, src: Path, echo=output.status,
+            child_env: Mapping[str, str] | None = None) -> dict:
+    """Editable install of `src` for the interpreter `python`; returns the import check.
+    `child_env`: what uv is told besides (a bundle's offline settings)."""
     if not python.exists():
-        raise UserError(f"no environment at {python}", fix="run `invoke env` first")
+        raise UserError(f"no environment at {python}", fix="run `invoke env` first",
+                        kind="megatron.no-env")
     bindir = python.parent
-    run_env = {**uv.env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    run_env = {**uv.env(**(child_env or {})),
+               "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     echo(f"megatron: installing {src.name} editable for {python} (no dependency resolution)")
     r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps",
                   "--no-build-isolation", "-e", src], env=run_env, timeout=3600,
@@ -96,9 +101,14 @@ def check_import(python: Path) -> dict:
     return facts
 
 
-def check_installed(python: Path, profile: Profile) -> None:
-    """Quick: the environment still has this profile's Megatron checkout installed."""
+def not_installed(python: Path, profile: Profile) -> str | None:
+    """Quick: why the environment no longer has this profile's Megatron checkout installed
+    (None: it has). An environment built anew has lost it; so has a removed checkout."""
+    if not python.exists():
+        return f"no environment at {python}"
+    if not (source_dir(profile) / STAMP).exists():
+        return f"the checkout {source_dir(profile)} is gone"
     facts = probe.probe(python, torch=False)
-    if "megatron-core" not in facts["dists"] or not (source_dir(profile) / STAMP).exists():
-        raise UserError(f"Megatron is no longer installed for {python}",
-                        fix="re-run `invoke megatron`")
+    if "megatron-core" not in facts["dists"]:
+        return f"megatron-core is not installed for {python}"
+    return None

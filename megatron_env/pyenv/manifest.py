@@ -125,6 +125,13 @@ def scan(roots: list[str]) -> dict:
     return {"format": FORMAT, "roots": list(roots), "dists": dists, "bytes": total}
 
 
+def without(manifest: dict, names: set[str]) -> dict:
+    """The manifest less the distributions called `names` (and their bytes)."""
+    dists = {k: d for k, d in manifest["dists"].items() if d["name"] not in names}
+    return {**manifest, "dists": dists,
+            "bytes": sum(f[1] for d in dists.values() for f in d["files"])}
+
+
 def stat_check(manifest: dict, ignore_extra: set[str] = frozenset()) -> list[Difference]:
     """Differences visible to `stat` alone: missing or changed files, packages added."""
     out = []
