@@ -16,6 +16,7 @@ MEGATRON_ENV_CHAIN_EXAMPLES raises the number of sequences hypothesis runs (defa
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
@@ -242,10 +243,8 @@ class Chain:
                              cwd=self.work, env=self.env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
         time.sleep(after)
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it ended before the kill
             os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         p.wait()
 
     def python(self) -> Path:
@@ -370,7 +369,7 @@ class FrontDoors(RuleBasedStateMachine):
 
     @rule(door=st.sampled_from([("setup",), ("setup", "--verify-deep"), ("megatron",),
                                 ("env",), ("setup", "--from", "megatron")]),
-          after=st.floats(0.3, 4.0))
+          after=st.floats(0.05, 2.0))
     def kill(self, door, after):
         self.steps += 1
         self.c.killed(door, after)

@@ -180,8 +180,11 @@ def test_a_stamp_reads_back_as_written(digest, detail, at):
 
 
 def test_a_stamp_is_frozen_and_validated():
+    for bad in ("xyz", "abc", "0" * 15, "0" * 17, "0" * 15 + "G", 16):
+        with pytest.raises(state.BadStamp):
+            Stamp(bad)  # type: ignore[arg-type]
     with pytest.raises(state.BadStamp):
-        Stamp("xyz")
+        Stamp("0" * 16, detail=3)  # type: ignore[arg-type]
     with pytest.raises(state.BadStamp):
         Stamp.parse(json.dumps({"digest": "0" * 16, "at": 5}))
     s = Stamp("0" * 16)
@@ -240,8 +243,10 @@ def test_a_failure_reports_the_hint(world):
     assert [r.status for r in rows][2:] == [Status.NOT_RUN] * 6
 
 
-def test_inputs_changed_by_an_earlier_step_of_the_run_rerun_a_stamped_step(world):
-    """The env step writes the manifest the verify step's digest names."""
+@pytest.mark.parametrize("changes", ["megatron", "verify"])
+def test_inputs_changed_by_an_earlier_step_of_the_run_rerun_a_stamped_step(world, changes):
+    """The env step writes the manifest the verify step's digest names: a step whose inputs
+    an earlier step of the same run changed runs, and its stamp names them as they are now."""
     ready(world)
     world.broken["env"] = "changed since its build"
     chain = world.chain
@@ -250,13 +255,13 @@ def test_inputs_changed_by_an_earlier_step_of_the_run_rerun_a_stamped_step(world
         steps = chain()
         env = next(s for s in steps if s.name == "env")
         run = env.run
-        env.run = lambda ctx: (world.inputs.__setitem__("verify", "verify-2"), run(ctx))[1]
+        env.run = lambda ctx: (world.inputs.__setitem__(changes, "moved"), run(ctx))[1]
         return steps
 
     world.chain = with_side_effect
     rows = world.execute()
     assert rows["env"] is Status.DONE and rows["verify"] is Status.DONE
-    assert rows["megatron"] is Status.UP_TO_DATE  # its inputs did not change
+    assert rows["megatron"] is (Status.DONE if changes == "megatron" else Status.UP_TO_DATE)
     world.chain = chain
     assert world.execute()["verify"] is Status.UP_TO_DATE
 

@@ -18,6 +18,7 @@ yet are reported as skipped with the reason.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -372,30 +373,35 @@ def _again(ctx: Context, d: Decision, now: str | None, ran: list[str]) -> str | 
         return f"its re-check failed ({e.message})"
 
 
-def _inputs_now(d: Decision, ctx: Context) -> str | None:
+def _inputs_now(upstream: str, step: Step, ctx: Context) -> str | None:
     # an earlier step of this run may have made this one's inputs (the env step writes the
     # manifest the verify step names; a repair rewrites it): the stamp records them as they
     # are now, and a stamped step whose inputs changed runs
-    return _digest(d.upstream, d.step.inputs(ctx)) if d.step.inputs else None
+    return _digest(upstream, step.inputs(ctx)) if step.inputs else None
 
 
 def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
-    """Carry the decisions out in order; the first failure stops the chain."""
+    """Carry the decisions out in order; the first failure stops the chain. The chain's digest
+    is carried along as the steps leave it (a step's inputs may change while it runs: the
+    steps after it are stamped with what is there now)."""
     rows: list[Row] = []
     ran: list[str] = []  # stamped steps that ran in this run
+    upstream = ""
     for d in decisions:
         name = d.step.name
-        if d.action is Action.UNCHOSEN:
+        if d.action in (Action.UNCHOSEN, Action.SKIP):
+            stamp, _ = state.read(ctx.stamps, name)
+            upstream = _digest(upstream, stamp.digest if stamp else "")
+            if d.action is Action.SKIP:
+                rows.append(Row(name, Status.SKIPPED, 0.0, d.why))
             continue
         if rows and rows[-1].status in (Status.FAILED, Status.NOT_RUN):
             rows.append(Row(name, Status.NOT_RUN, 0.0, "an earlier step failed"))
             continue
-        if d.action is Action.SKIP:
-            rows.append(Row(name, Status.SKIPPED, 0.0, d.why))
-            continue
         t0 = time.monotonic()
         try:
-            now = _inputs_now(d, ctx)
+            now = _inputs_now(upstream, d.step, ctx)
+            upstream = _digest(upstream, now or "")
             if d.action is Action.VERIFY:
                 again = _again(ctx, d, now, ran)
                 if not again:
@@ -474,17 +480,23 @@ def one_step(ctx: Context, name: str, body: Callable[[], tuple[T, str]]) -> T:
     The stamp it writes is the one `invoke setup` would have written, so the next setup finds
     the step up to date; a failure removes it, as in the chain. A prefix whose stamps cannot be
     written (a read-only mount) is worked on without them."""
+    made = not ctx.stamps.exists()
     try:
         ctx.stamps.mkdir(parents=True, exist_ok=True)
     except OSError:
         return body()[0]
-    with _held(ctx):
-        (d,) = [x for x in decide(ctx, [name]) if x.step.name == name]
-        try:
-            result, detail = body()
-        except UserError:
-            state.remove(ctx.stamps, name)
-            raise
-        if (now := _inputs_now(d, ctx)) is not None:
-            state.write(ctx.stamps, name, now, detail)
-        return result
+    try:
+        with _held(ctx):
+            (d,) = [x for x in decide(ctx, [name]) if x.step.name == name]
+            try:
+                result, detail = body()
+            except UserError:
+                state.remove(ctx.stamps, name)
+                raise
+            if (now := _inputs_now(d.upstream, d.step, ctx)) is not None:
+                state.write(ctx.stamps, name, now, detail)
+            return result
+    except UserError:
+        if made:  # a refused first run leaves nothing behind (no stamps directory, no lock)
+            shutil.rmtree(ctx.stamps, ignore_errors=True)
+        raise
