@@ -3,17 +3,20 @@
     check -> lock -> env -> sources -> patches -> builds -> megatron -> verify
 
 The host check comes first, as a precondition: its findings say which steps this machine
-cannot run. Then `decide` settles every step's action (run, verify, skip) and why, from stamps,
-input digests and findings, before anything runs; `execute` carries the decisions out and
-`--dry-run` prints them. Each step has an input digest (its own inputs plus the digest of the
-step before it), so a changed pin re-runs the steps downstream of it and nothing else. A step
-that succeeded writes a stamp with its digest; on the next run a stamped step is only verified
-(seconds); a re-check that finds a reason (the environment's manifest names a changed file) runs
-the step again, and a stamped step whose inputs that run changed (the verify step names the
-manifest a repair rewrote) runs too. A failed step stops the chain with its message, log tail
-and hint; the next run resumes there. Steps that need
-what this machine lacks (a GPU, the profile's CUDA toolkit) or that this version does not have
-yet are reported as skipped with the reason.
+cannot run. Then `decide` settles every step's action (`state.Action`: run, verify, skip,
+unchosen) and why, from stamps, input digests and findings, before anything runs; `execute`
+carries the decisions out and `--dry-run` (`predict`) says what they would do. Each step has an
+input digest (its own inputs chained with what the steps before it are: their digests when they
+run, their stamps when they do not), so a changed pin re-runs the steps downstream of it and
+nothing else, whichever steps are chosen. A step that succeeded writes a stamp with its digest
+(`state.Stamp`); on the next run a stamped step is only verified (seconds); a re-check that finds
+a reason, or fails, runs the step again, and so does a stamped step whose inputs that run
+changed (the verify step names the manifest a repair rewrote). From any state the front doors
+leave, one run reaches ready and the next finds every step up to date
+(tests/test_setup_chain.py). A failed step stops the chain with its message, log tail and hint;
+the next run resumes there. Steps that need what this machine lacks (a GPU, the profile's CUDA
+toolkit) are reported as skipped with the reason. `one_step` lets a front door that does one
+step its own way (`invoke env`, `invoke build all`) write the same stamp.
 """
 
 from __future__ import annotations
@@ -339,7 +342,6 @@ def decide(ctx: Context, chosen: list[str], chain: list[Step] | None = None) -> 
     for step in chain if chain is not None else steps():
         stamp, missing = state.read(ctx.stamps, step.name)
         stamped = stamp.digest if stamp else ""
-        reason = None
         if step.name not in chosen:
             out.append(Decision(step, Action.UNCHOSEN, None, "not chosen", upstream))
         elif reason := (step.skip(ctx) if step.skip else None):
