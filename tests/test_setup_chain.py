@@ -339,6 +339,19 @@ def test_a_bad_stamp_is_run_again_with_its_reason(world):
     c.converges()
 
 
+def test_a_removed_file_of_the_editable_install_runs_the_megatron_step(world):
+    """The environment's manifest leaves megatron-core out (the megatron step owns it): its
+    own re-check notices the editable install's .pth gone (hypothesis found this one)."""
+    c = fresh(world, "pth")
+    assert c.setup().returncode == 0
+    site = next(c.prefix.resolve().glob("lib/python*/site-packages"))
+    (site / "megatron_core.pth").unlink()
+    plan = c.setup("--dry-run")
+    assert statuses(plan.stdout)["megatron"] == "would run"
+    assert "megatron-core is missing" in " ".join(plan.stdout.split()), plan.stdout
+    c.converges()
+
+
 EXAMPLES = int(os.environ.get("MEGATRON_ENV_CHAIN_EXAMPLES", "6"))
 SEQUENCES: list[int] = []  # steps of each sequence run (the long run reports them)
 

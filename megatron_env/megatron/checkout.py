@@ -18,12 +18,13 @@ from pathlib import Path
 from megatron_env import digest, output, proc
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
-from megatron_env.pyenv import env, probe, uv
+from megatron_env.pyenv import env, manifest, probe, uv
 from megatron_env.sources import patches, repos
 from megatron_env.sources.given import Given
 
 STAMP = ".megatron-env-source.json"
 MODULES = ("megatron.core", "megatron.core.datasets.helpers")
+MEGATRON_DIST = "megatron-core"
 
 
 def patch_series(profile: Profile) -> list[Path]:
@@ -102,13 +103,32 @@ def check_import(python: Path) -> dict:
 
 
 def not_installed(python: Path, profile: Profile) -> str | None:
-    """Quick: why the environment no longer has this profile's Megatron checkout installed
-    (None: it has). An environment built anew has lost it; so has a removed checkout."""
+    """Quick (no import): why the environment no longer has this profile's Megatron checkout
+    installed (None: it has). An environment built anew has lost it; so has a removed checkout,
+    a removed file of the editable install (its .pth) or an install from another checkout."""
     if not python.exists():
         return f"no environment at {python}"
-    if not (source_dir(profile) / STAMP).exists():
-        return f"the checkout {source_dir(profile)} is gone"
+    src = source_dir(profile)
+    if not (src / STAMP).exists():
+        return f"the checkout {src} is gone"
     facts = probe.probe(python, torch=False)
-    if "megatron-core" not in facts["dists"]:
-        return f"megatron-core is not installed for {python}"
+    dists = manifest.scan(facts["sites"], {MEGATRON_DIST})["dists"]
+    if not dists:
+        return f"{MEGATRON_DIST} is not installed for {python}"
+    d = next(iter(dists.values()))
+    if d["absent"]:
+        return f"{MEGATRON_DIST} is missing {', '.join(d['absent'][:3])}"
+    info = next((Path(f[0]).parent for f in d["files"] if f[0].endswith(".dist-info/RECORD")),
+                None)
+    url = _direct_url(info) if info else None
+    if url is not None and url != src.as_uri():
+        return f"{MEGATRON_DIST} is installed from {url}, not from {src}"
     return None
+
+
+def _direct_url(info: Path) -> str | None:
+    """Where an installed distribution came from (PEP 610 direct_url.json), if it says."""
+    try:
+        return json.loads((info / "direct_url.json").read_text()).get("url")
+    except (OSError, ValueError, AttributeError):
+        return None

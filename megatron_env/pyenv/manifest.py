@@ -96,12 +96,15 @@ def _bytecode(record_path: str) -> bool:
     return record_path.endswith(".pyc") and "__pycache__/" in record_path
 
 
-def scan(roots: list[str]) -> dict:
-    """The manifest of the distributions installed under `roots` (site-packages directories)."""
+def scan(roots: list[str], names: set[str] | None = None) -> dict:
+    """The manifest of the distributions installed under `roots` (site-packages directories);
+    `names`: of these distributions only."""
     dists = {}
     total = 0
     for info_name, info in sorted(dist_infos(roots).items()):
         name, version = _dist_name(info)
+        if names is not None and name not in names:
+            continue
         root = str(info.parent)
         files, absent = [], []
         try:
