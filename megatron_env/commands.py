@@ -386,12 +386,16 @@ def kernels(profile: str | None = None) -> int:
     return 0
 
 
-@command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\")")
+@command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\"); "
+              "gzip/xz/zstd logs are read as they are; - reads standard input")
 def triage(logs: str, json: bool = False) -> int:
     """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
     from megatron_env.diagnose import jobs
 
-    found, lines, sources = jobs.run([x for x in logs.split(",") if x])
+    skipped: list[str] = []
+    found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+    for why in skipped:
+        output.warning(f"skipped {why}")
     if json:
         findings.emit_json(found, logs=sources, lines=lines)
     else:
