@@ -10,7 +10,6 @@ to stdout.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,11 +93,11 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
         return _setup_json(ctx, rows, ok, dry_run, time.monotonic() - t0)
     if ctx.findings and not only:
         findings.print_findings(ctx.findings, f"check: this host against {prof.name}")
-    output.table([(r.step, r.status, f"{r.seconds:.1f}", r.detail) for r in rows],
+    output.table([(r.step, r.status.value, f"{r.seconds:.1f}", r.detail) for r in rows],
                  status_col=1)
     counts: dict[str, int] = {}
     for r in rows:
-        counts[r.status] = counts.get(r.status, 0) + 1
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
     verdict = "dry run" if dry_run else "ready" if ok else "stopped"
     output.summary(f"setup {verdict}: {prof.name} at {ctx.prefix}; "
                    + ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -130,16 +129,16 @@ def _setup_json(ctx, rows, ok: bool, dry_run: bool, seconds: float) -> int:
     """setup's rows as JSON, each with the digest its stamp recorded (None when not stamped)."""
     import json
 
+    from megatron_env.setup import state
+
     def stamped(step: str) -> str | None:
-        try:
-            return json.loads((ctx.stamps / f"{step}.json").read_text()).get("digest")
-        except (OSError, ValueError):
-            return None
+        stamp, _why = state.read(ctx.stamps, step)
+        return stamp.digest if stamp else None
 
     output.block(json.dumps({
         "profile": ctx.profile.name, "prefix": str(ctx.prefix),
         "verdict": "dry run" if dry_run else "ready" if ok else "stopped", "seconds": seconds,
-        "steps": [{"step": r.step, "status": r.status, "digest": stamped(r.step),
+        "steps": [{"step": r.step, "status": r.status.value, "digest": stamped(r.step),
                    "seconds": round(r.seconds, 3), "detail": r.detail} for r in rows],
         "findings": [f.to_dict() for f in ctx.findings]}, indent=1) + "\n")
     return 0 if ok else 1
@@ -265,7 +264,8 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
     if b:
         find_links, no_index = [*(find_links or []), *b.find_links], True
     if adopt:
-        v = env.adopt(prof, python, install_missing, find_links, no_index)
+        v = env.adopt(prof, python, install_missing, find_links, no_index,
+                      child_env=b.child_env() if b else None)
         f = v.facts
         output.result(f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}"
                       f", CUDA {f.get('torch_cuda')}, cuDNN {f.get('cudnn')}, NCCL "
@@ -274,9 +274,20 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
         verdict = "matches" if v.ok else f"{len(v.differences)} difference(s) from"
         output.summary(f"env: the environment {verdict} profile {prof.name}", "matches")
         return 0 if v.ok else 1
-    summary = env.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
-                        use_conda=use_conda, find_links=find_links, no_index=no_index,
-                        deep=verify_deep, conda_lock=b.conda_lock if b else None)
+    from megatron_env.setup import pipeline
+
+    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
+                           bundle=b)
+
+    def build_env() -> tuple[env.Summary, str]:
+        s = env.build(prof, ctx.prefix, python=python, conda=conda, use_conda=use_conda,
+                      find_links=find_links, no_index=no_index, deep=verify_deep,
+                      conda_lock=b.conda_lock if b else None, child_env=ctx.child_env)
+        return s, f"{s.action} by invoke env ({s.mode}), {len(s.facts.get('dists', {}))} packages"
+
+    # the setup chain's env step, done with this command's options: its stamp is written, so
+    # the next `invoke setup` finds the environment up to date instead of building it again
+    summary = pipeline.one_step(ctx, "env", build_env)
     output.summary(f"env {summary.line()}")
     return 0
 
@@ -304,27 +315,39 @@ def build(what: str, profile: str | None = None, prefix: str | None = None,
           expect_sha256: list[str] | None = None, trust: str | None = None) -> int:
     """Build a kernel recipe from pinned, patched sources; cache by content; install; verify."""
     from megatron_env.kernels import build
-    from megatron_env.pyenv import probe
+    from megatron_env.pyenv import env, probe
+    from megatron_env.setup import pipeline
+    from megatron_env.sources import repos
 
-    cache = Path(cache_dir).absolute() if cache_dir else None
-    b = None
-    if bundle:  # the environment to build for must be the bundle's Python
-        name = _bundle_profile(bundle, profile)
-        b = _use_bundle(bundle, name, str(_interpreter(load_profile(name), prefix, python)),
-                        what, "--python PYTHON", build_cache=cache,
-                        provenance=(expect_sha256, trust))
+    cache = Path(cache_dir).absolute() if cache_dir else repos.cache_dir()
+    # with --bundle the environment to build for must be the bundle's Python: the bundle names
+    # the profile, whose environment it is (manifest and profile read once)
+    b = _use_bundle(bundle, profile, lambda prof: str(_interpreter(prof, prefix, python)), what,
+                    "--python PYTHON", build_cache=cache, provenance=(expect_sha256, trust))
     prof = b.profile if b else load_profile(profile)
     py = _interpreter(prof, prefix, python)
     archs = (probe.native_archs(py) if arch == "native" else
              arch.split(",") if arch else prof.archs)
     chosen = build.selected(prof, what, archs)
-    for pkg in chosen:
-        res = build.build_and_install(pkg, py, archs, dry_run=dry_run,
-                                      given=b.given if b else None, cache=cache)
-        if isinstance(res, build.Result):
-            how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
-            output.summary(f"{pkg.name}: {how}, installed and verified "
-                           f"({', '.join(res.modules)}) in {res.seconds:.1f} s", "cache hit")
+    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
+                           bundle=b, cache=cache)
+
+    def build_all() -> tuple[None, str]:
+        done = []
+        for pkg in chosen:
+            res = build.build_and_install(pkg, py, archs, dry_run=dry_run, given=ctx.given,
+                                          cache=cache, child_env=ctx.child_env)
+            if isinstance(res, build.Result):
+                how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
+                output.summary(f"{pkg.name}: {how}, installed and verified "
+                               f"({', '.join(res.modules)}) in {res.seconds:.1f} s", "cache hit")
+                done.append(f"{pkg.name} {how}")
+        return None, "; ".join(done) + " (invoke build)"
+
+    if what == "all" and not (dry_run or python or arch):
+        pipeline.one_step(ctx, "builds", build_all)  # the chain's builds step: stamped as one
+    else:  # a part of the step, or another target: its own work, no stamp
+        build_all()
     if dry_run:
         output.summary(f"dry run: {len(chosen)} build plan(s) above, nothing built")
     return 0
@@ -423,20 +446,15 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
                          size=size, against=against, nccl=nccl, nccl_args=nccl_args)
 
 
-def _bundle_profile(bundle: list[str], profile: str | None) -> str:
-    from megatron_env.bundle import layout
-
-    return profile or layout.read_manifest(Path(bundle[-1]).absolute()).profile.name
-
-
-def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | None,
-                builds: str | None, adopt_flag: str, build_cache: Path | None = None,
+def _use_bundle(bundle: list[str] | None, profile: str | None, python, builds: str | None,
+                adopt_flag: str, build_cache: Path | None = None,
                 provenance: tuple[list[str] | None, str | None] = (None, None)):
     """With --bundle: check it; -> the `Bundle` value the command passes down (None without).
-    `builds`: the kernel package to be built (`all`, a name, None); `adopt_flag`: how this
-    command takes an existing interpreter; `provenance`: (--expect-sha256, --trust), checked
-    before anything is unpacked. uv and pip, the child processes, are told through
-    their own variables (the only ones set: nothing in this process reads them)."""
+    `python`: the interpreter it must serve (or a function of the profile giving it); `builds`:
+    the kernel package to be built (`all`, a name, None); `adopt_flag`: how this command takes
+    an existing interpreter; `provenance`: (--expect-sha256, --trust), checked before anything
+    is unpacked. What uv and pip, the child processes, must be told travels with the value
+    (`Bundle.child_env`, given to each child process): nothing is set here."""
     if not bundle:
         return None
     from megatron_env.bundle import offline
@@ -445,10 +463,8 @@ def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | Non
     sums, trust = provenance
     output.status("bundle: " + prov.check([Path(p).absolute() for p in bundle], sums or (),
                                           Path(trust) if trust else None))
-    b = offline.use(bundle, profile, python, builds, adopt_flag=adopt_flag,
-                    build_cache=build_cache)
-    os.environ.update(b.child_env())
-    return b
+    return offline.use(bundle, profile, python, builds, adopt_flag=adopt_flag,
+                       build_cache=build_cache)
 
 
 @command(iterable=("without",), out="the archive to write (FILE.tar)",

@@ -13,7 +13,7 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +56,11 @@ def _chain(docs: dict[Path, Manifest]) -> list[Path]:
 def unpacked(paths: list[Path], echo) -> Path:
     """Archives unpacked once (base first, deltas over it) under the cache, keyed by the chain
     of manifests, and verified (by the run that unpacked them, and again when reused)."""
+    return _unpacked(paths, echo)[0]
+
+
+def _unpacked(paths: list[Path], echo) -> tuple[Path, Manifest]:
+    """`unpacked`, with the manifest of the newest bundle, read once."""
     for p in paths:
         if p.is_dir():
             raise UserError(f"{p} is a directory: pass it alone (unpack the deltas into it)",
@@ -68,16 +73,17 @@ def unpacked(paths: list[Path], echo) -> Path:
     chain = "".join(manifest_digest(docs[p]) for p in ordered)  # a delta alone differs
     key = digest.hexpart(digest.of_bytes(chain.encode()), 16)
     dest = repos.cache_dir() / "bundles" / key
+    top = docs[ordered[-1]]
     if unpack.unpack(ordered, docs, raws[ordered[-1]], dest, echo):
-        return dest
+        return dest, top
     try:  # an entry another run published: verified then, checked again now
-        verify(dest, docs[ordered[-1]])
+        verify(dest, top)
     except UserError as e:
         echo(f"bundle: the cached copy {dest} changed since it was unpacked ({e.message}); "
              "unpacking again")
         unpack.discard(dest)
         unpack.unpack(ordered, docs, raws[ordered[-1]], dest, echo)
-    return dest
+    return dest, top
 
 
 def verify(root: Path, doc: Manifest) -> None:
@@ -169,20 +175,21 @@ class Bundle:
     def find_links(self) -> list[str]:
         return [str(self.wheelhouse)] if self.wheelhouse else []
 
-    def child_env(self) -> dict[str, str]:
+    def child_env(self, cache: Path | None = None) -> dict[str, str]:
         """What uv and pip, as child processes, are told: no index, nothing downloaded, the
         bundle's wheels. uv gets a cache of its own: a cache that once saw an index makes uv
         fetch a pinned wheel from the index's URL even with --no-index and the same file in
         --find-links (uv 0.13.9)."""
         out = {"UV_NO_INDEX": "1", "UV_OFFLINE": "1", "PIP_NO_INDEX": "1",
                "UV_PYTHON_DOWNLOADS": "never",
-               "UV_CACHE_DIR": str(repos.cache_dir() / "uv-offline")}
+               "UV_CACHE_DIR": str((cache or repos.cache_dir()) / "uv-offline")}
         if self.wheelhouse:
             out["UV_FIND_LINKS"] = str(self.wheelhouse)
         return out
 
 
-def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Path | None,
+def use(paths: Iterable[str | Path], profile_name: str | None,
+        python: str | Path | Callable[[Profile], str | Path] | None,
         builds: str | None = "all", echo=output.status, *, adopt_flag: str = "--adopt PYTHON",
         build_cache: Path | None = None) -> Bundle:
     """Check the bundle (unpacking an archive once under the cache); -> the `Bundle` the chain
@@ -191,7 +198,9 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
 
     `builds` names the kernel package the caller will build (`all`, or None for none): one the
     bundle was made without is refused here, before anything is installed. `adopt_flag`: how
-    the calling command takes an existing interpreter (for the hint of an adopt bundle)."""
+    the calling command takes an existing interpreter (for the hint of an adopt bundle).
+    `python` may be a function of the profile (the environment a build is for): the manifest
+    and the profile are each read once."""
     from megatron_env.profile import load as load_profile
 
     paths = [Path(p).absolute() for p in paths]
@@ -201,9 +210,10 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
         doc = read_manifest(root)
         verify(root, doc)
     else:
-        root = unpacked(paths, echo)
-        doc = read_manifest(root)
+        root, doc = _unpacked(paths, echo)
     prof = load_profile(profile_name or doc.profile.name)
+    if callable(python):
+        python = python(prof)
     if python is None and doc.mode == "full":
         python = lock.find_python(prof.python)[0]
     check_serves(doc, prof, python)
