@@ -13,7 +13,7 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from megatron_env.bundle.layout import (
     read_manifest,
     read_manifest_bytes,
 )
-from megatron_env.bundle.manifest import Manifest
+from megatron_env.bundle.manifest import Item, Manifest
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
@@ -140,11 +140,11 @@ def check_serves(doc: Manifest, prof: Profile, python: Path | str | None) -> Non
                         f"{sys.platform} {platform.machine()}", fix="use a bundle made for it")
 
 
-def local_conda_lock(prof: Profile, root: Path, doc: Manifest) -> Path:
+def local_conda_lock(prof: Profile, root: Path, conda: Sequence[Item]) -> Path:
     """The profile's conda-lock.yml with each package URL pointing at the bundle's copy: what
     `invoke env` installs offline (written under the cache; the bundle may be read-only)."""
     text = (prof.conda_lock_file).read_text()
-    for c in doc.conda:
+    for c in conda:
         if c["url"] not in text:
             raise UserError(f"{prof.conda_lock_file} does not list {c['url']}, "
                             "which the bundle carries", fix="run the tool from the bundle's "
@@ -235,7 +235,7 @@ def use(paths: Iterable[str | Path], profile_name: str | None,
                   sdists={x["name"]: root / x["path"] for x in doc.sources})
     return Bundle(prof, root, doc, given,
                   root / "wheels" if (root / "wheels").is_dir() else None,
-                  local_conda_lock(prof, root, doc) if doc.conda else None, kernels)
+                  local_conda_lock(prof, root, doc.conda) if doc.conda else None, kernels)
 
 
 def _cached_builds(root: Path, doc: Manifest, cache: Path) -> None:
