@@ -54,10 +54,12 @@ _MIN_SECRET = 4  # a shorter environment value would blank out ordinary words
 # ----------------------------------------------------------------------------- names
 
 _STRONG_LAST = frozenset({
-    "password", "passwd", "pwd", "passphrase", "pass", "secret", "secrets", "token", "credential",
+    "password", "passwd", "passphrase", "pass", "secret", "secrets", "token", "credential",
     "credentials", "creds", "auth", "authorization", "cookie", "signature", "sig", "sas", "apikey",
     "privatekey", "secretkey", "accesskey", "authkey", "jwt", "pat", "identitytoken",
     "registrytoken", "passin", "passout"})
+_STRONG_ENDS = ("token", "apikey", "accesskey", "secretkey", "privatekey", "authkey",
+                "credential", "credentials")
 _STRONG_PAIRS = frozenset({"api", "access", "private", "secret", "account", "client", "auth",
                            "signing", "encryption", "master", "storage", "subscription",
                            "app", "consumer", "shared", "deploy", "license", "sas"})
@@ -87,7 +89,8 @@ def name_kind(name: str) -> str | None:
     if not parts or parts[-1] in _META_LAST or parts[0] in _SWITCH_FIRST and len(parts) > 1:
         return None
     last, before = parts[-1], parts[-2] if len(parts) > 1 else ""
-    if last in _STRONG_LAST or any(p in ("password", "passwd", "passphrase") for p in parts):
+    if last in _STRONG_LAST or last.endswith(_STRONG_ENDS) or any(
+            w in p for p in parts for w in ("password", "passwd", "passphrase", "secret")):
         return "strong"
     if last in ("key", "keys"):
         if before in _STRONG_PAIRS:
@@ -131,7 +134,7 @@ def secret_value(kind: str | None, value: str) -> bool:
 
 _PEM = re.compile(r"(-----BEGIN ([A-Z0-9 ]{1,48})-----)([A-Za-z0-9+/=\s:,.\\-]*?)"
                   r"(-----END \2-----|(?=[^A-Za-z0-9+/=\s:,.\\-])|\Z)")
-_URL_USERINFO = re.compile(r"(\b[a-z][\w+.-]*://)[^/@\s]+@", re.I)
+_URL_USERINFO = re.compile(r"(\b[a-z][\w+.-]*:/{1,2})[^/@\s]+@", re.I)  # a Path keeps one /
 # `?key=value`, `&key=value`, `#key=value`, `;key=value` (a URL's query, fragment, parameters)
 _URL_PAIR = re.compile(
     r"((?<=[?&#;])(?:[\w.-]*[_.-])?(?:access_token|private_token|refresh_token|id_token|token|"
@@ -147,7 +150,7 @@ _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]ige
           r"|(?P<bv>[^\s\"'`,;&)}\]]+))")
 _KV = re.compile(
     r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|(?P<kq>\\{0,3}[\"'])?)(?P<name>[A-Za-z_][\w.-]*)"
-    r"(?(kq)(?P=kq)))(?P<sep>[ \t]*[:=][ \t]*|(?(dash)[ \t]+(?!-)|(?!)))" + _VALUE, re.M)
+    r"(?(kq)(?P=kq)))(?P<sep>[ \t]*[:=][ \t]*|(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
 _HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api-key|"
                      r"x-auth-token|private-token|x-goog-api-key)([ \t]*:[ \t]*)"
                      r"((?:basic|bearer|token|digest|negotiate|ntlm|oauth)[ \t]+)?"
@@ -194,12 +197,22 @@ def _pem(m: re.Match[str]) -> str:
     return m.group(1) + REDACTED + (m.group(4) or "")
 
 
-def _kv(m: re.Match[str]) -> str:
-    value = m.group("qv") if m.group("vq") is not None else m.group("bv")
-    if not secret_value(name_kind(m.group("name")), value.strip()):
-        return m.group(0)
-    return (m.group("key") + m.group("sep") + (m.group("scheme") or "") + (m.group("vq") or "")
-            + REDACTED + (m.group("vc") or ""))
+def _kv(s: str) -> str:
+    """Each secret-named key's value masked. The key and its separator are matched, the value
+    only looked at: a value that is not masked is searched for keys of its own
+    (`NCCL_X=--password P`)."""
+    out, pos = [], 0
+    for m in _KV.finditer(s):
+        if m.start() < pos:
+            continue
+        value = m.group("qv") if m.group("vq") is not None else m.group("bv")
+        if not secret_value(name_kind(m.group("name")), value.strip()):
+            continue
+        end = m.end("vc") if m.group("vq") is not None else m.end("bv")
+        out += [s[pos:m.end()], m.group("scheme") or "", m.group("vq") or "", REDACTED,
+                m.group("vc") or ""]
+        pos = end
+    return "".join(out) + s[pos:] if out else s
 
 
 def _header(m: re.Match[str]) -> str:
@@ -239,7 +252,7 @@ def _structure(s: str) -> str:
     s = _PGPASS.sub(lambda m: m.group(1) + REDACTED, s)
     s = _TOKEN_FORMATS.sub(REDACTED, s)
     s = _BEARER.sub(_bearer, s)
-    s = _KV.sub(_kv, s)
+    s = _kv(s)
     return _B64_LINE.sub(_b64_line, s)
 
 
