@@ -48,6 +48,10 @@ OPTIONS = {
     "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)",
     "adopt": "use this existing interpreter (an NGC container's python) as the environment",
     "conda": "conda/mamba/micromamba executable for the conda path",
+    "expect_sha256": "with --bundle: refuse an archive whose sha256 is not this (repeatable; "
+                     "B.tar.sha256 holds it)",
+    "trust": "with --bundle: an allowed-signers file; refuse an archive not signed (B.tar.sig) "
+             "by one of its keys",
 }
 
 

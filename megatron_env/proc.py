@@ -59,12 +59,14 @@ def run(
     log: Path | None = None,
     stream: bool = False,
     on_line=None,
+    stdin_file: Path | None = None,
 ) -> Result:
     """Run `argv`; never raises for a missing program, a failure or a timeout.
 
     `env` replaces the environment (callers derive it from `os.environ`); `log` receives the
     combined output; `stream` lets the output through to the terminal as it comes (teed into
     `log`), or, with `on_line`, hands each line to that callback instead (build progress).
+    `stdin_file`: a file fed to the program's standard input (a large one, read as it goes).
     """
     args = tuple(str(a) for a in argv)
     exe = args[0]
@@ -82,7 +84,8 @@ def run(
             errors="replace",
             timeout=timeout,
             input=input,
-            stdin=None if input is not None else subprocess.DEVNULL,
+            stdin=(None if input is not None else
+                   stdin_file.open("rb") if stdin_file is not None else subprocess.DEVNULL),
         )
     except FileNotFoundError:
         return Result(args, 127, "", f"{exe}: command not found", missing=True)

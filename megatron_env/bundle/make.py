@@ -36,7 +36,7 @@ from megatron_env.sources import patches, repos
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
 SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
-                "pyproject.toml", "README.md")
+                "pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
 _PIP_NAME = re.compile(r"[-_.]+")
 
 

@@ -92,6 +92,10 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
 
 
 def _self_version() -> dict:
+    from megatron_env import project
+
+    if project.how() == "shipped":  # a wheel: no checkout to ask
+        return {"version": __version__, "commit": None, "modified": None}
     head = proc.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, timeout=30)
     dirty = proc.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                      timeout=30)

@@ -17,7 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, digest, output, proc
+from megatron_env import digest, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.sources.given import Given
 
@@ -25,7 +25,7 @@ CACHE_ENV = "MEGATRON_ENV_CACHE"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV, REPO_ROOT / ".cache"))
+    return Path(os.environ.get(CACHE_ENV, project.state_root() / ".cache"))
 
 
 def mirror_var(name: str) -> str:
