@@ -53,11 +53,8 @@ _MIN_SECRET = 4  # a shorter environment value would blank out ordinary words
 
 # ----------------------------------------------------------------------------- names
 
-_STRONG_LAST = frozenset({
-    "password", "passwd", "passphrase", "pass", "secret", "secrets", "token", "credential",
-    "credentials", "creds", "auth", "authorization", "cookie", "signature", "sig", "sas", "apikey",
-    "privatekey", "secretkey", "accesskey", "authkey", "jwt", "pat", "identitytoken",
-    "registrytoken", "passin", "passout"})
+_STRONG_LAST = frozenset({"pass", "creds", "auth", "authorization", "cookie", "signature", "sig",
+                          "sas", "jwt", "pat", "passin", "passout"})
 _STRONG_ENDS = ("token", "apikey", "accesskey", "secretkey", "privatekey", "authkey",
                 "credential", "credentials")
 _STRONG_PAIRS = frozenset({"api", "access", "private", "secret", "account", "client", "auth",
@@ -70,8 +67,8 @@ _META_LAST = frozenset({
     "required", "expiry", "expires", "expiration", "ttl", "timeout", "header", "field",
     "prefix", "suffix", "format", "scheme", "version", "limit", "helper", "manager",
     "provider", "backend", "plugin", "source", "command", "cmd", "ref", "arn", "regex",
-    "pattern", "class", "algorithm", "alg", "dispatcher", "drop", "parallelism", "budget",
-    "location", "store", "ids", "id_file", "level", "rate", "index"})
+    "pattern", "class", "algorithm", "alg", "parallelism", "budget", "location", "store", "ids",
+    "level", "rate", "index"})
 _SWITCH_FIRST = frozenset({"use", "no", "enable", "disable", "with", "without", "skip",
                            "require", "allow", "is", "has", "max", "min", "num", "n"})
 _NOT_SECRET_KEY = frozenset({"cache", "sort", "primary", "foreign", "partition", "routing",
@@ -147,7 +144,7 @@ _URL_PAIR = re.compile(
 _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]igest|"
           r"[Nn]egotiate|NTLM|OAuth|AWS4-HMAC-SHA256)[ \t]+)?"
           r"(?:(?P<vq>\\{0,3}[\"'])(?P<qv>(?:(?!(?P=vq))(?:\\.|[^\n]))*)(?P<vc>(?P=vq)|$)"
-          r"|(?P<bv>[^\s\"'`,;&)}\]]+))")
+          r"|(?P<bv><[^<>\n]*>|[^\s\"'`,;&)}\]]+))")
 _KV = re.compile(
     r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|(?P<kq>\\{0,3}[\"'])?)(?P<name>[A-Za-z_][\w.-]*)"
     r"(?(kq)(?P=kq)))(?P<sep>[ \t]*[:=][ \t]*|(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
