@@ -189,8 +189,8 @@ _PREFIXES = ("gho_", "ghp_", "ghu_", "ghs_", "ghr_", "github_", "glpat-", "hf_",
 
 def _suspect(s: str) -> bool:
     low = s.lower()
-    return (any(w in low for w in _STEMS) or any(p in s for p in _PREFIXES)
-            or s.count(":") >= 4 or _B64_LINE.search(s) is not None)
+    return (any(map(low.__contains__, _STEMS)) or any(map(s.__contains__, _PREFIXES))
+            or s.count(":") >= 4 or len(s) >= 40 and _B64_LINE.search(s) is not None)
 
 
 def mask_urls(text: str) -> str:
@@ -245,20 +245,35 @@ def _bearer(m: re.Match[str]) -> str:
     return m.group(0)
 
 
+_LOGIN_WORDS = ("login", "mysql", "maria", "sshpass", "redis", "-u", "--user", "--proxy-user",
+                "pass:")
+_HEADER_WORDS = ("auth", "cookie", "api-key", "token")
+
+
 def _structure(s: str) -> str:
-    """Every rule but the environment's, on text that is not a JSON document."""
+    """Every rule but the environment's, on text that is not a JSON document; each rule only
+    where its words are (the rules are regex scans, the words substring tests)."""
+    low = s.lower()
     if "-----BEGIN" in s:
         s = _PEM.sub(_pem, s)
-    s = mask_urls(s)
-    s = _HEADER.sub(_header, s)
-    s = _LOGIN.sub(lambda m: m.group(1) + REDACTED, s)
-    s = _NETRC.sub(_netrc, s)
-    s = _NETRC_LINE.sub(lambda m: m.group(1) + REDACTED, s)
-    s = _PGPASS.sub(lambda m: m.group(1) + REDACTED, s)
-    s = _TOKEN_FORMATS.sub(REDACTED, s)
-    s = _BEARER.sub(_bearer, s)
-    s = _kv(s)
-    return _B64_LINE.sub(_b64_line, s)
+    if "@" in s or "=" in s:
+        s = mask_urls(s)
+    if any(map(low.__contains__, _HEADER_WORDS)):
+        s = _HEADER.sub(_header, s)
+    if any(map(low.__contains__, _LOGIN_WORDS)):
+        s = _LOGIN.sub(lambda m: m.group(1) + REDACTED, s)
+    if "password" in low or "account" in low:
+        s = _NETRC.sub(_netrc, s)
+        s = _NETRC_LINE.sub(lambda m: m.group(1) + REDACTED, s)
+    if s.count(":") >= 4:
+        s = _PGPASS.sub(lambda m: m.group(1) + REDACTED, s)
+    if any(map(s.__contains__, _PREFIXES)):
+        s = _TOKEN_FORMATS.sub(REDACTED, s)
+    if "earer" in low or "Basic" in s or "token" in s:
+        s = _BEARER.sub(_bearer, s)
+    if "=" in s or ":" in s or "-" in s:  # NAME=X, name: X, --name X
+        s = _kv(s)
+    return _B64_LINE.sub(_b64_line, s) if len(s) >= 40 else s
 
 
 def _walk(obj, environ: Mapping[str, str], name: str | None = None):
