@@ -166,7 +166,7 @@ _NETRC_PAIR = re.compile(r"((?:account|password)[ \t]+)(\S+)")
 _NETRC_LINE = re.compile(r"(?m)^([ \t]*(?:password|account)[ \t]+)(\S+)[ \t]*$")
 _PGPASS = re.compile(r"(?m)(?<![^\s=\"'(\[,])((?:[A-Za-z*][\w.*-]*|\d{1,3}(?:\.\d{1,3}){3}):"
                      r"(?:\d{1,5}|\*):[^:\s\"']+:[^:\s\"']+:)((?:\\:|[^:\s\"'])+?)"
-                     r"(?=[)\],]*(?:$|[\s\"']))")
+                     r"(?=[)\],:]*(?:$|[\s\"']))")
 _TOKEN_FORMATS = re.compile(
     r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}|"
     r"glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|sk-(?:proj-|svcacct-|admin-|ant-)?"
