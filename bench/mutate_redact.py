@@ -56,7 +56,7 @@ def _edits(code: str) -> list[tuple[int, int, str]]:
     edits += [(m.start(), m.end(), "") for m in re.finditer(r"\"([a-z_]{2,})\",? ?", code)]
     edits += [(m.start(), m.end(), "") for m in re.finditer(r"(?<=[(|])([^()|\[\]\\]{2,})\|",
                                                           code)]
-    for m in re.finditer(r"\[([^\]\\]{2,8})\]", code):  # a short character class
+    for m in re.finditer(r"\[([^\]\\]{2,8})\]", code if 'r"' in code else ""):  # a regex's class
         edits += [(m.start() + 1 + j, m.start() + 2 + j, "") for j, c in enumerate(m.group(1))
                   if c not in "^-"]
     return edits

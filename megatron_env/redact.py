@@ -93,7 +93,7 @@ def name_kind(name: str) -> str | None:
         if before in _STRONG_PAIRS:
             return "strong"
         return None if before in _NOT_SECRET_KEY else "weak"
-    if last == "id" and (before in ("key", "secret", "token", "session") or name_kind(
+    if last == "id" and (before in ("key", "session") or name_kind(
             "_".join(parts[:-1])) == "strong"):
         return "weak"
     return "weak" if last in ("sessionid", "sid") else None
@@ -169,8 +169,8 @@ _PGPASS = re.compile(r"(?m)(?<![^\s=\"'(\[,])((?:[A-Za-z*][\w.*-]*|\d{1,3}(?:\.\
                      r"(?=[)\],:]*(?:$|[\s\"']))")
 _TOKEN_FORMATS = re.compile(
     r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}|"
-    r"glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|sk-(?:proj-|svcacct-|admin-|ant-)?"
-    r"[A-Za-z0-9_-]{20,}|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|nvapi-[A-Za-z0-9_-]{20,}|"
+    r"glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}"
+    r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|nvapi-[A-Za-z0-9_-]{20,}|"
     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}|xox[abeprs]-[A-Za-z0-9-]{10,}|"
     r"AIza[0-9A-Za-z_-]{35}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|"
     r"dckr_pat_[A-Za-z0-9_-]{20,}|"

@@ -155,7 +155,7 @@ STRONG = ["password", "DB_PASSWORD", "PGPASSWORD", "mysqlRootPassword", "passwd"
           "deploy_key", "license_key", "sas_key", "secret_id"]
 WEAK = ["key", "ssh_key", "private_key_id", "AWS_ACCESS_KEY_ID", "token_id",
         "session_id", "sessionid", "sid", "key_id", "keys", "hf_token_id"]
-NOT_SECRET = [f"token_{w}" for w in (
+NOT_SECRET = [f"password_{w}" for w in (
     "file", "files", "path", "paths", "dir", "directory", "env", "var", "name", "names", "type",
     "types", "kind", "length", "len", "size", "min", "max", "count", "num", "prompt", "stdin",
     "policy", "method", "mode", "url", "uri", "endpoint", "host", "enabled", "enable",
@@ -190,7 +190,7 @@ def test_names_that_are_no_secret(name):
 
 
 @pytest.mark.parametrize("value", ["true", "False", "none", "NULL", "nil", "yes", "no", "on",
-                                   "off", "undefined", "***", "xxxx", "-", "<your token>",
+                                   "off", "undefined", "***", "xxx", "-", "<your token>",
                                    "$HF_TOKEN", "${HF_TOKEN}", "%TOKEN%", "...", ""])
 def test_placeholders_are_no_secret_values(value):
     assert not redact.secret_value("strong", value)
@@ -215,6 +215,7 @@ def test_random_looking_boundaries():
     assert not redact.random_looking("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa11")  # low entropy
     assert redact.random_looking("a1b2c3d4e5")  # 10 characters, entropy 3.32 >= 0.9*log2(10)
     assert not redact.random_looking("a1a1b2b2c3c3")  # entropy 2.58 < 3.0
+    assert redact.random_looking("a1b2c3d4a1b2c3d4")  # entropy exactly 3.0
 
 
 @pytest.mark.parametrize("prefix", ["xoxa", "xoxb", "xoxe", "xoxp", "xoxr", "xoxs"])
@@ -229,6 +230,14 @@ def test_every_slack_prefix(prefix):
     ("docker login -u bot -p Pl4nted.pw nvcr.io", "Pl4nted.pw"),
     ("podman login --username bot --password=Pl4nted.pw quay.io", "Pl4nted.pw"),
     ("mysql -u root -pPl4nted.pw train", "Pl4nted.pw"),
+    ("mariadb -h db -pPl4nted.pw", "Pl4nted.pw"),
+    ("curl --user alice:Pl4nted.pw https://h", "Pl4nted.pw"),
+    ("h:5:db:u:Pl4nted.pw", "Pl4nted.pw"),
+    ("Bearer aaaaaaaaaaaaaaaaaaaaaaaa", "aaaaaaaaaaaaaaaa"),
+    ("gho_" + "Pl4ntedGitHubOAuth0" * 2, "Pl4ntedGitHubOAuth0"),
+    ("ghu_" + "Pl4ntedGitHubUser00" * 2, "Pl4ntedGitHubUser00"),
+    ("ghs_" + "Pl4ntedGitHubServer" * 2, "Pl4ntedGitHubServer"),
+    ("ghr_" + "Pl4ntedGitHubRefres" * 2, "Pl4ntedGitHubRefres"),
     ("sshpass -p Pl4nted.pw ssh node1", "Pl4nted.pw"),
     ("redis-cli -h r -a Pl4nted.pw ping", "Pl4nted.pw"),
     ("curl -u alice:Pl4nted.pw https://h", "Pl4nted.pw"),
