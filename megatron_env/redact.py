@@ -144,7 +144,7 @@ _URL_PAIR = re.compile(
 _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]igest|"
           r"[Nn]egotiate|NTLM|OAuth|AWS4-HMAC-SHA256)[ \t]+)?"
           r"(?:(?P<vq>\\{0,3}[\"'])(?P<qv>(?:(?!(?P=vq))(?:\\.|[^\n]))*)(?P<vc>(?P=vq)|$)"
-          r"|(?P<bv><[^<>\n]*>|[^\s\"'`,;&)}\]]+))")
+          r"|(?P<bv><[^<>\n]*>(?=$|[\s\"'`,;&)}\]])|[^\s\"'`,;&)}\]]+))")
 _KV = re.compile(
     r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|(?P<kq>\\{0,3}[\"'])?)(?P<name>[A-Za-z_][\w.-]*)"
     r"(?(kq)(?P=kq)))(?P<sep>[ \t]*[:=][ \t]*|(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
@@ -175,7 +175,8 @@ _TOKEN_FORMATS = re.compile(
     r"AIza[0-9A-Za-z_-]{35}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|"
     r"dckr_pat_[A-Za-z0-9_-]{20,}|"
     r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})(?![\w-])")
-_BEARER = re.compile(r"(\b(?:[Bb]earer|BEARER|Basic|token)[ \t]+)([A-Za-z0-9._~+/=-]{16,})")
+_BEARER = re.compile(r"(\b(?:[Bb]earer|BEARER|Basic|token)[ \t]+)([A-Za-z0-9._~+/=-]{16,})"
+                     r"(?=$|[\s\"',;)\]}])")
 _B64_LINE = re.compile(r"(?m)^([ \t]*)([A-Za-z0-9+/]{40,}={0,2})([ \t]*)$")
 # a cheap first look (substring tests, no regex scan): a string with none of these holds
 # nothing the rules above would mask
