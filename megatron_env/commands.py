@@ -9,8 +9,10 @@ to stdout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from megatron_env import REPO_ROOT, findings, output, project
@@ -78,14 +80,16 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
 
-    b = _use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
-                    provenance=(expect_sha256, trust))
-    prof = b.profile if b else load_profile(profile)
-    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
-                           adopt=Path(adopt).absolute() if adopt else None,
-                           no_builds=no_builds, deep=verify_deep, bundle=b)
-    t0 = time.monotonic()
-    rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
+    with _json_error(json, "setup"):
+        b = _use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
+                        provenance=(expect_sha256, trust))
+        prof = b.profile if b else load_profile(profile)
+        ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix
+                               else env.default_prefix(prof),
+                               adopt=Path(adopt).absolute() if adopt else None,
+                               no_builds=no_builds, deep=verify_deep, bundle=b)
+        t0 = time.monotonic()
+        rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
     if json:
         return _setup_json(ctx, rows, ok, dry_run, time.monotonic() - t0)
     if ctx.findings and not only:
@@ -100,6 +104,26 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
                    + ", ".join(f"{n} {s}" for s, n in counts.items())
                    + f"; {time.monotonic() - t0:.1f} s", status=verdict)
     return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def _json_error(enabled: bool, command: str) -> Iterator[None]:
+    """With --json, a command that stops on an error still prints one JSON object on stdout
+    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
+    stderr and the exit status stay `guarded`'s."""
+    try:
+        yield
+    except (UserError, OSError) as e:
+        if enabled:
+            import json
+
+            err = ({"kind": e.kind or "error", "message": e.message, "fix": e.fix}
+                   if isinstance(e, UserError) else
+                   {"kind": "os", "message": f"{e.filename or 'a file'}: {e.strerror or e}",
+                    "fix": ""})
+            output.block(json.dumps({"command": command, "ok": False, "error": err},
+                                    indent=1) + "\n")
+        raise
 
 
 def _setup_json(ctx, rows, ok: bool, dry_run: bool, seconds: float) -> int:
@@ -170,6 +194,11 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
     if refresh and upgrade_package:
         raise UserError("--refresh moves every package; --upgrade-package moves one",
                         fix="pass one of them")
+    if project.how() == "shipped":  # the package's own copy: never write into site-packages
+        raise UserError(f"the profiles in use are the copy shipped with the package "
+                        f"({project.root()}); `lock` writes locks next to them",
+                        fix="run it in a checkout of megatron-env, or pass --project DIR "
+                            f"(or {project.ENV}) naming one", kind="project.read-only")
     profs = [load_profile(profile)] if profile or not refresh else load_all()
     lookup = Path(pypi_to_conda_lookup_file) if pypi_to_conda_lookup_file else None
     for prof in profs:
@@ -393,7 +422,7 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
 def _bundle_profile(bundle: list[str], profile: str | None) -> str:
     from megatron_env.bundle import layout
 
-    return profile or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
+    return profile or layout.read_manifest(Path(bundle[-1]).absolute()).profile.name
 
 
 def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | None,
@@ -433,12 +462,13 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
     from megatron_env.bundle import make
     from megatron_env.bundle import provenance as prov
 
-    prof = load_profile(profile)
-    made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
-                     since=Path(since) if since else None,
-                     without=[n for w in without or () for n in w.split(",") if n])
-    sha = prov.write_sum(made.out)
-    sig = prov.sign(made.out, Path(sign)) if sign else None
+    with _json_error(json, "bundle"):
+        prof = load_profile(profile)
+        made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
+                         since=Path(since) if since else None,
+                         without=[n for w in without or () for n in w.split(",") if n])
+        sha = prov.write_sum(made.out)
+        sig = prov.sign(made.out, Path(sign)) if sign else None
     if json:
         import json as js
 
