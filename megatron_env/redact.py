@@ -174,7 +174,7 @@ _TOKEN_FORMATS = re.compile(
     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA)[A-Z0-9]{16}|xox[abeprs]-[A-Za-z0-9-]{10,}|"
     r"AIza[0-9A-Za-z_-]{35}|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|"
     r"dckr_pat_[A-Za-z0-9_-]{20,}|"
-    r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,})(?![\w-])")
+    r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*)?)(?![\w-])")
 _BEARER = re.compile(r"(\b(?:[Bb]earer|BEARER|Basic|token)[ \t]+)([A-Za-z0-9._~+/=-]{16,})"
                      r"(?=$|[\s\"',;)\]}])")
 _B64_LINE = re.compile(r"(?m)^([ \t]*)([A-Za-z0-9+/]{40,}={0,2})([ \t]*)$")
