@@ -127,6 +127,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
     lines: list[str] = []
+    scrub = redact.Lines()  # one per stream: a PEM block's lines are masked until its END
     fh = log.open("w") if log is not None else None
     try:
         p = subprocess.Popen(
@@ -143,11 +144,12 @@ def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
         assert p.stdout is not None
         for line in p.stdout:
             lines.append(line)
+            shown = scrub(line)
             if fh:
-                fh.write(redact.text(line))
+                fh.write(shown)
                 fh.flush()
             if on_line is None:
-                sys.stderr.write(redact.text(line))  # progress of a tool: status, not a result
+                sys.stderr.write(shown)  # progress of a tool: status, not a result
                 sys.stderr.flush()
             else:
                 on_line(line)
