@@ -3,6 +3,7 @@
 else lives here."""
 
 import inspect
+import signal
 
 from invoke import Collection, Exit, Task
 
@@ -25,4 +26,6 @@ def _task(cmd: cli.Command) -> Task:
     return Task(body, name=cmd.name, help=helps, iterable=list(cmd.iterable))
 
 
+# Ctrl-C interrupts even where SIGINT was inherited as ignored (a job started by a script with &)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 namespace = Collection(*(_task(cmd) for cmd in cli.COMMANDS.values()))

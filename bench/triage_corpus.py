@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from megatron_env.diagnose import jobs  # noqa: E402
 
 LOGS = ROOT / "tests" / "fixtures" / "job-logs"
+FAIL = r"re:(?m)^\S+ fail "  # a failing finding whose line then matches
 
 TUNE = {
     "watchdog-stderr-tag-wrapped-milabench269.log": [
@@ -74,6 +75,103 @@ TUNE = {
         "id:job.root_cause", "local rank 3", "SIGKILL"],
     "socket-connect-skypilot-host-rank-skypilot4448.log": [
         "id:nccl.socket", "fe80::", "nccl-e9ef-7d4f-1"],
+    "sigbus-torchrun-table-srun-llamafactory2206.log": [
+        "id:job.root_cause", "rank 0", "SIGBUS", "lexun-1"],
+    "horovod-stall-mpirun-tag-split-horovod1012.log": [
+        FAIL + r".*(?i:stall|missing rank)", "rank 1", "HorovodBroadcast"],
+    "horovod-stall-many-missing-horovod457.log": [
+        FAIL + r".*(?i:stall|missing rank)", "MetricAverageCallback"],
+    "horovod-stalled-ops-ready-ranks-horovod530.log": [
+        FAIL + r".*(?i:stall|ready rank|missing)", "rank 2"],
+    "watchdog-allgather-axolotl1670.log": [
+        "id:job.timeout", "rank 1", "ALLGATHER", "SeqNum 2263", "300000"],
+    "dump-signal-from-rank2-simplegrpo46.log": [
+        "id:job.timeout", "rank 2", "not:job.unknown"],
+    "ibv-reg-mr-einval-quoted-rank-traceback-msswift6107.log": [
+        FAIL + r".*(?i:ibv_reg_mr).*Invalid argument", "iv-ydin754tmoxjd1twgixh", "rank 10",
+        "re:(?i)reduce_scatter"],
+    "nccl-abort-tf-k8s-timestamp-nccl1039.log": [
+        FAIL + r".*unhandled system error", "job-1111-2222-0", "not:on 2023"],
+    "watchdog-blocking-wait-allreduce-diffusers12422.log": [
+        "id:job.timeout", "ALLREDUCE", "SeqNum 2521", r"re:ranks? [^|\n]*1[^|\n]*5[^|\n]*7"],
+    "torchrun-glog-failed-double-rank-prefix-torchtitan216.log": [
+        "id:job.root_cause", "local rank 0"],
+    "sigsegv-torchrun-glog-childfailed-flagembedding1549.log": [
+        "id:job.root_cause", "local rank 0", "SIGSEGV"],
+    # the excerpt ends at the table's `host` field; `[0]:` is torchrun's index of the entry (the
+    # root cause is always printed as [0]), not its rank, so the rank is not in the log
+    "torchrun-root-cause-rich-box-kohyass897.log": [
+        "id:job.root_cause", "DESKTOP-MU52LFJ.lan"],
+    "torchrun-failures-no-root-cause-timm1724.log": [
+        "id:job.root_cause", "rank 1", "fredo-SYS-4028GR-TVRT-01-PD006"],
+    "remote-error-distbackend-megatronbridge926.log": [
+        "id:job.nccl_error", "remote process exited", "2.27.3"],
+    "ray-task-error-actor-died-k8s-pod-openrlhf624.log": [
+        FAIL + r".*(?i:actor|ray|worker)", "psx2f8y6xqsya8hrc-worker-0", "6146"],
+    "rendezvous-socket-timeout-c10d-pytorch107021.log": [
+        "id:job.rendezvous", "192.0.0.1:1234"],
+    "rendezvous-python-logging-error-handler-json-pytorch79388.log": [
+        "id:job.rendezvous", "IP1", "2222"],
+    "rendezvous-connection-reset-shutdown-llamaalpaca2-274.log": [
+        "id:job.rendezvous", "Connection reset by peer", "38049eef641b"],
+    "rendezvous-error-handler-bracket-level-pytorch64926.log": [
+        "id:job.rendezvous", "10.28.1.16"],
+    "torchrun-root-cause-stderr-prefix-accelerate1473.log": [
+        "id:job.root_cause", "rank 1", "dgx-a100-02.cse.iith.ac.in", "not:host stderr"],
+    "unhandled-cuda-error-quoted-rank-broadcast-ultralytics19375.log": [
+        "id:job.nccl_error", "unhandled cuda error", "rank 1", "re:(?i)broadcast"],
+    "sigabrt-accelerate-indented-glog-nccl1409.log": [
+        "id:job.root_cause", "local rank 7", "SIGABRT"],
+    "bootstrap-root-already-checked-in-slurm-lightning14986.log": [
+        FAIL + r".*already checked in", "hpc-25-14", "rank 1"],
+    "socket-connect-ipv6-bootstrap-chain-nccl975.log": [
+        "id:nccl.socket", "fe80::", "n122-246-085"],
+    "cuda-oom-quoted-deepspeed-launcher-deepspeed3869.log": [
+        "id:job.cuda_oom", "978.00 MiB", "GPU 0"],
+    "cuda-oom-old-format-megatron-deepspeed237.log": [
+        "id:job.cuda_oom", "8.52 GiB", "GPU 0"],
+    "sigsegv-reduce-scatter-backtrace-nemo-nccl1050.log": [
+        FAIL + r".*(?i:segmentation fault|sigsegv|signal 11)", "ib-vm-61"],
+    "sigsegv-ucs-backtrace-ras-nccl1996.log": [
+        FAIL + r".*(?i:segmentation fault|sigsegv|signal 11)", "n125-011-039"],
+    "slurm-step-cancelled-progress-bar-myria3d123.log": [
+        FAIL + r".*(?i:cancel)", "DEL2212S020"],
+    "watchdog-broadcast-seq1-interleaved-info-lightning20434.log": [
+        "id:job.timeout", "rank 3", "BROADCAST", "SeqNum 1", "babel-0-31"],
+    "unhandled-cuda-error-last-error-rank-prefix-nccl1410.log": [
+        "id:job.nccl_error", "unhandled cuda error", "rank 7", "2.20.5", "invalid argument"],
+    "unhandled-cuda-error-last-error-999-diffusionpipe10.log": [
+        FAIL + r".*(?i:unhandled ?cuda|cuda failure)", "999", "rank 0"],
+    "ib-completion-129-then-249-hostname-nccl1814.log": [
+        "first:nccl.ib_completion", "hostname-test",
+        "status 12", "vendor err 129", "172.36.143.59"],
+    "ofi-cq-einval-cloudwatch-table-prefix-awsofi715.log": [
+        FAIL + r".*(?i:OFI|CQ|libfabric)", "algo-1"],
+    "ibv-create-cq-enomem-proxy-connect-deepep143.log": [
+        FAIL + r".*ibv_create_cq.*Cannot allocate memory", "msm-h200-2"],
+    "ibv-create-qp-no-errno-slurm-pyxis-nccl562.log": [
+        FAIL + r".*ibv_create_qp", "hai-a100-3"],
+    "ofi-register-memory-einval-one-line-awsome203.log": [
+        FAIL + r".*(?i:register memory).*Invalid argument"],
+    "sigterm-death-signal-determined-prefix-determined8915.log": [
+        FAIL + r".*(?i:SIGTERM|death signal|signal 15)"],
+    "sigkill-glog-no-other-failures-robomamba10.log": [
+        "id:job.root_cause", "local rank 5", "SIGKILL"],
+    "ray-train-task-error-nested-ray40850.log": [
+        FAIL + r".*(?i:ray|worker|task)", "192.168.0.107"],
+    "ib-completion-pod-log-quoted-sichek44.log": [
+        "first:nccl.ib_completion", "test-ys-512-scaling-test-0104-1504-a7de2925-master-0",
+        "status 12", "vendor err 129"],
+    "torchrun-failures-and-root-cause-all-exit1-pytorch121209.log": [
+        "id:job.root_cause", "rank 0", "vmnuvocinpoc.internal.cloudapp.net"],
+    "watchdog-service-thread-closed-megatron735.log": [
+        "id:job.timeout", "ALLREDUCE", "SeqNum 305", "9aee1c01f3e7"],
+    "watchdog-terminate-what-reduce-scatter-megatron935.log": [
+        "id:job.timeout", "rank 1", "_REDUCE_SCATTER_BASE", "SeqNum 199"],
+    "ray-raylet-worker-died-repeated-nemorl2937.log": [
+        "id:job.ray_worker", "1530113", "10.109.18.239"],
+    "ray-node-marked-dead-heartbeats-ray45179.log": [
+        FAIL + r".*(?i:dead|heartbeat|raylet)", "10.0.0.51"],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -120,6 +218,89 @@ HELDOUT = {
         "id:job.cuda_oom", "8.01 GiB", "GPU 6", "GPU 1"],
     "xid-dmesg-T-three-gpus-akash244.log": [
         "id:job.gpu_xid", "Xid 43", "Xid 31", "Xid 94", "node4", "3 GPU(s)"],
+    "bus-error-nccl-info-interleaved-deepspeed2638.log": [
+        FAIL + r".*(?i:bus error|sigbus)", "cf0b62962198", "re:37893[458]"],
+    "bus-error-backtrace-p2p-megatron516.log": [
+        FAIL + r".*(?i:bus error|sigbus)", "09677202c889"],
+    "horovod-stall-inspector-new-format-horovod3950.log": [
+        FAIL + r".*(?i:stall|missing rank)", "broadcast.assign_conv"],
+    "horovod-stalled-ops-old-format-horovod534.log": [
+        FAIL + r".*(?i:stall|missing rank)", "rank 0", "HorovodBroadcast"],
+    "watchdog-lineno-prefix-pg1-llamafactory8261.log": [
+        r"re:(?m)^job\.\w+ fail ", "rank 4", r"not:re:rank 18\d\d"],
+    "watchdog-allreduce-failure-detected-vlmr1-294.log": [
+        "id:job.timeout", "ALLREDUCE", "SeqNum 3106", "re:ranks 2(,| and) 4", "3111"],
+    "sigkill-deepspeed-launcher-rc9-deepspeed3232.log": [
+        FAIL + r".*(?i:sigkill|-9|killed)"],
+    "watchdog-coalesced-first-work-nccl1504.log": [
+        "id:job.timeout", "rank 1", "COALESCED", "SeqNum 1"],
+    "watchdog-coalesced-pg-guid-diffsynth458.log": [
+        "id:job.timeout", "COALESCED", "SeqNum 610", "re:ranks 4(,| and) 6", "616"],
+    "unhandled-system-error-repeated-nemo833.log": [
+        "id:job.nccl_error", "unhandled system error", "2.7.5", "re:(?i)all_?reduce"],
+    "invalid-argument-srun-task-ranges-parlai3084.log": [
+        "id:job.nccl_error", "invalid argument", "2.4.8", "slurm-job-compute-0-0",
+        "slurm-job-compute-0-1"],
+    "ray-actor-died-raylet-easyr1-300.log": [
+        FAIL + r".*(?i:actor|ray|worker)", "1009098", "172.23.166.108"],
+    "ray-actor-died-tab-fields-toolstar10.log": [
+        FAIL + r".*(?i:actor|ray|worker)", "694415"],
+    "ray-task-error-taskrunner-verl2995.log": [
+        FAIL + r".*(?i:actor|ray|worker)", "172.26.255.4"],
+    "rendezvous-tcpstore-connect-timed-out-pytorch69197.log": [
+        "id:job.rendezvous", "60000"],
+    "rendezvous-json-escaped-callstack-pytorch67581.log": [
+        "id:job.rendezvous", r"re:connect\(\) timed out|60000"],
+    "watchdog-recv-collector-host-prefix-k8s-chitu80.log": [
+        "id:job.timeout", "rank 1", "RECV", "SeqNum 3313", "sm228-a100-40g-23", "not:on 2025"],
+    "socket-connect-abort-proxy-recv-nccltests166.log": [
+        "id:nccl.socket", "10.0.0.2", "ubuntu"],
+    "socket-poll-no-route-sglang3820.log": [
+        "id:nccl.socket", "10.0.0.4", "No route to host", "node5"],
+    "connection-closed-nccl-failure-nccltests15.log": [
+        FAIL + r".*(?i:connection closed|unhandled system error)", "server1"],
+    "connect-refused-nccl2-redacted-host-nccl111.log": [
+        FAIL + r".*(?i:connection refused|connect)", "unhandled system error"],
+    "cuda-oom-pdsh-host-prefix-deepspeed2899.log": [
+        "id:job.cuda_oom", "896.00 MiB", "GPU 2", "gpu-q-13"],
+    "cuda-oom-training-log-deepspeedexamples279.log": [
+        "id:job.cuda_oom", "786.00 MiB", "GPU 0"],
+    "sigsegv-ucx-caught-signal-prterun-nccl1419.log": [
+        FAIL + r".*(?i:segmentation fault|sigsegv|signal 11)", "gpu-node09"],
+    "sigsegv-openmpi-handler-timestamp-k8s-nccl2380.log": [
+        FAIL + r".*(?i:segmentation fault|sigsegv|signal 11)", "k8s-slave03", "not:on 2026"],
+    "sigsegv-handler-horovod-comm-init-nccl529.log": [
+        FAIL + r".*(?i:segmentation fault|sigsegv)", "ncclCommInitRank"],
+    "sigsegv-openmpi-handler-libmlx4-chainer7586.log": [
+        FAIL + r".*(?i:segmentation fault|sigsegv|signal 11)"],
+    "watchdog-old-bracket-e-slurm-llmtraining7.log": [
+        "id:job.timeout", "rank 2", "ALLREDUCE", "SeqNum 7487"],
+    "slurm-time-limit-cancelled-zettautils671.log": [
+        FAIL + r".*(?i:time limit)", "494583"],
+    "unhandled-cuda-error-terminate-what-objdetect9.log": [
+        FAIL + r".*unhandled cuda error", "2.7.8"],
+    "sigkill-torchrun-root-cause-rank7-recurrentdrafter5.log": [
+        "id:job.root_cause", "rank 7", "SIGKILL", "f5735d9ffd4f"],
+    "sigkill-root-cause-k8s-pod-host-accelerate-cppo6.log": [
+        "id:job.root_cause", "rank 0",
+        "SIGKILL", "mlxlab115rp2n7682d40d9-20250521025625-6dyyd3-8nir8b-worker"],
+    "sigkill-mp-spawn-process-exited-prompt4nr3.log": [
+        FAIL + r".*SIGKILL", "process 0"],
+    "rendezvous-terminal-padded-wrapped-torchtune2676.log": [
+        "id:job.rendezvous"],
+    "rendezvous-ray-commandactor-prefix-torchx540.log": [
+        "id:job.rendezvous", "10.130.6.168"],
+    "rendezvous-create-tcp-store-ray-torchtune2450.log": [
+        "id:job.rendezvous"],
+    "unhandled-system-error-interleaved-chars-fabric-nccl1000.log": [
+        FAIL + r".*unhandled system error", "2.18.5"],
+    "unhandled-system-error-last-error-poll-barrier-veomni131.log": [
+        "id:job.nccl_error", "unhandled system error", "rank 9",
+        "2.26.6", "socketPollConnect", "re:(?i)barrier"],
+    "collective-fingerprint-seq-mismatch-deepspeed4890.log": [
+        FAIL + r".*(?i:1277|1275|mismatch|desync)", "rank 0"],
+    "sigsegv-deepspeed-launcher-rc11-glued-deepspeedexamples626.log": [
+        FAIL + r".*(?i:sigsegv|-11|segmentation)"],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 

@@ -37,11 +37,11 @@ _RANK = re.compile(r"\[rank(\d+)\]")
 def write_log(path: Path, size_mb: int, mix: str = "signatures") -> int:
     """A log of about `size_mb` MB from the fixtures' lines; its size in bytes."""
     sys.path.insert(0, str(ROOT))
-    from megatron_env.diagnose.events import HOT
+    from megatron_env.diagnose.events import is_hot
 
     logs = [f.read_text(errors="replace").splitlines() for f in sorted(LOGS.glob("*.log"))]
     lines = [x for log in logs for x in log]
-    cold = [x for x in lines if not HOT.search(x)]
+    cold = [x for x in lines if not is_hot(x)]
     target = size_mb * 1_000_000
     written = 0
     round_ = 0

@@ -9,8 +9,9 @@ to stdout.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from megatron_env import REPO_ROOT, findings, output, project
@@ -78,23 +79,25 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
 
-    b = _use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
-                    provenance=(expect_sha256, trust))
-    prof = b.profile if b else load_profile(profile)
-    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
-                           adopt=Path(adopt).absolute() if adopt else None,
-                           no_builds=no_builds, deep=verify_deep, bundle=b)
-    t0 = time.monotonic()
-    rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
+    with _json_error(json, "setup"):
+        b = _use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
+                        provenance=(expect_sha256, trust))
+        prof = b.profile if b else load_profile(profile)
+        ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix
+                               else env.default_prefix(prof),
+                               adopt=Path(adopt).absolute() if adopt else None,
+                               no_builds=no_builds, deep=verify_deep, bundle=b)
+        t0 = time.monotonic()
+        rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
     if json:
         return _setup_json(ctx, rows, ok, dry_run, time.monotonic() - t0)
     if ctx.findings and not only:
         findings.print_findings(ctx.findings, f"check: this host against {prof.name}")
-    output.table([(r.step, r.status, f"{r.seconds:.1f}", r.detail) for r in rows],
+    output.table([(r.step, r.status.value, f"{r.seconds:.1f}", r.detail) for r in rows],
                  status_col=1)
     counts: dict[str, int] = {}
     for r in rows:
-        counts[r.status] = counts.get(r.status, 0) + 1
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
     verdict = "dry run" if dry_run else "ready" if ok else "stopped"
     output.summary(f"setup {verdict}: {prof.name} at {ctx.prefix}; "
                    + ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -102,20 +105,40 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     return 0 if ok else 1
 
 
+@contextlib.contextmanager
+def _json_error(enabled: bool, command: str) -> Iterator[None]:
+    """With --json, a command that stops on an error still prints one JSON object on stdout
+    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
+    stderr and the exit status stay `guarded`'s."""
+    try:
+        yield
+    except (UserError, OSError) as e:
+        if enabled:
+            import json
+
+            err = ({"kind": e.kind or "error", "message": e.message, "fix": e.fix}
+                   if isinstance(e, UserError) else
+                   {"kind": "os", "message": f"{e.filename or 'a file'}: {e.strerror or e}",
+                    "fix": ""})
+            output.block(json.dumps({"command": command, "ok": False, "error": err},
+                                    indent=1) + "\n")
+        raise
+
+
 def _setup_json(ctx, rows, ok: bool, dry_run: bool, seconds: float) -> int:
     """setup's rows as JSON, each with the digest its stamp recorded (None when not stamped)."""
     import json
 
+    from megatron_env.setup import state
+
     def stamped(step: str) -> str | None:
-        try:
-            return json.loads((ctx.stamps / f"{step}.json").read_text()).get("digest")
-        except (OSError, ValueError):
-            return None
+        stamp, _why = state.read(ctx.stamps, step)
+        return stamp.digest if stamp else None
 
     output.block(json.dumps({
         "profile": ctx.profile.name, "prefix": str(ctx.prefix),
         "verdict": "dry run" if dry_run else "ready" if ok else "stopped", "seconds": seconds,
-        "steps": [{"step": r.step, "status": r.status, "digest": stamped(r.step),
+        "steps": [{"step": r.step, "status": r.status.value, "digest": stamped(r.step),
                    "seconds": round(r.seconds, 3), "detail": r.detail} for r in rows],
         "findings": [f.to_dict() for f in ctx.findings]}, indent=1) + "\n")
     return 0 if ok else 1
@@ -170,6 +193,11 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
     if refresh and upgrade_package:
         raise UserError("--refresh moves every package; --upgrade-package moves one",
                         fix="pass one of them")
+    if project.how() == "shipped":  # the package's own copy: never write into site-packages
+        raise UserError(f"the profiles in use are the copy shipped with the package "
+                        f"({project.root()}); `lock` writes locks next to them",
+                        fix="run it in a checkout of megatron-env, or pass --project DIR "
+                            f"(or {project.ENV}) naming one", kind="project.read-only")
     profs = [load_profile(profile)] if profile or not refresh else load_all()
     lookup = Path(pypi_to_conda_lookup_file) if pypi_to_conda_lookup_file else None
     for prof in profs:
@@ -236,7 +264,8 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
     if b:
         find_links, no_index = [*(find_links or []), *b.find_links], True
     if adopt:
-        v = env.adopt(prof, python, install_missing, find_links, no_index)
+        v = env.adopt(prof, python, install_missing, find_links, no_index,
+                      child_env=b.child_env() if b else None)
         f = v.facts
         output.result(f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}"
                       f", CUDA {f.get('torch_cuda')}, cuDNN {f.get('cudnn')}, NCCL "
@@ -245,9 +274,20 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
         verdict = "matches" if v.ok else f"{len(v.differences)} difference(s) from"
         output.summary(f"env: the environment {verdict} profile {prof.name}", "matches")
         return 0 if v.ok else 1
-    summary = env.build(prof, Path(prefix) if prefix else None, python=python, conda=conda,
-                        use_conda=use_conda, find_links=find_links, no_index=no_index,
-                        deep=verify_deep, conda_lock=b.conda_lock if b else None)
+    from megatron_env.setup import pipeline
+
+    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
+                           bundle=b)
+
+    def build_env() -> tuple[env.Summary, str]:
+        s = env.build(prof, ctx.prefix, python=python, conda=conda, use_conda=use_conda,
+                      find_links=find_links, no_index=no_index, deep=verify_deep,
+                      conda_lock=b.conda_lock if b else None, child_env=ctx.child_env)
+        return s, f"{s.action} by invoke env ({s.mode}), {len(s.facts.get('dists', {}))} packages"
+
+    # the setup chain's env step, done with this command's options: its stamp is written, so
+    # the next `invoke setup` finds the environment up to date instead of building it again
+    summary = pipeline.one_step(ctx, "env", build_env)
     output.summary(f"env {summary.line()}")
     return 0
 
@@ -275,27 +315,39 @@ def build(what: str, profile: str | None = None, prefix: str | None = None,
           expect_sha256: list[str] | None = None, trust: str | None = None) -> int:
     """Build a kernel recipe from pinned, patched sources; cache by content; install; verify."""
     from megatron_env.kernels import build
-    from megatron_env.pyenv import probe
+    from megatron_env.pyenv import env, probe
+    from megatron_env.setup import pipeline
+    from megatron_env.sources import repos
 
-    cache = Path(cache_dir).absolute() if cache_dir else None
-    b = None
-    if bundle:  # the environment to build for must be the bundle's Python
-        name = _bundle_profile(bundle, profile)
-        b = _use_bundle(bundle, name, str(_interpreter(load_profile(name), prefix, python)),
-                        what, "--python PYTHON", build_cache=cache,
-                        provenance=(expect_sha256, trust))
+    cache = Path(cache_dir).absolute() if cache_dir else repos.cache_dir()
+    # with --bundle the environment to build for must be the bundle's Python: the bundle names
+    # the profile, whose environment it is (manifest and profile read once)
+    b = _use_bundle(bundle, profile, lambda prof: str(_interpreter(prof, prefix, python)), what,
+                    "--python PYTHON", build_cache=cache, provenance=(expect_sha256, trust))
     prof = b.profile if b else load_profile(profile)
     py = _interpreter(prof, prefix, python)
     archs = (probe.native_archs(py) if arch == "native" else
              arch.split(",") if arch else prof.archs)
     chosen = build.selected(prof, what, archs)
-    for pkg in chosen:
-        res = build.build_and_install(pkg, py, archs, dry_run=dry_run,
-                                      given=b.given if b else None, cache=cache)
-        if isinstance(res, build.Result):
-            how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
-            output.summary(f"{pkg.name}: {how}, installed and verified "
-                           f"({', '.join(res.modules)}) in {res.seconds:.1f} s", "cache hit")
+    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
+                           bundle=b, cache=cache)
+
+    def build_all() -> tuple[None, str]:
+        done = []
+        for pkg in chosen:
+            res = build.build_and_install(pkg, py, archs, dry_run=dry_run, given=ctx.given,
+                                          cache=cache, child_env=ctx.child_env)
+            if isinstance(res, build.Result):
+                how = "cache hit" if res.cache_hit else f"built in {res.build_seconds:.0f} s"
+                output.summary(f"{pkg.name}: {how}, installed and verified "
+                               f"({', '.join(res.modules)}) in {res.seconds:.1f} s", "cache hit")
+                done.append(f"{pkg.name} {how}")
+        return None, "; ".join(done) + " (invoke build)"
+
+    if what == "all" and not (dry_run or python or arch):
+        pipeline.one_step(ctx, "builds", build_all)  # the chain's builds step: stamped as one
+    else:  # a part of the step, or another target: its own work, no stamp
+        build_all()
     if dry_run:
         output.summary(f"dry run: {len(chosen)} build plan(s) above, nothing built")
     return 0
@@ -334,12 +386,16 @@ def kernels(profile: str | None = None) -> int:
     return 0
 
 
-@command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\")")
+@command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\"); "
+              "gzip/xz/zstd logs are read as they are; - reads standard input")
 def triage(logs: str, json: bool = False) -> int:
     """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
     from megatron_env.diagnose import jobs
 
-    found, lines, sources = jobs.run([x for x in logs.split(",") if x])
+    skipped: list[str] = []
+    found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+    for why in skipped:
+        output.warning(f"skipped {why}")
     if json:
         findings.emit_json(found, logs=sources, lines=lines)
     else:
@@ -390,20 +446,15 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
                          size=size, against=against, nccl=nccl, nccl_args=nccl_args)
 
 
-def _bundle_profile(bundle: list[str], profile: str | None) -> str:
-    from megatron_env.bundle import layout
-
-    return profile or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
-
-
-def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | None,
-                builds: str | None, adopt_flag: str, build_cache: Path | None = None,
+def _use_bundle(bundle: list[str] | None, profile: str | None, python, builds: str | None,
+                adopt_flag: str, build_cache: Path | None = None,
                 provenance: tuple[list[str] | None, str | None] = (None, None)):
     """With --bundle: check it; -> the `Bundle` value the command passes down (None without).
-    `builds`: the kernel package to be built (`all`, a name, None); `adopt_flag`: how this
-    command takes an existing interpreter; `provenance`: (--expect-sha256, --trust), checked
-    before anything is unpacked. uv and pip, the child processes, are told through
-    their own variables (the only ones set: nothing in this process reads them)."""
+    `python`: the interpreter it must serve (or a function of the profile giving it); `builds`:
+    the kernel package to be built (`all`, a name, None); `adopt_flag`: how this command takes
+    an existing interpreter; `provenance`: (--expect-sha256, --trust), checked before anything
+    is unpacked. What uv and pip, the child processes, must be told travels with the value
+    (`Bundle.child_env`, given to each child process): nothing is set here."""
     if not bundle:
         return None
     from megatron_env.bundle import offline
@@ -412,10 +463,8 @@ def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | Non
     sums, trust = provenance
     output.status("bundle: " + prov.check([Path(p).absolute() for p in bundle], sums or (),
                                           Path(trust) if trust else None))
-    b = offline.use(bundle, profile, python, builds, adopt_flag=adopt_flag,
-                    build_cache=build_cache)
-    os.environ.update(b.child_env())
-    return b
+    return offline.use(bundle, profile, python, builds, adopt_flag=adopt_flag,
+                       build_cache=build_cache)
 
 
 @command(iterable=("without",), out="the archive to write (FILE.tar)",
@@ -433,12 +482,13 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
     from megatron_env.bundle import make
     from megatron_env.bundle import provenance as prov
 
-    prof = load_profile(profile)
-    made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
-                     since=Path(since) if since else None,
-                     without=[n for w in without or () for n in w.split(",") if n])
-    sha = prov.write_sum(made.out)
-    sig = prov.sign(made.out, Path(sign)) if sign else None
+    with _json_error(json, "bundle"):
+        prof = load_profile(profile)
+        made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
+                         since=Path(since) if since else None,
+                         without=[n for w in without or () for n in w.split(",") if n])
+        sha = prov.write_sum(made.out)
+        sig = prov.sign(made.out, Path(sign)) if sign else None
     if json:
         import json as js
 

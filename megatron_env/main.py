@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -83,10 +84,12 @@ def completion(top: argparse.ArgumentParser, shell: str) -> str:
     top_opts = " ".join(o for a in top._actions for o in a.option_strings if o.startswith("--"))
     script = "\n".join([
         "_megatron_env() {",
-        '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="" w opts',
+        '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="" w opts skip=""',
         '    for w in "${COMP_WORDS[@]:1:COMP_CWORD-1}"; do',
-        '        case "$w" in -*) ;; *) cmd="$w"; break ;; esac',
+        '        if [ -n "$skip" ]; then skip=""; continue; fi',  # the value of --project
+        '        case "$w" in --project) skip=1 ;; -*) ;; *) cmd="$w"; break ;; esac',
         "    done",
+        '    if [ -n "$skip" ]; then COMPREPLY=(); return; fi',  # a directory: -o default
         '    if [ -z "$cmd" ]; then',
         f'        COMPREPLY=($(compgen -W "{" ".join(subs.choices)} {top_opts}" -- "$cur"))',
         "        return",
@@ -112,6 +115,8 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the program itself: Ctrl-C interrupts even where SIGINT was inherited
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as ignored (`cmd &`)
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--project")

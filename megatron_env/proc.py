@@ -6,8 +6,10 @@ timeouts, captured output and logging, and one seam for tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -75,18 +77,20 @@ def run(
     try:
         if stream:
             return _run_streaming(args, cwd, env, timeout, log, on_line)
-        cp = subprocess.run(
-            args,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            input=input,
-            stdin=(None if input is not None else
-                   stdin_file.open("rb") if stdin_file is not None else subprocess.DEVNULL),
-        )
+        with (stdin_file.open("rb") if stdin_file is not None and input is None
+              else contextlib.nullcontext(None if input is not None else subprocess.DEVNULL)
+              ) as stdin:
+            cp = subprocess.run(
+                args,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                input=input,
+                stdin=stdin,
+            )
     except FileNotFoundError:
         return Result(args, 127, "", f"{exe}: command not found", missing=True)
     except PermissionError as e:
@@ -94,11 +98,21 @@ def run(
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
         return Result(args, 124, out, f"{exe}: timed out after {timeout}s", timed_out=True)
+    _interrupted(cp.returncode)
     result = Result(args, cp.returncode, cp.stdout, cp.stderr)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(redact.text(f"$ {' '.join(args)}\n{result.output}"))
     return result
+
+
+def _interrupted(returncode: int) -> None:
+    """A child killed by SIGINT was interrupted, not failed: Ctrl-C reaches the whole
+    foreground group, and the child may die of it before Python raises in this process. Its
+    failure must not be read as the tool's own (git's "protocol error" as an unreachable
+    mirror): the interrupt goes on up as one."""
+    if returncode == -signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -113,6 +127,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
     lines: list[str] = []
+    scrub = redact.Lines()  # one per stream: a PEM block's lines are masked until its END
     fh = log.open("w") if log is not None else None
     try:
         p = subprocess.Popen(
@@ -129,15 +144,17 @@ def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
         assert p.stdout is not None
         for line in p.stdout:
             lines.append(line)
+            shown = scrub(line)
             if fh:
-                fh.write(redact.text(line))
+                fh.write(shown)
                 fh.flush()
             if on_line is None:
-                sys.stderr.write(redact.text(line))  # progress of a tool: status, not a result
+                sys.stderr.write(shown)  # progress of a tool: status, not a result
                 sys.stderr.flush()
             else:
                 on_line(line)
         rc = p.wait(timeout=timeout)
+        _interrupted(rc)
     finally:
         if fh:
             fh.close()

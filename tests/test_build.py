@@ -249,7 +249,9 @@ def test_patch_that_does_not_apply_names_it_and_builds_nothing(world, tmp_path, 
                                 echo=lambda *_: None)
     assert all(w in e.value.message for w in ("0002-stale.patch", "csrc/tiny.cpp", "line 1"))
     assert not list((tmp_path / "cache").glob("wheels/*/*.whl"))
-    assert not [p for p in (tmp_path / "cache" / "build").iterdir()]
+    # neither a patched tree (the series is applied once, before any build) nor a build tree
+    assert not list((tmp_path / "cache").glob("patched/*")) + list(
+        (tmp_path / "cache").glob("build/*"))
 
 
 def test_git_source_with_a_moved_tag_is_refused(tmp_path, monkeypatch):

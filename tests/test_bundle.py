@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from megatron_env import digest, profile
+from megatron_env.bundle.manifest import Item
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.pyenv import lock
@@ -376,8 +377,8 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
         (root / p["path"]).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(f, root / p["path"])
     shutil.rmtree(tmp_path / "channel")
-    doc = {"conda": [{"name": p["name"], "url": p["url"], "path": p["path"]} for p in pkgs]}
-    local = offline.local_conda_lock(prof, root, doc)
+    conda = [Item(p["name"], p["path"], {"url": p["url"]}) for p in pkgs]
+    local = offline.local_conda_lock(prof, root, conda)
     text = local.read_text()
     assert not [p for p in pkgs if p["url"] in text]
     assert all((root / p["path"]).as_uri() in text for p in pkgs)

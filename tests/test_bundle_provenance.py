@@ -91,3 +91,19 @@ def test_front_door_refuses_before_unpacking(signed, tmp_path):
         assert r.returncode == 2, r.stderr
         assert "nothing was unpacked" in r.stderr and "Traceback" not in r.stderr
         assert not (tmp_path / "cache" / "bundles").exists()
+
+
+def test_setup_json_refusal_is_one_object_on_stdout(signed, tmp_path):
+    import json
+
+    good, tampered, allowed = signed
+    good_sum = provenance.sum_file(good).read_text().split()[0]
+    for extra, kind in ((["--trust", str(allowed)], "bundle.bad_signature"),
+                        (["--expect-sha256", good_sum], "bundle.sha256_mismatch")):
+        r = subprocess.run([sys.executable, "-m", "megatron_env", "setup", "--bundle",
+                            str(tampered), "--only", "lock", "--json", *extra], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.count("error: ") == 1, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["ok"] is False and doc["error"]["kind"] == kind, doc
+        assert doc["command"] == "setup" and doc["error"]["message"] in r.stderr

@@ -258,17 +258,18 @@ def test_setup_decides_before_it_runs(tmp_path):
     ctx.findings = [Finding("driver.version", "pass", "driver ok"),
                     Finding("cuda.toolkit", "pass", "toolkit ok")]
     first = {d.step.name: d for d in pipeline.decide(ctx, pipeline.STEPS)}
-    assert {n: d.action for n, d in first.items()} == {
+    assert {n: d.action.value for n, d in first.items()} == {
         "check": "run", "lock": "run", "env": "run", "sources": "run", "patches": "run",
         "builds": "run", "megatron": "run", "verify": "run"}
     assert first["env"].why == "no stamp"
     for d in first.values():
         if d.digest:
             (ctx.stamps / f"{d.step.name}.json").write_text(f'{{"digest": "{d.digest}"}}')
-    second = {d.step.name: d.action for d in pipeline.decide(ctx, pipeline.STEPS)}
+    second = {d.step.name: d.action.value for d in pipeline.decide(ctx, pipeline.STEPS)}
     assert second["env"] == second["builds"] == second["megatron"] == "verify"
     ctx.no_builds = True
     third = {d.step.name: d for d in pipeline.decide(ctx, ["builds", "megatron"])}
-    assert third["builds"].action == "skip" and third["builds"].why == "--no-builds given"
-    # a skipped step passes no digest on: what follows it is decided anew
-    assert third["env"].action == "unchosen" and third["megatron"].action == "run"
+    assert third["builds"].action.value == "skip" and third["builds"].why == "--no-builds given"
+    # a skipped step passes its stamp on, as an unchosen one does: the builds it stamped are
+    # still installed, and what follows them is as it was
+    assert third["env"].action.value == "unchosen" and third["megatron"].action.value == "verify"

@@ -1,6 +1,7 @@
 """One redaction for everything the tool prints or writes: each kind of secret planted, then
 looked for in stdout, stderr, the report, the snapshot and the triage output."""
 
+import json
 import os
 import subprocess
 import sys
@@ -139,3 +140,167 @@ def test_collect_writes_no_planted_secret(tmp_path):
         for s in secrets:
             assert s not in text, (f.name, s)
     assert "NCCL_NET_PLUGIN=<redacted>" in (tmp_path / "s" / "env.txt").read_text()
+
+
+# Names as they are spelled in the wild, and how secret the value behind each is. Every word of
+# redact.py's name sets is here once, so that dropping one is noticed.
+STRONG = ["password", "DB_PASSWORD", "PGPASSWORD", "mysqlRootPassword", "passwd", "passphrase",
+          "--pass", "secret", "client_secret", "clientSecret", "AWS_SECRET_ACCESS_KEY", "secrets",
+          "token", "HF_TOKEN", "accessToken", "identitytoken", "registrytoken", "credential",
+          "credentials", "creds", "auth", "authorization", "cookie", "signature", "sig", "sas",
+          "apikey", "privatekey", "secretkey", "accesskey", "authkey", "jwt", "gitlab_pat",
+          "passin", "passout", "api_key", "access_key", "private_key", "secret_key",
+          "account_key", "client_key", "auth_key", "signing_key", "encryption_key", "master_key",
+          "storage_key", "subscription_key", "app_key", "consumer_key", "shared_key",
+          "deploy_key", "license_key", "sas_key", "secret_id"]
+WEAK = ["key", "ssh_key", "private_key_id", "AWS_ACCESS_KEY_ID", "token_id",
+        "session_id", "sessionid", "sid", "key_id", "keys", "hf_token_id"]
+NOT_SECRET = [f"password_{w}" for w in (
+    "file", "files", "path", "paths", "dir", "directory", "env", "var", "name", "names", "type",
+    "types", "kind", "length", "len", "size", "min", "max", "count", "num", "prompt", "stdin",
+    "policy", "method", "mode", "url", "uri", "endpoint", "host", "enabled", "enable",
+    "required", "expiry", "expires", "expiration", "ttl", "timeout", "header", "field", "prefix",
+    "suffix", "format", "scheme", "version", "limit", "helper", "manager", "provider", "backend",
+    "plugin", "source", "command", "cmd", "ref", "arn", "regex", "pattern", "class",
+    "algorithm", "alg", "parallelism", "budget", "location", "store", "ids", "level", "rate",
+    "index")] + [f"{w}_auth" for w in (
+        "use", "no", "enable", "disable", "with", "without", "skip", "require", "allow", "is",
+        "has", "max", "min", "num", "n")] + [f"{w}_key" for w in (
+            "cache", "sort", "primary", "foreign", "partition", "routing", "lookup", "hash",
+            "dict", "group", "index", "shard", "unique", "row", "column", "object", "bucket",
+            "table", "config", "public", "pub", "host", "map", "cursor", "kv", "qk", "query",
+            "value", "idempotency", "dedup", "cluster", "node")] + [
+    "TOKENIZERS_PARALLELISM", "PWD", "OLDPWD", "moe_token_dispatcher_type", "tokenizer_model",
+    "max_tokens", "kv_channels", "client_id", "", "___", "id"]
+
+
+@pytest.mark.parametrize("name", STRONG)
+def test_strong_names(name):
+    assert redact.name_kind(name) == "strong"
+
+
+@pytest.mark.parametrize("name", WEAK)
+def test_weak_names(name):
+    assert redact.name_kind(name) == "weak"
+
+
+@pytest.mark.parametrize("name", NOT_SECRET)
+def test_names_that_are_no_secret(name):
+    assert redact.name_kind(name) is None and not redact.is_secret_name(name)
+
+
+@pytest.mark.parametrize("value", ["true", "False", "none", "NULL", "nil", "yes", "no", "on",
+                                   "off", "undefined", "***", "xxx", "-", "<your token>",
+                                   "$HF_TOKEN", "${HF_TOKEN}", "%TOKEN%", "...", ""])
+def test_placeholders_are_no_secret_values(value):
+    assert not redact.secret_value("strong", value)
+    assert redact.text(f"--password {value} --token={value}".strip(), {}).count(
+        redact.REDACTED) == 0
+
+
+def test_strong_values_any_weak_values_random_and_not_paths():
+    assert redact.secret_value("strong", "hunter2") and redact.secret_value("strong", "/x/y")
+    assert not redact.secret_value(None, "Zr8vQ2mXk9Lp")
+    assert redact.secret_value("weak", "Zr8vQ2mXk9Lp")
+    for kept in ("hunter", "/etc/ssl/key.pem", "~/.ssh/id_rsa", "./k.pem", "../k"):
+        assert not redact.secret_value("weak", kept), kept
+
+
+def test_random_looking_boundaries():
+    assert not redact.random_looking("Ab3dE6g")  # 7 characters: too short
+    assert redact.random_looking("Ab3dE6gH")  # 8 distinct, three classes
+    assert not redact.random_looking("abcdefghijkl")  # one word-like class
+    assert not redact.random_looking("8273645190")  # digits only: one class
+    assert redact.random_looking("82736451a0")  # two classes
+    assert not redact.random_looking("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa11")  # low entropy
+    assert redact.random_looking("a1b2c3d4e5")  # 10 characters, entropy 3.32 >= 0.9*log2(10)
+    assert not redact.random_looking("a1a1b2b2c3c3")  # entropy 2.58 < 3.0
+    assert redact.random_looking("a1b2c3d4a1b2c3d4")  # entropy exactly 3.0
+
+
+@pytest.mark.parametrize("prefix", ["xoxa", "xoxb", "xoxe", "xoxp", "xoxr", "xoxs"])
+def test_every_slack_prefix(prefix):
+    token = prefix + "-" + "1234567890-" + "Pl4ntedSlack"
+    assert token not in redact.text(f"slack: {token}", {})
+    assert "xoxz-1234567890-Pl4nted" in redact.text("xoxz-1234567890-Pl4nted", {})
+
+
+@pytest.mark.parametrize("line,masked", [
+    ("+ srun python train.py --password Pl4nted.pw --lr 1e-4", "Pl4nted.pw"),
+    ("docker login -u bot -p Pl4nted.pw nvcr.io", "Pl4nted.pw"),
+    ("podman login --username bot --password=Pl4nted.pw quay.io", "Pl4nted.pw"),
+    ("mysql -u root -pPl4nted.pw train", "Pl4nted.pw"),
+    ("mariadb -h db -pPl4nted.pw", "Pl4nted.pw"),
+    ("curl --user alice:Pl4nted.pw https://h", "Pl4nted.pw"),
+    ("h:5:db:u:Pl4nted.pw", "Pl4nted.pw"),
+    ("Bearer aaaaaaaaaaaaaaaaaaaaaaaa", "aaaaaaaaaaaaaaaa"),
+    ("gho_" + "Pl4ntedGitHubOAuth0" * 2, "Pl4ntedGitHubOAuth0"),
+    ("ghu_" + "Pl4ntedGitHubUser00" * 2, "Pl4ntedGitHubUser00"),
+    ("ghs_" + "Pl4ntedGitHubServer" * 2, "Pl4ntedGitHubServer"),
+    ("ghr_" + "Pl4ntedGitHubRefres" * 2, "Pl4ntedGitHubRefres"),
+    ("sshpass -p Pl4nted.pw ssh node1", "Pl4nted.pw"),
+    ("redis-cli -h r -a Pl4nted.pw ping", "Pl4nted.pw"),
+    ("curl -u alice:Pl4nted.pw https://h", "Pl4nted.pw"),
+    ("wandb login --relogin Pl4nted0wandb", "Pl4nted0wandb"),
+    ("openssl rsa -passin pass:Pl4nted.pw", "Pl4nted.pw"),
+    ("machine h login u password Pl4nted.pw", "Pl4nted.pw"),
+    ("default login u account Pl4nted.pw", "Pl4nted.pw"),
+    ("machine h\n  login u\n  password Pl4nted.pw\n", "Pl4nted.pw"),
+    ("db.example.com:5432:train:alice:Pl4nted.pw", "Pl4nted.pw"),
+    ("10.0.0.5:*:*:svc:Pl4nted\\:pw", "Pl4nted"),
+    ("authorization: bearer Pl4ntedBearerT0ken", "Pl4ntedBearerT0ken"),
+    ("Proxy-Authorization: Basic dTpQbDRudGVkLnB3", "dTpQbDRudGVkLnB3"),
+    ("Cookie: session=Pl4ntedCookie", "Pl4ntedCookie"),
+    ('{"private_key_id": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b"}', "9f86d081884c7d659a2f"),
+    ("api_key: Pl4ntedK3yValue", "Pl4ntedK3yValue"),
+    ("https://h.example/cb#access_token=Pl4ntedFragment", "Pl4ntedFragment"),
+    ("https:/alice:Pl4nted.pw@h/r.git", "Pl4nted.pw"),
+    ("AIza" + "Pl4ntedGoogleKey0123456789abcdefghi", "Pl4ntedGoogleKey"),
+    ("npm_" + "Pl4ntedNpm" * 3 + "abcdef", "Pl4ntedNpm"),
+    ("sk_live_" + "Pl4ntedStripe0123", "Pl4ntedStripe"),
+    ("dckr_pat_" + "Pl4ntedDockerHub0123456", "Pl4ntedDockerHub"),
+    ("pypi-" + "AgEIcHlwaS5vcmc" * 4, "AgEIcHlwaS5vcmcAgEI"),
+    ("MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7", "MIIEvQIBADANBgkqhkiG9w0BAQEF"),
+])
+def test_each_structure(line, masked):
+    out = redact.text(line, {})
+    assert masked not in out and redact.REDACTED in out or "***" in out, out
+
+
+def test_pem_blocks_real_and_escaped_newlines_and_cut():
+    body = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"
+    for nl in ("\n", "\\n", "\r\n"):
+        block = nl.join(["-----BEGIN EC PRIVATE KEY-----", body, "-----END EC PRIVATE KEY-----"])
+        out = redact.text(f"key {block} done", {})
+        assert body not in out and out.endswith("-----END EC PRIVATE KEY----- done"), out
+    assert body[:20] not in redact.text(f"-----BEGIN PRIVATE KEY-----\n{body[:30]}", {})
+    lines = redact.Lines({})
+    streamed = [lines(x) for x in ("-----BEGIN CERTIFICATE-----\n", "aGVsbG8=\n", "hello\n",
+                                   "-----END CERTIFICATE-----\n", "after\n")]
+    assert streamed[1:3] == ["<redacted>\n", "<redacted>\n"] and streamed[4] == "after\n"
+    assert streamed[3] == "<redacted>-----END CERTIFICATE-----\n"
+
+
+def test_json_stays_json_and_keeps_its_layout():
+    doc = {"cached": False, "x": {"password": 1234, "client_secret": "s3cr3tValue",
+                                  "cache_key": "flash_attn-3f9a1c2b7d4e5f60718293a4b5c6d7e8"}}
+    for indent in (None, 2, 4):
+        text = json.dumps(doc, indent=indent) + "\n"
+        out = redact.text(text, {"TOKENIZERS_PARALLELISM": "false"})
+        back = json.loads(out)
+        assert back["cached"] is False and back["x"]["password"] == redact.REDACTED
+        assert back["x"]["client_secret"] == redact.REDACTED
+        assert back["x"]["cache_key"] == doc["x"]["cache_key"]
+        assert out == json.dumps(back, indent=indent) + "\n"
+    assert redact.text('[1, "a"]', {}) == '[1, "a"]'
+    assert redact.text("[rank0]: x [y]", {}) == "[rank0]: x [y]"
+
+
+def test_environment_values_of_strong_and_random_weak_names_only():
+    env = {"TOKENIZERS_PARALLELISM": "false", "MY_TOKEN": "abcd", "SSH_KEY": "plainword",
+           "CI_KEY": "Zr8vQ2mXk9Lp", "X_TOKEN": "abc", "PWD": "/home/x"}
+    out = redact.text("false abcd plainword Zr8vQ2mXk9Lp abc /home/x", env)
+    assert out == "false <redacted> plainword <redacted> abc /home/x"
+    assert redact.variables({"NCCL_SOCKET_IFNAME": "eth0", "HF_TOKEN": "abc",
+                             "TORCH_KEY_SIZE": "1024"}) == {
+        "HF_TOKEN": "<redacted>", "NCCL_SOCKET_IFNAME": "eth0", "TORCH_KEY_SIZE": "1024"}

@@ -136,6 +136,7 @@ def test_a_bundle_carries_each_resource_verifies_it_and_uses_it_without_variable
     refused by name); offline, `use` hands them to the build as `Given.resources`, so the tree
     is placed with no MEGATRON_ENV_SOURCE_* set and the upstream repository gone."""
     from megatron_env.bundle import layout, make, offline
+    from megatron_env.bundle.manifest import FORMAT, Manifest
     from megatron_env.sources.given import Given
 
     from .conftest import user_error
@@ -161,7 +162,15 @@ def test_a_bundle_carries_each_resource_verifies_it_and_uses_it_without_variable
         ("cudnn-frontend-headers", f"resources/cudnn-frontend-headers/{w.name}")]
     files, _written = make._hashed(entries, None, [])
     assert {f["role"] for f in files.values()} == {"resource"}
-    doc = {"files": files, "resources": carried}
+    def manifest(**over):  # the typed manifest as `use` reads it (bundle/manifest.py)
+        d = {"format": FORMAT, "profile": dict.fromkeys(
+                 ("name", "digest", "python", "torch", "cuda"), "x"),
+             "python": "3.12", "platform": {"machine": "x86_64"}, "mode": "adopt",
+             "with_builds": False, "made_at": "now", "files": files, "resources": carried}
+        return Manifest.parse({**d, **over}, "test")
+
+    doc = manifest()
+    assert [r.path for r in doc.resources] == [c["path"] for c in carried]
     offline.verify(root, doc)  # as made: every file matches
     # offline: no variable, no upstream; the bundle's files are all there is
     monkeypatch.delenv("MEGATRON_ENV_MIRROR_CUTLASS_HEADERS")
@@ -169,7 +178,7 @@ def test_a_bundle_carries_each_resource_verifies_it_and_uses_it_without_variable
     import shutil
     shutil.rmtree(upstream["repo"])
     offline._check_resources(doc, {"pkg": pkg}, {"pkg"})
-    given = Given(resources={c["name"]: root / c["path"] for c in carried})
+    given = Given(resources={r.name: root / r.path for r in doc.resources})  # as `use` does
     src = tmp_path / "src"
     src.mkdir()
     for res in pkg.source.resources:
@@ -189,7 +198,7 @@ def test_a_bundle_carries_each_resource_verifies_it_and_uses_it_without_variable
                         given=given.resource("cudnn-frontend-headers"))
     # a bundle made before resources travelled is refused up front, naming what it lacks
     with user_error("bundle.resource_missing") as e:
-        offline._check_resources({"files": files}, {"pkg": pkg}, {"pkg"})
+        offline._check_resources(manifest(resources=[]), {"pkg": pkg}, {"pkg"})
     assert "cutlass-headers (pkg)" in e.value.message
-    offline._check_resources({"files": files}, {"pkg": pkg}, set())  # nothing to build: fine
+    offline._check_resources(manifest(resources=[]), {"pkg": pkg}, set())  # none to build
     assert layout.role(carried[0]["path"]) == "resource"

@@ -136,7 +136,7 @@ def test_torchrun_root_cause_exit_code_and_host():
     _, f = run("torchrun-root-cause-minigpt4-237.log")
     r = f["job.root_cause"]
     assert r.summary == ("torchrun's first observed failure: rank 0 (local rank 0) on host "
-                         "n136-117-136.byted.org, exit code 1")
+                         "n136-117-136.byted.org (pid 78970), exit code 1")
     assert "also failed: rank 1 on n136-117-136.byted.org, exit code 1" in r.evidence
 
 
@@ -202,7 +202,7 @@ def test_cli_json_directory_and_exit_codes(tmp_path):
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["findings"][0]["id"] == "job.root_cause" and len(doc["logs"]) == 2
+    assert doc["findings"][0]["id"] == "job.root_cause" and len(doc["logs"]) == len(list(LOGS.glob("torchrun-root-cause-*.log")))
     (tmp_path / "ok.log").write_text("step 1 loss 2.0\n")
     r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True)

@@ -32,7 +32,18 @@ def test_every_log_has_its_source_and_split():
     assert set(corpus.TUNE) <= {k for k, v in split.items() if v == "tune"}
 
 
-@pytest.mark.parametrize("name", sorted(corpus.TUNE))
+# Tune logs added with the second batch whose checks the parser does not meet yet: the parser
+# change this half exists for makes them pass, and strict xfail makes a passing one fail until it
+# is taken off this list.
+NOT_YET_TUNED = {
+    "ofi-cq-einval-cloudwatch-table-prefix-awsofi715.log",
+    "ray-node-marked-dead-heartbeats-ray45179.log",
+}
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="shape not read yet"))
+    if n in NOT_YET_TUNED else n for n in sorted(corpus.TUNE)])
 def test_tune_logs_give_what_expect_says(name):
     findings, _, _ = jobs.run([corpus.LOGS / name])
     text = corpus.blob(findings)
@@ -40,26 +51,117 @@ def test_tune_logs_give_what_expect_says(name):
     assert not missed, text
 
 
-# What the held-out half missed when it was measured (bench/triage_corpus.py --split heldout:
-# 56/80 checks, 7/19 logs whole). Listed, not fixed: tuning to them would make the held-out
-# score meaningless. tests/fixtures/job-logs/README.md says what each miss is.
+# What the held-out half missed when it was last measured (bench/triage_corpus.py --split heldout,
+# once, after issue 28's parser change: 141/193 checks, 32/59 logs whole; the first 19 logs
+# scored 56/80 before it). Listed, not fixed: tuning to them would make the held-out score
+# meaningless. tests/fixtures/job-logs/README.md says what each miss is.
 HELDOUT_MISSES = {
-    "watchdog-ray-ip-allgather-simplerl25.log": ["10.7.35.246"],
-    "watchdog-wrapped-after-other-output-sglang3836.log": [
-        "id:job.timeout", "rank 5", "ALLREDUCE", "SeqNum 5653", "58720256"],
-    "watchdog-old-format-no-seqnum-wrapped-accelerate157.log": [
-        "id:job.timeout", "rank 0", "ALLREDUCE", "Timeout(ms)=1800000"],
-    "watchdog-silent-rank0-python-logging-ace348.log": [
-        "ranks 1, 2 and 3", "id:job.odd_rank", "re:job.odd_rank fail rank 0 "],
-    "watchdog-terminate-python-logging-internlm290.log": ["f363ff97a009"],
-    "dump-signal-ray-ansi-skyrl757.log": ["id:job.timeout", "rank 0"],
-    "invalid-usage-mpi-stdout-allreduce-horovod3625.log": [
-        "re:(?m)^\\S+ fail .*invalid (usage|root)", "biomind"],
-    "remote-error-one-line-collapsed-alpaca207.log": ["vendor err 129"],
-    "remote-error-ofi-rank-prefix-nccl1928.log": ["UNDELIVERABLE"],
-    "invalid-usage-duplicate-gpu-lrgt13.log": ["re:(?m)^\\S+ fail .*Duplicate GPU", "ubun"],
-    "unhandled-system-error-srun-task-exit-horovod1651.log": ["jwc09n018"],
-    "xid-dmesg-T-three-gpus-akash244.log": ["node4"],
+    'watchdog-wrapped-after-other-output-sglang3836.log': [
+        'id:job.timeout',
+        'rank 5',
+        'ALLREDUCE',
+        'SeqNum 5653',
+        '58720256',
+    ],
+    'watchdog-old-format-no-seqnum-wrapped-accelerate157.log': [
+        'id:job.timeout',
+        'rank 0',
+        'ALLREDUCE',
+        'Timeout(ms)=1800000',
+    ],
+    'watchdog-silent-rank0-python-logging-ace348.log': [
+        'ranks 1, 2 and 3',
+        'id:job.odd_rank',
+        're:job.odd_rank fail rank 0 ',
+    ],
+    'watchdog-terminate-python-logging-internlm290.log': [
+        'f363ff97a009',
+    ],
+    'dump-signal-ray-ansi-skyrl757.log': [
+        'id:job.timeout',
+        'rank 0',
+    ],
+    'invalid-usage-mpi-stdout-allreduce-horovod3625.log': [
+        're:(?m)^\\S+ fail .*invalid (usage|root)',
+        'biomind',
+    ],
+    'remote-error-one-line-collapsed-alpaca207.log': [
+        'vendor err 129',
+    ],
+    'invalid-usage-duplicate-gpu-lrgt13.log': [
+        're:(?m)^\\S+ fail .*Duplicate GPU',
+        'ubun',
+    ],
+    'unhandled-system-error-srun-task-exit-horovod1651.log': [
+        'jwc09n018',
+    ],
+    'xid-dmesg-T-three-gpus-akash244.log': [
+        'node4',
+    ],
+    'horovod-stall-inspector-new-format-horovod3950.log': [
+        're:(?m)^\\S+ fail .*(?i:stall|missing rank)',
+        'broadcast.assign_conv',
+    ],
+    'watchdog-lineno-prefix-pg1-llamafactory8261.log': [
+        're:(?m)^job\\.\\w+ fail ',
+        'rank 4',
+    ],
+    'sigkill-deepspeed-launcher-rc9-deepspeed3232.log': [
+        're:(?m)^\\S+ fail .*(?i:sigkill|-9|killed)',
+    ],
+    'ray-actor-died-raylet-easyr1-300.log': [
+        're:(?m)^\\S+ fail .*(?i:actor|ray|worker)',
+        '1009098',
+        '172.23.166.108',
+    ],
+    'ray-actor-died-tab-fields-toolstar10.log': [
+        're:(?m)^\\S+ fail .*(?i:actor|ray|worker)',
+        '694415',
+    ],
+    'rendezvous-tcpstore-connect-timed-out-pytorch69197.log': [
+        'id:job.rendezvous',
+        '60000',
+    ],
+    'rendezvous-json-escaped-callstack-pytorch67581.log': [
+        're:connect\\(\\) timed out|60000',
+    ],
+    'watchdog-recv-collector-host-prefix-k8s-chitu80.log': [
+        'sm228-a100-40g-23',
+    ],
+    'socket-poll-no-route-sglang3820.log': [
+        'id:nccl.socket',
+        '10.0.0.4',
+        'No route to host',
+        'node5',
+    ],
+    'connect-refused-nccl2-redacted-host-nccl111.log': [
+        're:(?m)^\\S+ fail .*(?i:connection refused|connect)',
+    ],
+    'sigsegv-handler-horovod-comm-init-nccl529.log': [
+        're:(?m)^\\S+ fail .*(?i:segmentation fault|sigsegv)',
+        'ncclCommInitRank',
+    ],
+    'sigkill-mp-spawn-process-exited-prompt4nr3.log': [
+        're:(?m)^\\S+ fail .*SIGKILL',
+        'process 0',
+    ],
+    'rendezvous-terminal-padded-wrapped-torchtune2676.log': [
+        'id:job.rendezvous',
+    ],
+    'rendezvous-ray-commandactor-prefix-torchx540.log': [
+        'id:job.rendezvous',
+        '10.130.6.168',
+    ],
+    'unhandled-system-error-last-error-poll-barrier-veomni131.log': [
+        're:(?i)barrier',
+    ],
+    'collective-fingerprint-seq-mismatch-deepspeed4890.log': [
+        're:(?m)^\\S+ fail .*(?i:1277|1275|mismatch|desync)',
+        'rank 0',
+    ],
+    'sigsegv-deepspeed-launcher-rc11-glued-deepspeedexamples626.log': [
+        're:(?m)^\\S+ fail .*(?i:sigsegv|-11|segmentation)',
+    ],
 }
 
 

@@ -30,6 +30,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\[\d{1,2}(?:;\d{1,3})*m(?=[(\[\w ]|$
 # tags at the very start of a line, tried repeatedly (a pdsh host, then a rank label, ...)
 _START_TAGS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r" *(\d{1,5}): "), "rank"),                        # srun --label
+    (re.compile(r"std(?:out|err): "), "stream"),  # a launcher relaying its child's streams
     # pdsh/clush "host: ": a dotted IPv4 address or a host name with a digit in it
     (re.compile(r"((?:\d{1,3}\.){3}\d{1,3}|[A-Za-z][\w-]*\d[\w.-]*): "), "host"),
 ]
@@ -41,6 +42,8 @@ _BRACKET_TAG = re.compile(
     r"|\[(?:default|[a-z]+_?)(\d+)\]:")                        # torchrun role+local rank
 # what a prefix before a tag may say about the host: Ray's `ip=`, an aggregator's `job.host [std..]`
 _PREFIX_IP = re.compile(r"\bip=((?:\d{1,3}\.){3}\d{1,3})")
+# Ray's `(Actor pid=123, ip=10.0.0.1) ` in front of every line a worker printed
+_RAY_PREFIX = re.compile(r"\(\w+ pid=\d+(?:, ip=((?:\d{1,3}\.){3}\d{1,3}))?[^)]{0,40}\) ")
 _PREFIX_STREAM = re.compile(r"(?:^|\s)([\w.-]+)\s+\[std(?:out|err)\]\s*$")
 # a line that begins a new message (never the continuation of a wrapped one)
 _RECORD = re.compile(
@@ -67,7 +70,8 @@ class Line(NamedTuple):
 
 def normalise(text: str, source: str = "-") -> list[Line]:
     """Split, strip colour and launcher tags, join wrapped lines. Pure."""
-    return list(lines(text.splitlines(), source))
+    raw = text.replace("\r\n", "\n").split("\n")  # a lone CR is a rewrite, not a line end
+    return list(lines(raw[:-1] if raw and raw[-1] == "" else raw, source))
 
 
 def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
@@ -89,7 +93,8 @@ def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
             continue
         number += 1
         line = _plain(line)
-        body, rank, host = _untag(line)
+        # terminal padding goes before the tags are read (a wrapped line's one space stays)
+        body, rank, host = _untag(line.rstrip() if line[-2:] == "  " else line)
         if cur is not None and _continues(cur, body, rank, host, prev_full):
             # a terminal wraps at its width, mid-word as often as not: join without a space;
             # a tool that broke its own line did so between words
@@ -100,7 +105,8 @@ def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
             if cur is not None:
                 yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
             cur = [body, number, rank if rank is not None else default_rank, host]
-        prev_full = width is not None and len(line) == width
+        # a wrapped line fills the width with text; a padded one ends in spaces
+        prev_full = width is not None and len(line) == width and line[-2:] != "  "
     if cur is not None:
         yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
 
@@ -113,7 +119,12 @@ def tagged_ranks(text: str) -> set[int]:
 
 
 def _plain(line: str) -> str:
-    """The line without colour codes (looked for only where one may be: a regex is slower)."""
+    """The line as a terminal showed it: colour codes out (looked for only where one may be: a
+    regex is slower), and of a line a progress bar rewrote with carriage returns, the last
+    text written. Trailing padding stays (the wrap width is measured on it) and goes later."""
+    if "\r" in line:
+        parts = [x for x in line.split("\r") if x.strip()]
+        line = parts[-1] if parts else ""
     if "\x1b" in line or "[0m" in line or "[3" in line or "[1;" in line or "[9" in line:
         return _ANSI.sub("", line)
     return line
@@ -137,18 +148,13 @@ def _continues(cur: list, body: str, rank: int | None, host: str | None,
 
 
 def _untag(line: str) -> tuple[str, int | None, str | None]:
+    """The line without its launcher tags, and the rank and host they named."""
     rank = host = None
-    for _ in range(3 if ": " in line[:64] else 0):
-        for rx, what in _START_TAGS:
-            if m := rx.match(line):
-                if what == "rank":
-                    rank = int(m.group(1))
-                else:
-                    host = m.group(1)
-                line = line[m.end():]
-                break
-        else:
-            break
+    if line[:1] == "(" and (m := _RAY_PREFIX.match(line)):
+        line, host = line[m.end():], m.group(1)
+    if ": " in line[:64]:
+        line, rank, host2 = _start_tags(line)
+        host = host2 or host
     if "]:" not in line and "]<" not in line:
         return line, rank, host
     m = _BRACKET_TAG.search(line)
@@ -156,19 +162,41 @@ def _untag(line: str) -> tuple[str, int | None, str | None]:
         return line, rank, host
     prefix = line[:m.start()]
     while m is not None:
-        if m.group(1) is not None:
-            rank = int(m.group(1))
-        elif m.group(2) is not None:
-            rank = int(m.group(2))
-        elif m.group(3) is not None:
-            host, rank = m.group(3), int(m.group(4))
-        elif rank is None:  # a role's local rank says less than a global rank tag after it
-            rank = int(m.group(5))
+        rank, host = _bracket(m, rank, host)
         line = line[m.end():]
         m = _BRACKET_TAG.match(line)
     if prefix and host is None:
         host = _host_of(prefix)
     return line, rank, host
+
+
+def _start_tags(line: str) -> tuple[str, int | None, str | None]:
+    """Up to three tags at the very start (srun's `3: `, pdsh's `host: `), peeled in turn."""
+    rank = host = None
+    for _ in range(3):
+        for rx, what in _START_TAGS:
+            if m := rx.match(line):
+                if what == "rank":
+                    rank = int(m.group(1))
+                elif what == "host":
+                    host = m.group(1)
+                line = line[m.end():]
+                break
+        else:
+            break
+    return line, rank, host
+
+
+def _bracket(m: re.Match[str], rank: int | None, host: str | None) -> tuple[int | None, str | None]:
+    """What one bracketed tag says: a global rank, host and rank, or a role's local rank (which
+    says less than a global rank tag after it)."""
+    if m.group(1) is not None:
+        return int(m.group(1)), host
+    if m.group(2) is not None:
+        return int(m.group(2)), host
+    if m.group(3) is not None:
+        return int(m.group(4)), m.group(3)
+    return (int(m.group(5)) if rank is None else rank), host
 
 
 def _host_of(prefix: str) -> str | None:

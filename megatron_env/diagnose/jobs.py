@@ -28,7 +28,7 @@ def merge(evs: list[Events]) -> Events:
     out = Events()
     for ev in evs:
         for f in fields(Events):
-            if f.name.startswith("_") or f.name in ("lines", "nccl"):
+            if f.name.startswith("_") or f.name in ("lines", "nccl", "job"):
                 continue
             have, more = getattr(out, f.name), getattr(ev, f.name)
             if isinstance(have, list):
@@ -39,6 +39,7 @@ def merge(evs: list[Events]) -> Events:
                 for k, v in more.items():
                     have.setdefault(k, v)
         out.lines += ev.lines
+        out.job.merge(ev.job)
         if ev.nccl is not None:
             out.nccl = nccl_log.merge(out.nccl, ev.nccl)
     return out
@@ -92,17 +93,19 @@ def _label(srcs: list[str]) -> str:
 def read(path: Path) -> Events:
     """One file's events, its cold lines passed over (counted, their rank tags read)."""
     tally = logfiles.Tally()
-    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally),
-                                        str(path)))
+    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally,
+                                                          events_mod.HOT_RARE), str(path)))
     ev.lines += tally.skipped
     ev.ranks_seen |= tally.ranks
     ev.sources.setdefault(str(path), events_mod.new_facts())["ranks"] |= tally.ranks
     return ev
 
 
-def run(paths: list[str | Path]) -> tuple[list[Finding], int, list[str]]:
-    """Findings of the logs named (grouped into jobs), the number of lines and the files read."""
-    per_file = {str(f): read(f) for f in logfiles.files(paths)}
+def run(paths: list[str | Path], skipped: list[str] | None = None,
+        ) -> tuple[list[Finding], int, list[str]]:
+    """Findings of the logs named (grouped into jobs), the number of lines and the files read;
+    the files of a directory that could not be read are left out, each named in `skipped`."""
+    per_file = {str(f): read(f) for f in logfiles.files(paths, skipped)}
     groups, reasons = group(per_file)
     lines = sum(ev.lines for ev in per_file.values())
     if len(groups) == 1:

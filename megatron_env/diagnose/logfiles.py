@@ -13,15 +13,27 @@ dump, an archive) is refused.
 
 from __future__ import annotations
 
+import bz2
 import glob
+import gzip
+import io
+import lzma
 import os
 import re
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from megatron_env.diagnose import joblog
 from megatron_env.errors import UserError
+
+STDIN = Path("-")
+# what reading a damaged file raises (a bad gzip header is an OSError, a bad xz stream not)
+_BROKEN: tuple[type[BaseException], ...] = (OSError, EOFError, lzma.LZMAError)
+# compressed logs, known by their first bytes (a rotated `.log.1` is gzip as often as not)
+_MAGIC = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2"}
 
 _SNIFF = 8192
 _BLOCK = 1 << 20
@@ -32,43 +44,104 @@ _CONTROL = frozenset([*range(1, 9), 11, *range(14, 27), *range(28, 32), 127])
 _FIX = "pass the console logs of the job (files or a directory)"
 
 
-def files(paths: list[str | Path]) -> list[Path]:
-    """The files named: globs expanded, directories listed; anything unusable refused at once."""
+def files(paths: list[str | Path], skipped: list[str] | None = None) -> list[Path]:
+    """The files named: globs expanded, directories listed; anything unusable refused at once.
+    Inside a directory, a file that cannot be read as a log is left out instead, with one line
+    in `skipped` (what and why), and the rest are read; `-` is standard input."""
     if not paths:
-        raise UserError("no log given", fix="invoke triage LOG [LOG ...] (files or directories)")
+        raise UserError("no log given", fix="invoke triage LOG [LOG ...] (files or directories)",
+                        kind="triage.no_log")
     out: list[Path] = []
     for p in map(str, paths):
+        if p == "-":
+            out.append(STDIN)
+            continue
         if glob.has_magic(p) and not Path(p).exists():
             matched = sorted(glob.glob(p))
             if not matched:
                 raise UserError(f"{p} matches no file",
-                                fix="check the pattern (quoted globs are expanded here)")
+                                fix="check the pattern (quoted globs are expanded here)",
+                                kind="triage.no_match")
             named = [Path(x) for x in matched]
         else:
             named = [Path(p)]
         for f in named:
-            out += _expand(f)
+            out += _expand(f, skipped)
     return out
 
 
-def _expand(p: Path) -> list[Path]:
+def _expand(p: Path, skipped: list[str] | None = None) -> list[Path]:
     try:
         st = p.stat()
     except OSError:
-        raise UserError(f"{p}: no such file or directory", fix=_FIX) from None
+        raise UserError(f"{p}: no such file or directory", fix=_FIX,
+                        kind="triage.no_such_log") from None
     if stat.S_ISDIR(st.st_mode):
-        inside = sorted(x for x in p.iterdir() if not x.name.startswith(".") and _regular(x))
-        if not inside:
-            raise UserError(f"{p} holds no log files", fix="pass the job's log files")
-        return [f for x in inside for f in _expand(x)]
+        return _directory(p, skipped if skipped is not None else [])
     if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{p} is not a regular file ({_kind(st.st_mode)})", fix=_FIX)
+        raise UserError(f"{p} is not a regular file ({_kind(st.st_mode)})", fix=_FIX,
+                        kind="triage.not_a_file")
     try:
-        with open(p, "rb") as f:
+        with _open(p) as f:
             _sniff(f.read(_SNIFF), p)
-    except OSError as e:
-        raise UserError(f"cannot read {p}: {e.strerror}", fix=_FIX) from None
+    except _BROKEN as e:
+        raise UserError(f"cannot read {p}: {_why(e)}", fix=_FIX, kind="triage.unreadable") from None
     return [p]
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, EOFError):
+        return "the compressed stream is cut short"
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
+def _directory(p: Path, skipped: list[str]) -> list[Path]:
+    """A directory's logs: what cannot be read is left out with its reason, the rest kept."""
+    inside = sorted(x for x in p.iterdir() if not x.name.startswith(".") and _regular(x))
+    out: list[Path] = []
+    for x in inside:
+        try:
+            out += _expand(x)
+        except UserError as e:
+            skipped.append(e.message)
+    if not out:
+        raise UserError(f"{p} holds no log files" + (f" ({skipped[0]})" if skipped else ""),
+                        fix="pass the job's log files", kind="triage.empty_directory")
+    return out
+
+
+def _open(p: Path) -> BinaryIO:
+    """The file (or standard input) as bytes, decompressed on the way when its first bytes
+    say gzip, xz, zstd or bzip2 (never its name)."""
+    raw: BinaryIO = (sys.stdin.buffer if p == STDIN else open(p, "rb"))  # noqa: SIM115
+    buf = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
+    head = buf.peek(6)[:6]
+    kind = next((k for magic, k in _MAGIC.items() if head.startswith(magic)), None)
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=buf)  # type: ignore[return-value]
+    if kind == "xz":
+        return lzma.LZMAFile(buf)  # type: ignore[return-value]
+    if kind == "bzip2":
+        return bz2.BZ2File(buf)  # type: ignore[return-value]
+    if kind == "zstd":
+        return _zstd(buf, p)
+    return buf
+
+
+def _zstd(buf: BinaryIO, p: Path) -> BinaryIO:
+    try:
+        from compression import zstd  # type: ignore[import-not-found]  # Python 3.14
+        return zstd.ZstdFile(buf)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+    except ImportError:
+        buf.close()
+        raise UserError(f"{p} is zstd-compressed and this Python has no zstd reader",
+                        fix="pip install zstandard (or `zstd -dc LOG | invoke triage -`)",
+                        kind="triage.zstd_missing") from None
+    return zstandard.ZstdDecompressor().stream_reader(buf, closefd=True)  # type: ignore[return-value]
 
 
 def _regular(p: Path) -> bool:
@@ -95,23 +168,29 @@ class Tally:
 
 
 def physical(path: Path, hot: re.Pattern[str] | None = None,
-             tally: Tally | None = None) -> Iterator[str | int]:
+             tally: Tally | None = None, rare: tuple[str, ...] = ()) -> Iterator[str | int]:
     """The file's lines without line ends, NULs removed, each at most joblog.MAX_LINE long.
 
     Read in blocks of a MiB. With `hot` (what a line must hold to matter), only the lines near
-    one that matches are handed on (`_BEFORE` before, `_AFTER` after: a wrapped message's
+    one that matches, or that holds one of the `rare` words, are handed on (`_BEFORE` before,
+    `_AFTER` after: a wrapped message's
     head, a table under its heading); an int stands for the lines passed over, which `tally`
     counts and whose launcher tags it reads, block by block, at C speed."""
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below; a generator holds it open
+        f = _open(path)
     except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}", fix=_FIX) from None
+        raise UserError(f"cannot read {path}: {e.strerror}", fix=_FIX,
+                        kind="triage.unreadable") from None
     with f:
         rest = b""
         tail: list[str] = []  # the last lines of the block before, not handed on
         after = 0  # lines of this block still inside a hot line's window
         while True:
-            block = f.read(_BLOCK)
+            try:
+                block = f.read(_BLOCK)
+            except (*_BROKEN, ValueError) as e:  # zstandard raises ZstdError, a ValueError
+                raise UserError(f"cannot read {path}: {_why(e)}", fix=_FIX,
+                                kind="triage.unreadable") from None
             data = rest + block
             if not data:
                 break
@@ -120,21 +199,14 @@ def physical(path: Path, hot: re.Pattern[str] | None = None,
                 rest = data[:joblog.MAX_LINE] if len(data) < 2 * _BLOCK else b""
                 continue
             data, rest = data[:cut], data[cut + 1:]
-            if b"\0" in data:
-                data = data.replace(b"\0", b"")
-            text = data.decode("utf-8", "replace")
-            lines = text.split("\n")
-            if "\r" in text:
-                lines = [x[:-1] if x.endswith("\r") else x for x in lines]
-            if max(map(len, lines)) > joblog.MAX_LINE:
-                lines = [x[:joblog.MAX_LINE] for x in lines]
+            text, lines = _decode(data)
             if hot is None:
                 yield from lines
                 continue
             if tally is not None and len(tally.ranks) < _MAX_RANKS:
                 tally.ranks |= joblog.tagged_ranks(text)
             lines = tail + lines
-            keep = _windows(text, hot, len(tail), after)
+            keep = _windows(text, hot, len(tail), after, rare)
             after = max(0, keep[-1][1] - len(lines)) if keep else 0
             # the last lines near no hot one wait for the next block (a hot line may follow)
             held = max(min(keep[-1][1], len(lines)) if keep else 0, len(lines) - _BEFORE)
@@ -146,25 +218,56 @@ def physical(path: Path, hot: re.Pattern[str] | None = None,
             yield len(tail)
 
 
-def _windows(text: str, hot: re.Pattern[str], offset: int,
-             after: int) -> list[tuple[int, int]]:
+def _decode(data: bytes) -> tuple[str, list[str]]:
+    """A block of whole lines as text and as lines: NULs out, CRLF ends cut, long lines cut."""
+    if b"\0" in data:
+        data = data.replace(b"\0", b"")
+    text = data.decode("utf-8", "replace")
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [x[:-1] if x.endswith("\r") else x for x in lines]
+    if max(map(len, lines)) > joblog.MAX_LINE:
+        lines = [x[:joblog.MAX_LINE] for x in lines]
+    return text, lines
+
+
+def _windows(text: str, hot: re.Pattern[str], offset: int, after: int,
+             rare: tuple[str, ...] = ()) -> list[tuple[int, int]]:
     """[start, end) line ranges around the hot lines of `text` (`offset` lines on), merged."""
     spans: list[tuple[int, int]] = [(offset, offset + after)] if after else []
-    pos = line = 0
-    while m := hot.search(text, pos):
-        line += text.count("\n", pos, m.start())
+    line = at = 0
+    for pos in _hits(text, hot, rare):
+        line += text.count("\n", at, pos)
+        at = pos
         idx = offset + line
         start, end = max(0, idx - _BEFORE), idx + 1 + _AFTER
         if spans and start <= spans[-1][1]:
             spans[-1] = (spans[-1][0], max(spans[-1][1], end))
         else:
             spans.append((start, end))
-        nl = text.find("\n", m.end())
-        if nl < 0:
-            break
-        pos = nl + 1
-        line += 1
     return spans
+
+
+def _hits(text: str, hot: re.Pattern[str], rare: tuple[str, ...]) -> list[int]:
+    """Where the hot lines of `text` start, in order (one position per line and word kind)."""
+    out = []
+    pos = 0
+    while m := hot.search(text, pos):
+        out.append(text.rfind("\n", 0, m.start()) + 1)
+        pos = text.find("\n", m.end()) + 1
+        if pos == 0:
+            break
+    for word in rare:
+        i = text.find(word)
+        while i >= 0:
+            out.append(text.rfind("\n", 0, i) + 1)
+            nl = text.find("\n", i)
+            if nl < 0:
+                break
+            i = text.find(word, nl)
+    if rare:
+        out = sorted(set(out))
+    return out
 
 
 def _handed_on(lines: list[str], keep: list[tuple[int, int]], held: int,
@@ -195,7 +298,7 @@ def _sniff(head: bytes, path: Path) -> None:
     if bad * 10 > len(head):
         raise UserError(f"{path} is not a text log (it holds binary data)",
                         fix="pass the job's console output (stdout/stderr), not a core dump or "
-                            "archive")
+                            "archive", kind="triage.binary")
 
 
 def read(paths: list[str | Path]) -> Iterator[joblog.Line]:
@@ -210,4 +313,4 @@ def _stream(paths: list[Path]) -> Iterator[joblog.Line]:
 
 
 def size(paths: list[Path]) -> int:
-    return sum(os.stat(p).st_size for p in paths)
+    return sum(os.stat(p).st_size for p in paths if p != STDIN)

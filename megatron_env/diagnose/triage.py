@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from megatron_env.diagnose import launch, nccl_log
-from megatron_env.diagnose.events import SIGNALS, XIDS, Events, events
+from megatron_env.diagnose.events import SIGNALS, XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
 from megatron_env.findings import Finding
 
@@ -26,16 +26,7 @@ NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFE
             "TORCH_NCCL_DESYNC_DEBUG=1")
 
 
-def ranks(rs) -> str:
-    """'rank 5', 'ranks 0, 1 and 2', 'ranks 0-7' as a person would say it."""
-    rs = sorted(set(rs))
-    if not rs:
-        return "no rank"
-    if len(rs) == 1:
-        return f"rank {rs[0]}"
-    if len(rs) > 3 and rs == list(range(rs[0], rs[-1] + 1)):
-        return f"ranks {rs[0]}-{rs[-1]}"
-    return "ranks " + ", ".join(map(str, rs[:-1])) + f" and {rs[-1]}"
+ranks = launch.ranks
 
 
 def _where(rank: int | None, host: str | None) -> str:
@@ -81,13 +72,13 @@ def _timeouts(ev: Events) -> list[Finding]:
         summary += f"; the watchdog only noticed after {_seconds(ran)}"
     if ev.first_timeout:
         summary += f"; {ranks(ev.first_timeout)} timed out first"
-    evidence = [f"rank {t['rank']}{' on ' + t['host'] if t['host'] else ''}"
+    evidence = [describe(ev.who(t))
                 + (f" ([Rank {t['pg_rank']}] of its process group)"
                    if t.get("pg_rank") not in (None, t["rank"]) else "")
                 + f": {t['op']} SeqNum {t['seq']}"
                 + (f" ({t['numel_in']} elements in / {t['numel_out']} out)"
                    if t["numel_in"] is not None and len(groups) > 1 else "")
-                + f", ran for {t['ran_ms']} ms" for t in ts[:8]]
+                + (f", ran for {t['ran_ms']} ms" if t["ran_ms"] else "") for t in ts[:8]]
     evidence += [f"rank {r}: {w}" for r, w in sorted(ev.work.items())[:8]]
     out = []
     odd = _odd_ones(by_rank)
@@ -192,17 +183,44 @@ def _nccl_errors(ev: Events) -> list[Finding]:
     for e in ev.nccl_errors:
         by_kind[e["kind"]].append(e)
     for kind, es in by_kind.items():
-        where = sorted({_where(e["rank"], e["host"]) for e in es if e["rank"] is not None
-                        or e["host"]})
+        where = sorted({describe(ev.who(e)) for e in es} - {"a process"})
         version = next((e["version"] for e in es if e["version"]), None)
-        last = next((e["last_error"] for e in es if e["last_error"]), "")
+        last = next((e["last_error"] for e in es if e["last_error"]), "") or next(
+            (x["what"] for x in ev.last_errors), "")
+        op = next((e["op"] for e in es if e.get("op")), None) or _op(ev, es)
         out.append(Finding(
             "job.nccl_error", "fail",
             f"NCCL error '{kind}'" + (f" on {', '.join(where[:4])}" if where else "")
+            + (f" in {op}" if op else "")
             + (f" (NCCL {version})" if version else "") + (f": {last}" if last else ""),
             [e["line"] for e in es[:4]] + ([f"last error: {last}"] if last else []),
             _NCCL_FIX.get(kind, f"rerun with NCCL_DEBUG=INFO to see where it fails; {NEXT_RUN}")))
+    if not ev.nccl_errors and ev.last_errors:
+        where = sorted({describe(ev.who(e)) for e in ev.last_errors
+                        if e["rank"] is not None or e["host"]})
+        what = ev.last_errors[0]["what"]
+        op = _op(ev, ev.last_errors)
+        out.append(Finding(
+            "job.nccl_error", "fail",
+            "NCCL's last error" + (f" on {', '.join(where[:4])}" if where else "")
+            + (f" in {op}" if op else "") + f": {what}",
+            [f"Last error: {x['what']}" for x in ev.last_errors[:4]],
+            _LAST_FIX if _REFUSED in what or "onnect" in what else
+            f"rerun with NCCL_DEBUG=INFO to see the failing call; {NEXT_RUN}"))
     return out
+
+
+_REFUSED = "Connection refused"
+_LAST_FIX = ("a peer's socket refused or dropped the connection: that rank had already exited "
+             "(find its own error first) or a firewall/NCCL_SOCKET_IFNAME points at the wrong "
+             "interface; `invoke preflight` on the nodes checks the links")
+
+
+def _op(ev: Events, es: list[dict]) -> str | None:
+    """The collective the ranks of these events were in, from their tracebacks."""
+    return next((ev.collective[e["rank"]] for e in es if e.get("rank") in ev.collective),
+                None) or ev.collective.get(None) or (
+        next(iter(ev.collective.values())) if len(set(ev.collective.values())) == 1 else None)
 
 
 def _cuda(ev: Events) -> list[Finding]:
@@ -275,13 +293,17 @@ def _root_cause(ev: Events) -> list[Finding]:
     root = next((f for f in ev.failures if f["root"]), ev.failures[0])
     code = root["exitcode"]
     how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
-           if code is not None and code < 0 else f"exit code {code}")
-    who = (f"rank {root['rank']}" if root["rank"] is not None else
-           f"local rank {root['local_rank']}")
+           if code is not None and code < 0 else f"exit code {code}" if code is not None
+           else "its exit code cut off")
+    who = _proc(root)
     if root["rank"] is not None and root["local_rank"] is not None:
         who += f" (local rank {root['local_rank']})"
-    if root["host"]:
-        who += f" on host {root['host']}"
+    p = ev.who(root)
+    if p["host"]:
+        who += f" on host {p['host']}"
+    more = ", ".join(x for x in (f"GPU {p['gpu']}" if p["gpu"] is not None else "",
+                                 f"pid {p['pid']}" if p["pid"] else "") if x)
+    who += f" ({more})" if more else ""
     fixes = {-6: "SIGABRT is usually PyTorch's NCCL watchdog ending the process after a timeout "
                  "or an NCCL error: see those findings",
              -9: "SIGKILL: the kernel's OOM killer or the scheduler; check `dmesg` and the job's "
@@ -298,35 +320,93 @@ def _root_cause(ev: Events) -> list[Finding]:
         "job.root_cause", "fail",
         f"torchrun's first observed failure: {who}, {how}",
         [f"{'root cause' if f['root'] else 'also failed'}: "
-         + (f"rank {f['rank']}" if f["rank"] is not None else f"local rank {f['local_rank']}")
+         + _proc(f)
          + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
          for f in [root, *others][:8]], fix)]
 
 
+def _proc(f: dict) -> str:
+    """A failure table's process: its rank, else its local rank, else (a table cut short) 'a
+    worker'."""
+    if f["rank"] is not None:
+        return f"rank {f['rank']}"
+    return f"local rank {f['local_rank']}" if f["local_rank"] is not None else "a worker"
+
+
 def _nccl_debug(ev: Events) -> list[Finding]:
     """The NCCL_DEBUG lines, through verify_nccl.py's analysis (skips dropped: a job log that
-    has no channel lines says nothing about the transport)."""
+    has no channel lines says nothing about the transport). A failed ibv_* call is judged by
+    its errno (`_ibv`), so the analysis' memlock advice stays only where ENOMEM says so."""
     if ev.nccl is None:
         return []
-    return [f for f in nccl_log.findings(ev.nccl) if f.status != "skip"]
+    fs = [f for f in nccl_log.findings(ev.nccl) if f.status != "skip"]
+    if any(e["errno"] for e in ev.ibv):  # `_ibv` says it, with the advice of its errno
+        fs = [f for f in fs if f.id != "nccl.system_error"
+              or not all("ibv_" in x for x in f.evidence)]
+    return fs
+
+
+_IBV_FIX = {
+    "ENOMEM": "the locked-memory limit is too low for InfiniBand memory registration: set "
+              "`ulimit -l unlimited` for the job (limits.conf, --ulimit memlock=-1, Slurm "
+              "PropagateResourceLimits) and check `ulimit -l` inside the job",
+    "EINVAL": "the HCA refused the memory registration itself (not a limit): GPU memory needs "
+              "GPUDirect RDMA (nvidia-peermem loaded, or NCCL_DMABUF_ENABLE=1 with a kernel "
+              "that has dma-buf), a driver/OFED pair that supports it, and PCIe relaxed "
+              "ordering settled (NCCL_IB_PCI_RELAXED_ORDERING); a region larger than the HCA's "
+              "max MR size fails the same way; NCCL_NET_GDR_LEVEL=LOC to confirm",
+    "EFAULT": "the HCA could not pin the pages: GPU memory without GPUDirect RDMA support "
+              "(nvidia-peermem not loaded, or a GPU/driver without it); NCCL_NET_GDR_LEVEL=LOC "
+              "to confirm",
+    "EPERM": "not permitted: the container lacks IPC_LOCK/privileges or the RDMA device "
+             "(--cap-add IPC_LOCK, --device /dev/infiniband)",
+}
+
+
+def _ibv(ev: Events) -> list[Finding]:
+    """Failed ibv_* calls, one finding per errno: the advice depends on the errno, not on which
+    call failed."""
+    by: dict[str | None, list[dict]] = defaultdict(list)
+    for e in ev.ibv:
+        if e["errno"]:  # without one, the NCCL analysis' system error says what is known
+            by[e["errno"]].append(e)
+    out = []
+    for errno, es in by.items():
+        calls = sorted({e["call"] for e in es})
+        who = sorted({describe(ev.who(e)) for e in es if e["rank"] is not None or e["host"]
+                      or e["pid"]})
+        op = _op(ev, es)
+        out.append(Finding(
+            "nccl.ibverbs_call", "fail",
+            f"{', '.join(calls)} failed" + (f" with {errno}" if errno else "")
+            + (f" ({es[0]['error']})" if es[0]["error"] else "")
+            + (f" on {', '.join(who[:4])}" if who else "") + (f" in {op}" if op else ""),
+            [e["line"] for e in es[:4]],
+            _IBV_FIX.get(errno, "look up the errno the call failed with (`errno -l`); rerun "
+                                "with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET")))
+    return out
 
 
 ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
-         "nccl.system_error", "nccl.shm", "nccl.ibverbs", "job.watchdog_stuck", "job.desync",
-         "job.odd_rank", "job.rendezvous", "nccl.socket", "job.nccl_error", "job.root_cause",
-         "job.ray_worker", "nccl.peer_lost", "job.timeout",
+         "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "nccl.ibverbs",
+         "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.bootstrap",
+         "job.rendezvous",
+         "nccl.socket", "job.nccl_error", "job.root_cause",
+         "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.slurm_cancelled",
          "nccl.net", "nccl.transport"]
 
 
 def findings(ev: Events) -> list[Finding]:
     """Most likely cause first (see the module's docstring); one finding when nothing matched."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
-          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + launch.findings(ev))
+          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev))
 
     def key(f: Finding) -> tuple[int, int]:
         rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
         if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
             rank = ORDER.index("job.timeout") + 1
+        if f.id == "job.signal" and f.summary.startswith("torchrun's agent"):  # from outside
+            rank = ORDER.index("job.slurm_cancelled") + 1
         return (f.status != "fail", rank)
 
     fs.sort(key=key)

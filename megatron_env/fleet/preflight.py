@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from megatron_env import REPO_ROOT, findings, output, proc, profile, project
+from megatron_env import REPO_ROOT, findings, output, proc, profile, project, redact
 from megatron_env.errors import UserError
 from megatron_env.fleet import analysis, fingerprint
 from megatron_env.host import attention, checks, snapshot
@@ -175,7 +175,7 @@ def launch(run_dir: Path, profile_name: str | None, python: str | None, *, healt
     job, nodes = allocation()
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = srun_argv(run_dir, nodes, profile_name, python, health, size)
-    (run_dir / "command.txt").write_text(subprocess.list2cmdline(argv) + "\n")
+    (run_dir / "command.txt").write_text(redact.text(subprocess.list2cmdline(argv) + "\n"))
     echo(f"preflight: job {job}, {nodes} node(s), results in {run_dir}")
     r = proc.run(argv, timeout=None, log=run_dir / "srun.log", stream=True, on_line=echo)
     return r.returncode, expected_hosts()
@@ -194,7 +194,7 @@ def verify_nccl(run_dir: Path, healthy: list[str], gpus_per_node: int, python: P
             f"--chdir={REPO_ROOT}", str(python), str(REPO_ROOT / "scripts" / "verify_nccl.py"),
             "--out", str(out), *extra]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "command.txt").write_text(subprocess.list2cmdline(argv) + "\n")
+    (out / "command.txt").write_text(redact.text(subprocess.list2cmdline(argv) + "\n"))
     echo(f"verify_nccl: {len(healthy)} node(s) x {gpus_per_node} rank(s): {', '.join(healthy)}")
     r = proc.run(argv, timeout=None, log=out / "srun.log", stream=True, on_line=echo)
     return r.returncode

@@ -19,6 +19,7 @@ import time
 import urllib.parse
 import urllib.request
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -206,13 +207,20 @@ def max_jobs(gb_per_job: float, parallel_var: str = "") -> Jobs:
                            os.environ)
 
 
+def recipe_inputs(pkg: Package, series: list[Path], archs: list[str]) -> dict:
+    """What a build is made from that the profile decides (its source, patches, archs, switches
+    and options): the setup chain's builds step digests this, the cache key adds the torch the
+    build is for (cache_key_doc). One definition: the two cannot disagree about what counts."""
+    return {"source": pkg.source.digest, "patches": digest.of_files(series),
+            "archs": sorted(archs) if pkg.cuda else [],
+            "switches": pkg.switches, "build_options": list(pkg.build_options)}
+
+
 def cache_key_doc(pkg: Package, series: list[Path], torch: str, cuda: str, python_tag: str,
                   abi: object, archs: list[str]) -> dict:
     """What a build's cache key is made of: one definition for the build and for lock-diff."""
-    return {"source": pkg.source.digest, "patches": digest.of_files(series),
-            "torch": torch, "cuda": cuda, "python": python_tag, "cxx11_abi": abi,
-            "archs": sorted(archs) if pkg.cuda else [],
-            "switches": pkg.switches, "build_options": list(pkg.build_options)}
+    return {**recipe_inputs(pkg, series, archs), "torch": torch, "cuda": cuda,
+            "python": python_tag, "cxx11_abi": abi}
 
 
 def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str, dict]:
@@ -228,9 +236,11 @@ def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str,
 
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
-         facts: dict | None = None) -> Plan:
-    """`facts`: probe.torch_facts(python) when the caller has them already (one torch import)."""
-    facts = facts or torch_facts(python)
+         facts: dict | None = None, cache: Path | None = None) -> Plan:
+    """`facts`: probe.torch_facts(python) when the caller has them already (one torch import);
+    `cache`: the build cache (default: cache_dir())."""
+    cache = cache or cache_dir()
+    facts = facts or torch_facts(python, cache)
     series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
     build_env = {**os.environ, **pkg.switches,
                  "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -239,7 +249,7 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
         build_env["CUDA_HOME"] = str(home)
         build_env["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
     build_env.update(site_paths(pkg, facts.get("platlib")))
-    fixed = libstdcxx.shared_libstdcxx(build_env, cache_dir())
+    fixed = libstdcxx.shared_libstdcxx(build_env, cache)
     build_env.update(fixed)
     derived = max_jobs(pkg.gb_per_job, pkg.parallel_var)
     jobs, why = derived.max_jobs, derived.why
@@ -256,14 +266,14 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
 
 
-def torch_facts(python: Path) -> dict:
+def torch_facts(python: Path, cache: Path | None = None) -> dict:
     """probe.torch_facts, remembered in the cache under torch's stamp (its _C extension's path,
     size and mtime): the C++ ABI needs `import torch` (seconds), the rest is read from files.
     A cache hit thus costs no torch import before the install check's one."""
     cheap = probe.torch_stamp(python)
     if not cheap.get("stamp") or not cheap.get("torch"):
         return probe.torch_facts(python)  # its error says what is wrong
-    known = cache_dir() / "facts" / f"{digest.hexpart(digest.of(cheap), 24)}.json"
+    known = (cache or cache_dir()) / "facts" / f"{digest.hexpart(digest.of(cheap), 24)}.json"
     try:
         return json.loads(known.read_text())
     except (OSError, json.JSONDecodeError):
@@ -319,13 +329,52 @@ class Result:
     modules: dict[str, str]
 
 
+def patched(pkg: Package, series: list[Path], echo=output.status, *, given: Given | None = None,
+            cache: Path | None = None) -> Path:
+    """The package's pristine source with its patch series applied: made once per source and
+    series under the cache (whole or not at all), then only copied. The setup chain's patches
+    step makes it; a build copies it (a build writes objects into its tree)."""
+    root = cache or cache_dir()
+    key = digest.hexpart(digest.of([pkg.source.digest, digest.of_files(series)]), 16)
+    dest = root / "patched" / f"{pkg.name}-{key}"
+    if (dest / ".megatron-env-patched").exists():
+        return dest
+    pristine = fetch(pkg, echo, given=given, cache=root)
+    for leftover in dest.parent.glob(f"{dest.name}.tmp-*"):  # of killed runs
+        if not _alive(leftover.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(leftover, ignore_errors=True)
+    staged = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+    patches.apply_series(pristine, staged, series)  # on failure nothing is left
+    for x in series:
+        echo(f"{pkg.name}: applied {x.name}")
+    (staged / ".megatron-env-patched").write_text(json.dumps([x.name for x in series]) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)  # an unmarked (incomplete) tree
+    try:
+        os.replace(staged, dest)
+    except OSError:  # another run put the same tree there first
+        shutil.rmtree(staged, ignore_errors=True)
+    return dest
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
                       patch_root: Path | None = None, echo=output.status,
-                      given: Given | None = None, cache: Path | None = None) -> Result | Plan:
-    """`given`: a bundle's sources; `cache`: the build cache (default MEGATRON_ENV_CACHE)."""
+                      given: Given | None = None, cache: Path | None = None,
+                      child_env: Mapping[str, str] | None = None) -> Result | Plan:
+    """`given`: a bundle's sources; `cache`: the build cache (default MEGATRON_ENV_CACHE);
+    `child_env`: what uv is told besides (a bundle's offline settings)."""
     t0 = time.monotonic()
     cache = cache or cache_dir()
-    p = plan(pkg, python, archs, patch_root)
+    p = plan(pkg, python, archs, patch_root, cache=cache)
     for line in p.lines():
         echo(line)
     if dry_run:
@@ -340,14 +389,12 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         hit = bool(wheels)
         if not hit:
             _sweep(p.key, cache)
-            pristine = fetch(pkg, echo, given=given, cache=cache)
+            tree = patched(pkg, p.patches, echo, given=given, cache=cache)
             work = cache / "build" / f"{p.key}.tmp-{os.getpid()}"
             work.parent.mkdir(parents=True, exist_ok=True)
             log = cache / "logs" / f"{p.key}-{time.strftime('%Y%m%d%H%M%S')}.log"
             try:  # the tree and its objects take GBs: gone on success and on failure alike
-                patches.apply_series(pristine, work, p.patches)
-                for x in p.patches:
-                    echo(f"{pkg.name}: applied {x.name}")
+                shutil.copytree(tree, work, symlinks=True)
                 built_in, wheel = compiler.compile_wheel(pkg.name, p.python, p.env,
                                                          pkg.build_options, work, log, echo)
                 if absent := compiler.missing_libraries(wheel, pkg.wheel_libraries):
@@ -386,7 +433,7 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
     else:
         echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
         r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
-                      wheel], env=uv.env(), timeout=1800)
+                      wheel], env=uv.env(**(child_env or {})), timeout=1800)
         if not r.ok:
             raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
     t_verify = time.monotonic()

@@ -12,17 +12,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from megatron_env import digest, output, proc
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
-from megatron_env.pyenv import env, probe, uv
+from megatron_env.pyenv import env, manifest, probe, uv
 from megatron_env.sources import patches, repos
 from megatron_env.sources.given import Given
 
 STAMP = ".megatron-env-source.json"
 MODULES = ("megatron.core", "megatron.core.datasets.helpers")
+MEGATRON_DIST = "megatron-core"
 
 
 def patch_series(profile: Profile) -> list[Path]:
@@ -69,12 +71,16 @@ def prepare(profile: Profile, echo=output.status, given: Given | None = None) ->
     return dest
 
 
-def install(profile: Profile, python: Path, src: Path, echo=output.status) -> dict:
-    """Editable install of `src` for the interpreter `python`; returns the import check."""
+def install(profile: Profile, python: Path, src: Path, echo=output.status,
+            child_env: Mapping[str, str] | None = None) -> dict:
+    """Editable install of `src` for the interpreter `python`; returns the import check.
+    `child_env`: what uv is told besides (a bundle's offline settings)."""
     if not python.exists():
-        raise UserError(f"no environment at {python}", fix="run `invoke env` first")
+        raise UserError(f"no environment at {python}", fix="run `invoke env` first",
+                        kind="megatron.no-env")
     bindir = python.parent
-    run_env = {**uv.env(), "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    run_env = {**uv.env(**(child_env or {})),
+               "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
     echo(f"megatron: installing {src.name} editable for {python} (no dependency resolution)")
     r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps",
                   "--no-build-isolation", "-e", src], env=run_env, timeout=3600,
@@ -96,9 +102,33 @@ def check_import(python: Path) -> dict:
     return facts
 
 
-def check_installed(python: Path, profile: Profile) -> None:
-    """Quick: the environment still has this profile's Megatron checkout installed."""
+def not_installed(python: Path, profile: Profile) -> str | None:
+    """Quick (no import): why the environment no longer has this profile's Megatron checkout
+    installed (None: it has). An environment built anew has lost it; so has a removed checkout,
+    a removed file of the editable install (its .pth) or an install from another checkout."""
+    if not python.exists():
+        return f"no environment at {python}"
+    src = source_dir(profile)
+    if not (src / STAMP).exists():
+        return f"the checkout {src} is gone"
     facts = probe.probe(python, torch=False)
-    if "megatron-core" not in facts["dists"] or not (source_dir(profile) / STAMP).exists():
-        raise UserError(f"Megatron is no longer installed for {python}",
-                        fix="re-run `invoke megatron`")
+    dists = manifest.scan(facts["sites"], {MEGATRON_DIST})["dists"]
+    if not dists:
+        return f"{MEGATRON_DIST} is not installed for {python}"
+    d = next(iter(dists.values()))
+    if d["absent"]:
+        return f"{MEGATRON_DIST} is missing {', '.join(d['absent'][:3])}"
+    info = next((Path(f[0]).parent for f in d["files"] if f[0].endswith(".dist-info/RECORD")),
+                None)
+    url = _direct_url(info) if info else None
+    if url is not None and url != src.as_uri():
+        return f"{MEGATRON_DIST} is installed from {url}, not from {src}"
+    return None
+
+
+def _direct_url(info: Path) -> str | None:
+    """Where an installed distribution came from (PEP 610 direct_url.json), if it says."""
+    try:
+        return json.loads((info / "direct_url.json").read_text()).get("url")
+    except (OSError, ValueError, AttributeError):
+        return None

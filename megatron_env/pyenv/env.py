@@ -24,7 +24,8 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from megatron_env import digest, mutex, output, proc, project
@@ -101,9 +102,8 @@ def check_free_space(where: Path, echo=output.status) -> None:
             fix=f"free disk space or choose another --prefix ({MIN_FREE_ENV} sets the need)")
 
 
-def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: bool,
-                log: Path, extra: tuple[str, ...] | list[str] = (),
-                temporary_log: bool = False) -> None:
+def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
+                extra: tuple[str, ...] | list[str] = (), temporary_log: bool = False) -> None:
     """uv installs `lockfile` into `python`; on failure the hint names the full log, which
     must still exist when it is read: a log in a temporary directory (`temporary_log`) is
     copied out to a file of its own first."""
@@ -111,11 +111,11 @@ def _uv_install(python: Path, lockfile: Path, find_links: list[str], no_index: b
     # in place in one environment cannot change the cache and, through it, the next environment
     argv = [uv.exe(), "pip", "install", "--python", python, "--require-hashes",
             "--no-deps", "--link-mode", "copy", "-r", lockfile, *extra]
-    for f in find_links:
+    for f in sources.find_links:
         argv += ["--find-links", f]
-    if no_index:
+    if sources.no_index:
         argv.append("--no-index")
-    r = proc.run(argv, env=uv.env(), timeout=None, log=log, stream=True)
+    r = proc.run(argv, env=uv.env(**sources.child_env), timeout=None, log=log, stream=True)
     if not r.ok:
         text = r.output
         cause = ("a downloaded file does not match the hash in the lock"
@@ -156,14 +156,16 @@ def _refuse(prefix: Path, profile: Profile) -> None:
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
           conda: str | None = None, use_conda: bool | None = None,
           find_links: list[str] | None = None, no_index: bool = False, deep: bool = False,
-          conda_lock: Path | None = None, echo=output.status) -> Summary:
+          conda_lock: Path | None = None, echo=output.status,
+          child_env: Mapping[str, str] | None = None) -> Summary:
     """Create, check or repair the profile's environment at `prefix` (see the module docstring).
 
     find_links/no_index: where the lock's wheels come from (a bundle's wheels/, no index);
     conda_lock: the conda-lock.yml to install instead of the profile's (a bundle's local copy).
 
     deep: re-hash every installed file against its RECORD and import torch, instead of the
-    stat-only check of the manifest.
+    stat-only check of the manifest. child_env: what uv is told besides (a bundle's offline
+    settings), passed to each child process, never set in this one.
     """
     t0 = time.monotonic()
     prefix = Path(prefix or default_prefix(profile)).absolute()
@@ -184,7 +186,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
     except OSError as e:
         raise UserError(f"cannot create {store}: {e.strerror}",
                         fix="choose a writable --prefix") from None
-    sources = Sources(find_links or [], no_index)
+    sources = Sources(find_links or [], no_index, dict(child_env or {}))
     try:
         with mutex.exclusive(store / ".lock", f"waiting: another run is working on {prefix} "
                                f"(it holds {store / '.lock'})", echo):
@@ -211,6 +213,7 @@ class Sources:
 
     find_links: list[str]
     no_index: bool
+    child_env: dict[str, str] = field(default_factory=dict)  # uv's variables (a bundle's)
 
 
 def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: str,
@@ -222,8 +225,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
         elif leftover.name.startswith(".link-"):
             leftover.unlink(missing_ok=True)
     target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
-    mode = _create(profile, target, lockfile, find_links=sources.find_links,
-                   no_index=sources.no_index, echo=echo, **how)
+    mode = _create(profile, target, lockfile, sources=sources, echo=echo, **how)
     try:
         facts = probe(python_of(target), torch=False)
         bad = manifest.hash_check(manifest.scan(facts["sites"]))
@@ -252,8 +254,11 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
 
 def _record(target: Path, profile: Profile, lock_digest: str, mode: str,
             facts: dict) -> dict:
-    """Write the manifest of a verified environment, then its stamp (which names the manifest)."""
-    m = manifest.scan(facts["sites"])
+    """Write the manifest of a verified environment, then its stamp (which names the manifest).
+    The manifest holds what this step installs; what the megatron and builds steps install on
+    top (ON_TOP: megatron-core editable, the kernel wheels) is theirs to check and re-install,
+    so that re-installing it is never a change of the environment."""
+    m = manifest.without(manifest.scan(facts["sites"]), ON_TOP)
     manifest_digest = manifest.save(m, target / MANIFEST)
     (target / STAMP).write_text(json.dumps(
         {"profile": profile.name, "lock_digest": lock_digest, "mode": mode,
@@ -266,7 +271,9 @@ def _record(target: Path, profile: Profile, lock_digest: str, mode: str,
 def changes(prefix: Path) -> list[manifest.Difference] | None:
     """What changed in the environment since its build, by stat alone (None: no manifest)."""
     m = manifest.load(prefix / MANIFEST)
-    return None if m is None else manifest.stat_check(m, ignore_extra=TOOLING | ON_TOP)
+    # a manifest written before ON_TOP was left out of it may still name megatron-core
+    return None if m is None else [d for d in manifest.stat_check(m, ignore_extra=TOOLING | ON_TOP)
+                                   if d.package not in ON_TOP]
 
 
 def _unchanged(profile: Profile, prefix: Path, wanted: str) -> Summary | None:
@@ -298,7 +305,8 @@ def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources
             return None
         if deep:
             seen = {d.file for d in diffs}
-            diffs += [d for d in manifest.hash_check(m) if d.file not in seen]
+            diffs += [d for d in manifest.hash_check(m)
+                      if d.file not in seen and d.package not in ON_TOP]
         if not diffs and not deep:
             return Summary(profile.name, prefix, current.get("mode", "uv"), "up to date", 0.0,
                            current.get("facts") or {}, m["bytes"])
@@ -335,8 +343,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
     with tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
         subset.write_text(lock.subset(lockfile.read_text(), set(names)))
-        _uv_install(python, subset, sources.find_links, sources.no_index, Path(tmp) / "uv.log",
-                    extra, temporary_log=True)
+        _uv_install(python, subset, sources, Path(tmp) / "uv.log", extra, temporary_log=True)
     bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
     if bad:
         raise UserError("reinstalling from the lock still gives files that differ from their "
@@ -346,7 +353,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
 
 
 def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
-            find_links, no_index, echo, conda_lock: Path | None = None) -> str:
+            sources: Sources, echo, conda_lock: Path | None = None) -> str:
     log = target.with_suffix(".log")
     conda_lock_file = lock.conda_lockfile(profile, conda_lock)
     solver = conda or lock.conda_solver()
@@ -367,13 +374,13 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, us
         exe, where = lock.find_python(profile.python, python)
         echo(f"uv: a venv from {exe} (found on {where})")
         r = proc.run([uv.exe(), "venv", "--python", exe, "--no-project", target],
-                     env=uv.env(), timeout=300)
+                     env=uv.env(**sources.child_env), timeout=300)
         if not r.ok:
             raise UserError(f"uv venv failed: {r.tail(5)}", fix="check the interpreter")
         mode = "uv"
     echo(f"installing {lockfile} with hashes required")
     try:
-        _uv_install(python_of(target), lockfile, find_links, no_index, log)
+        _uv_install(python_of(target), lockfile, sources, log)
     except UserError:
         shutil.rmtree(target, ignore_errors=True)
         raise
@@ -398,7 +405,8 @@ def _switch(prefix: Path, target: Path) -> None:
 
 
 def adopt(profile: Profile, python: str | None, install_missing: bool,
-          find_links: list[str] | None = None, no_index: bool = False) -> Verification:
+          find_links: list[str] | None = None, no_index: bool = False,
+          child_env: Mapping[str, str] | None = None) -> Verification:
     """Check an existing environment against the profile; optionally add what is missing."""
     exe = python or sys.executable
     lockfile = profile.lock_file
@@ -407,7 +415,7 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
         with tempfile.TemporaryDirectory() as tmp:
             subset = Path(tmp) / "missing.txt"
             subset.write_text(lock.subset(lockfile.read_text(), set(v.missing)))
-            _uv_install(Path(exe), subset, find_links or [], no_index, Path(tmp) / "uv.log",
-                        temporary_log=True)
+            how = Sources(find_links or [], no_index, dict(child_env or {}))
+            _uv_install(Path(exe), subset, how, Path(tmp) / "uv.log", temporary_log=True)
         v = verify(exe, profile, lockfile)
     return v

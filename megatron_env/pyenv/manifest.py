@@ -96,12 +96,15 @@ def _bytecode(record_path: str) -> bool:
     return record_path.endswith(".pyc") and "__pycache__/" in record_path
 
 
-def scan(roots: list[str]) -> dict:
-    """The manifest of the distributions installed under `roots` (site-packages directories)."""
+def scan(roots: list[str], names: set[str] | None = None) -> dict:
+    """The manifest of the distributions installed under `roots` (site-packages directories);
+    `names`: of these distributions only."""
     dists = {}
     total = 0
     for info_name, info in sorted(dist_infos(roots).items()):
         name, version = _dist_name(info)
+        if names is not None and name not in names:
+            continue
         root = str(info.parent)
         files, absent = [], []
         try:
@@ -123,6 +126,13 @@ def scan(roots: list[str]) -> dict:
                           _record_hash(row[1]) if len(row) > 1 else ""])
         dists[info_name] = {"name": name, "version": version, "files": files, "absent": absent}
     return {"format": FORMAT, "roots": list(roots), "dists": dists, "bytes": total}
+
+
+def without(manifest: dict, names: set[str]) -> dict:
+    """The manifest less the distributions called `names` (and their bytes)."""
+    dists = {k: d for k, d in manifest["dists"].items() if d["name"] not in names}
+    return {**manifest, "dists": dists,
+            "bytes": sum(f[1] for d in dists.values() for f in d["files"])}
 
 
 def stat_check(manifest: dict, ignore_extra: set[str] = frozenset()) -> list[Difference]:
