@@ -41,9 +41,11 @@ def tree_id(root: Path, paths: tuple[str, ...]) -> str:
         if r.ok:
             r = proc.run(["git", "write-tree"], cwd=root, timeout=600, env=env)
         if r.missing:
-            raise UserError("git is not installed", fix="install git (apt-get install git)")
+            raise UserError("git is not installed", fix="install git (apt-get install git)",
+                            kind="resource.git_missing")
         if not r.ok:
-            raise UserError(f"cannot hash {', '.join(paths)} under {root}: {r.tail(2)}")
+            raise UserError(f"cannot hash {', '.join(paths)} under {root}: {r.tail(2)}",
+                            kind="resource.hash")
         return r.stdout.strip()
 
 
@@ -57,7 +59,8 @@ def _unpack(local: Path, dest: Path) -> None:
             archive.extract(tar, dest, str(local))
     except (tarfile.TarError, ValueError, OSError) as e:
         raise UserError(f"{local}: not a directory or a readable tar ({e})",
-                        fix="give a directory or a tar of the resource's paths") from None
+                        fix="give a directory or a tar of the resource's paths",
+                        kind="resource.unreadable") from None
 
 
 def _from_git(res: Resource, dest: Path, echo) -> None:
@@ -68,7 +71,8 @@ def _from_git(res: Resource, dest: Path, echo) -> None:
     if not r.ok:
         raise UserError(f"{res.name}: {', '.join(res.take)} at {res.commit} not found in "
                         f"{repos.repo_url(res.name, res.repo)}: {r.tail(2)}",
-                        fix="check the mirror; it must hold the pinned commit")
+                        fix="check the mirror; it must hold the pinned commit",
+                        kind="resource.commit")
     _unpack(archive, dest)
     archive.unlink()
 
