@@ -231,14 +231,19 @@ def _validate(data: dict[str, Any], schema: dict[str, Any], where: str, path: Pa
             if spec.required:
                 fail(name, f"a {spec.type.__name__} (missing)")
             continue
-        value = data[key]
-        if spec.type is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-            fail(name, "a string in quotes, e.g. \"3.10\" (TOML reads an unquoted 3.10 as the "
-                       f"number {value!r})")
-        if not isinstance(value, spec.type) or (spec.type is not bool and isinstance(value, bool)):
-            fail(name, f"a {spec.type.__name__}", value)
-        if spec.check and (err := spec.check(value)):
-            fail(name, err, value)
+        _validate_value(data[key], spec, name, fail)
+
+
+def _validate_value(value: Any, spec: Any, name: str, fail: Callable[..., None]) -> None:
+    """One key's value against its spec: its type (a TOML number where a string was meant is
+    named as such; a bool is no int here) and then the spec's own check."""
+    if spec.type is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        fail(name, "a string in quotes, e.g. \"3.10\" (TOML reads an unquoted 3.10 as the "
+                   f"number {value!r})")
+    if not isinstance(value, spec.type) or (spec.type is not bool and isinstance(value, bool)):
+        fail(name, f"a {spec.type.__name__}", value)
+    if spec.check and (err := spec.check(value)):
+        fail(name, err, value)
 
 
 def _validate_kernels(tables: Any, name: str, path: Path, fail) -> None:
