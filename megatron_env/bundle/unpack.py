@@ -23,8 +23,9 @@ import shutil
 import socket
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from megatron_env import digest, mutex, output
 from megatron_env.bundle.layout import MANIFEST, truncated_error
@@ -80,7 +81,7 @@ def sweep(root: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _courtesy_lock(path: Path, echo) -> Iterator[None]:
+def _courtesy_lock(path: Path, echo: Callable[[str], object]) -> Iterator[None]:
     """The file lock when the filesystem has one; without it, the rename alone keeps it safe."""
     held = mutex.exclusive(path, f"bundle: another run is unpacking this bundle ({path}); "
                                  "waiting for it", echo)
@@ -99,7 +100,8 @@ def _name(m: tarfile.TarInfo) -> str:
     return PurePosixPath(m.name).as_posix().removeprefix("./")
 
 
-def check_members(path: Path, tar: tarfile.TarFile, doc: dict) -> list[tarfile.TarInfo]:
+def check_members(path: Path, tar: tarfile.TarFile, doc: dict[str, Any]
+                  ) -> list[tarfile.TarInfo]:
     """Every member a plain file the manifest lists (or a directory), each once; else the
     bundle is refused by the member's name before anything is written."""
     seen: set[str] = set()
@@ -137,8 +139,8 @@ def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path) -> tuple[str,
         return digest.copy_hashed(src, target)
 
 
-def _extract(paths: list[Path], docs: dict[Path, dict], tmp: Path, dest: Path, echo
-             ) -> dict[str, tuple]:
+def _extract(paths: list[Path], docs: dict[Path, dict[str, Any]], tmp: Path, dest: Path,
+             echo: Callable[[str], object]) -> dict[str, tuple[str, int]]:
     """Base first, deltas over it, into `tmp`; -> name -> (sha256, size) of what was written."""
     sums: dict[str, tuple[str, int]] = {}
     for p in paths:
@@ -160,7 +162,8 @@ def _extract(paths: list[Path], docs: dict[Path, dict], tmp: Path, dest: Path, e
     return sums
 
 
-def mismatch(doc: dict, sums: dict[str, tuple]) -> tuple[list[str], list[str]]:
+def mismatch(doc: dict[str, Any], sums: dict[str, tuple[str, int]]
+             ) -> tuple[list[str], list[str]]:
     """(changed, missing) files of the manifest, given what each name holds."""
     changed, missing = [], []
     for rel, meta in doc["files"].items():
@@ -193,8 +196,8 @@ def discard(path: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def unpack(paths: list[Path], docs: dict[Path, dict], top_raw: bytes, dest: Path,
-           echo=output.status) -> bool:
+def unpack(paths: list[Path], docs: dict[Path, dict[str, Any]], top_raw: bytes, dest: Path,
+           echo: Callable[[str], object] = output.status) -> bool:
     """The archives `paths` (base first) unpacked, verified and published at `dest`; -> True
     when this run did it, False when another run's verified entry was there or won the race."""
     root = dest.parent
