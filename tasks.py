@@ -3,6 +3,7 @@
 else lives here."""
 
 import inspect
+import signal
 
 from invoke import Collection, Exit, Task
 
@@ -19,7 +20,12 @@ def _task(cmd: cli.Command) -> Task:
         [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD),
          *(p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)])
     body.__doc__ = cmd.fn.__doc__
-    return Task(body, name=cmd.name, help=cmd.help, iterable=list(cmd.iterable))
+    # invoke's help shows no value for a repeatable option: its help line names it
+    helps = {k: f"{k.upper()} (repeatable): {v}" if k in cmd.iterable else v
+             for k, v in cmd.help.items()}
+    return Task(body, name=cmd.name, help=helps, iterable=list(cmd.iterable))
 
 
+# Ctrl-C interrupts even where SIGINT was inherited as ignored (a job started by a script with &)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 namespace = Collection(*(_task(cmd) for cmd in cli.COMMANDS.values()))

@@ -71,13 +71,13 @@ def make(checkout: Path, prof: str, out: Path, cache: Path, *args: str) -> dict:
                      *args], cwd=checkout, env=env)
     doc = layout.read_manifest(out)
     roles: dict[str, int] = {}
-    for meta in doc["files"].values():
-        if meta.get("in") != "base":
-            roles[meta["role"]] = roles.get(meta["role"], 0) + meta["size"]
+    for meta in doc.files.values():
+        if not meta.in_base:
+            roles[meta.role] = roles.get(meta.role, 0) + meta.size
     print(f"  {out.name}: {out.stat().st_size / 2**20:.1f} MiB in {seconds:.1f} s", flush=True)
     return {"seconds": round(seconds, 1), "bytes": out.stat().st_size,
-            "mib": round(out.stat().st_size / 2**20, 1), "files": len(doc["files"]),
-            "written_files": sum(1 for m in doc["files"].values() if m.get("in") != "base"),
+            "mib": round(out.stat().st_size / 2**20, 1), "files": len(doc.files),
+            "written_files": sum(1 for m in doc.files.values() if not m.in_base),
             "bytes_by_role": roles, "summary": r.stdout.strip().splitlines()[-1]}
 
 

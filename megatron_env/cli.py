@@ -8,33 +8,100 @@ megatron_env.commands declares the commands with `@command`; tasks.py makes invo
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import inspect
-from collections.abc import Callable
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from megatron_env import output
+from megatron_env import disk, output
 from megatron_env.errors import UserError
 
 
 def guarded(fn: Callable[..., int]) -> Callable[..., int]:
+    """Run a front-door command so that whatever ends it ends in one line and a known status:
+    2 for a UserError (its hint), 130 for an interrupt, 141 when the reader of stdout went away
+    (as a program killed by SIGPIPE; nothing printed), 70 for anything else (a bug: the line
+    says what to attach; MEGATRON_ENV_DEBUG=1 prints the traceback too)."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs) -> int:
-        try:
-            return fn(*args, **kwargs)
-        except UserError as e:
-            output.error(e.message, e.fix)
-            return e.exit_code
-        except KeyboardInterrupt:
-            output.error("interrupted")
-            return 130
-        except OSError as e:  # the last net: a path the user named cannot be used as asked
-            output.error(f"{e.filename or 'a file'}: {e.strerror or e}",
-                         "check that path (a directory where one is needed, writable, on a "
-                         "disk with space)")
-            return 2
+        with _interruptible():
+            try:
+                return fn(*args, **kwargs)
+            except UserError as e:
+                output.error(e.message, e.fix)
+                return e.exit_code
+            except KeyboardInterrupt:
+                output.error("interrupted")
+                return 130
+            except BrokenPipeError:
+                return _stdout_closed()
+            except OSError as e:  # a path the user named cannot be used as asked
+                err = _os_error(e)
+                output.error(err.message, err.fix)
+                return err.exit_code
+            except Exception as e:  # noqa: BLE001 - the last net: a bug, said as one
+                return _bug(e)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt while a command runs, even where SIGINT was inherited as
+    ignored (a job started with `&` by a script): an interrupt is never swallowed."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
+    if main:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if main and before is not None:
+            signal.signal(signal.SIGINT, before)
+
+
+def _stdout_closed() -> int:
+    """`cmd | head -1`: the reader is gone. Python's documented recipe: point stdout at
+    /dev/null so that the flush at exit cannot raise again; no message (nobody reads it)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return 141
+
+
+def _os_error(e: OSError) -> UserError:
+    if e.errno == errno.ENOSPC:
+        return disk.full(e.filename) if e.filename else disk.full_anywhere()
+    return UserError(f"{e.filename or 'a file'}: {e.strerror or e}",
+                     fix="check that path (a directory where one is needed, writable, on a "
+                         "disk with space)", kind="input.path")
+
+
+def _bug(e: Exception) -> int:
+    if os.environ.get("MEGATRON_ENV_DEBUG") == "1":
+        traceback.print_exception(e)
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        f = frames[-1]
+        parts = Path(f.filename).parts
+        rel = "/".join(parts[parts.index("megatron_env"):]) if "megatron_env" in parts \
+            else Path(f.filename).name
+        where = f" at {rel}:{f.lineno}"
+    output.error(f"bug: {type(e).__name__}{where}: {e}",
+                 "this is a bug in megatron-env, not in your input: run `invoke report` and "
+                 "attach its output and this line to an issue (MEGATRON_ENV_DEBUG=1 shows the "
+                 "traceback)")
+    return 70
 
 
 #: What each option means, written once for every command that takes it.
@@ -48,6 +115,10 @@ OPTIONS = {
     "bundle": "use only this bundle (.tar or unpacked directory; repeat for deltas)",
     "adopt": "use this existing interpreter (an NGC container's python) as the environment",
     "conda": "conda/mamba/micromamba executable for the conda path",
+    "expect_sha256": "with --bundle: refuse an archive whose sha256 is not this (repeatable; "
+                     "B.tar.sha256 holds it)",
+    "trust": "with --bundle: an allowed-signers file; refuse an archive not signed (B.tar.sig) "
+             "by one of its keys",
 }
 
 

@@ -9,11 +9,13 @@ to stdout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, findings, output
+from megatron_env import REPO_ROOT, findings, output, project
 from megatron_env.cli import command, guarded
 from megatron_env.errors import UserError
 from megatron_env.host import checks, snapshot
@@ -56,7 +58,7 @@ def check(profile: str | None = None, snapshot: str | None = None, json: bool = 
     # the attention backends gpu_health timed on this node (its default --out, or the
     # snapshot's gpu_health.json as a preflight keeps it): the fastest is named
     health = (Path(snapshot) / "gpu_health.json" if snapshot
-              else REPO_ROOT / "runs" / "gpu_health" / "results.json")
+              else project.state_root() / "runs" / "gpu_health" / "results.json")
     if att := attention.from_file(health, prof):
         found.append(att)
     if json:
@@ -66,23 +68,30 @@ def check(profile: str | None = None, snapshot: str | None = None, json: bool = 
     return findings.exit_code(found)
 
 
-@command(iterable=("bundle",), only="run this one step", from_="start at this step",
-         no_builds="leave the kernel builds out")
+@command(iterable=("bundle", "expect_sha256"), only="run this one step",
+         from_="start at this step", no_builds="leave the kernel builds out",
+         json="print {\"steps\": [...]} (status, digest, seconds, detail) on stdout")
 def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool = False,
           only: str | None = None, from_: str | None = None, adopt: str | None = None,
           no_builds: bool = False, verify_deep: bool = False,
-          bundle: list[str] | None = None) -> int:
+          bundle: list[str] | None = None, expect_sha256: list[str] | None = None,
+          trust: str | None = None, json: bool = False) -> int:
     """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
     from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
 
-    b = _use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON")
-    prof = b.profile if b else load_profile(profile)
-    ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
-                           adopt=Path(adopt).absolute() if adopt else None,
-                           no_builds=no_builds, deep=verify_deep, bundle=b)
-    t0 = time.monotonic()
-    rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
+    with _json_error(json, "setup"):
+        b = _use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
+                        provenance=(expect_sha256, trust))
+        prof = b.profile if b else load_profile(profile)
+        ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix
+                               else env.default_prefix(prof),
+                               adopt=Path(adopt).absolute() if adopt else None,
+                               no_builds=no_builds, deep=verify_deep, bundle=b)
+        t0 = time.monotonic()
+        rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
+    if json:
+        return _setup_json(ctx, rows, ok, dry_run, time.monotonic() - t0)
     if ctx.findings and not only:
         findings.print_findings(ctx.findings, f"check: this host against {prof.name}")
     output.table([(r.step, r.status, f"{r.seconds:.1f}", r.detail) for r in rows],
@@ -94,6 +103,45 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     output.summary(f"setup {verdict}: {prof.name} at {ctx.prefix}; "
                    + ", ".join(f"{n} {s}" for s, n in counts.items())
                    + f"; {time.monotonic() - t0:.1f} s", status=verdict)
+    return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def _json_error(enabled: bool, command: str) -> Iterator[None]:
+    """With --json, a command that stops on an error still prints one JSON object on stdout
+    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
+    stderr and the exit status stay `guarded`'s."""
+    try:
+        yield
+    except (UserError, OSError) as e:
+        if enabled:
+            import json
+
+            err = ({"kind": e.kind or "error", "message": e.message, "fix": e.fix}
+                   if isinstance(e, UserError) else
+                   {"kind": "os", "message": f"{e.filename or 'a file'}: {e.strerror or e}",
+                    "fix": ""})
+            output.block(json.dumps({"command": command, "ok": False, "error": err},
+                                    indent=1) + "\n")
+        raise
+
+
+def _setup_json(ctx, rows, ok: bool, dry_run: bool, seconds: float) -> int:
+    """setup's rows as JSON, each with the digest its stamp recorded (None when not stamped)."""
+    import json
+
+    def stamped(step: str) -> str | None:
+        try:
+            return json.loads((ctx.stamps / f"{step}.json").read_text()).get("digest")
+        except (OSError, ValueError):
+            return None
+
+    output.block(json.dumps({
+        "profile": ctx.profile.name, "prefix": str(ctx.prefix),
+        "verdict": "dry run" if dry_run else "ready" if ok else "stopped", "seconds": seconds,
+        "steps": [{"step": r.step, "status": r.status, "digest": stamped(r.step),
+                   "seconds": round(r.seconds, 3), "detail": r.detail} for r in rows],
+        "findings": [f.to_dict() for f in ctx.findings]}, indent=1) + "\n")
     return 0 if ok else 1
 
 
@@ -146,6 +194,11 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
     if refresh and upgrade_package:
         raise UserError("--refresh moves every package; --upgrade-package moves one",
                         fix="pass one of them")
+    if project.how() == "shipped":  # the package's own copy: never write into site-packages
+        raise UserError(f"the profiles in use are the copy shipped with the package "
+                        f"({project.root()}); `lock` writes locks next to them",
+                        fix="run it in a checkout of megatron-env, or pass --project DIR "
+                            f"(or {project.ENV}) naming one", kind="project.read-only")
     profs = [load_profile(profile)] if profile or not refresh else load_all()
     lookup = Path(pypi_to_conda_lookup_file) if pypi_to_conda_lookup_file else None
     for prof in profs:
@@ -163,10 +216,12 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
          profile="this profile only (default: every profile)",
          offline="do not read the package index: sizes and yanked flags left out",
          index_url="the index to read sizes and yanked flags from (default: the installer's: "
-                   "uv's, then pip's configuration)")
+                   "uv's, then pip's configuration)",
+         max_bytes="with --markdown: cut the body at a table row to at most this many bytes "
+                   "(a pull-request comment's limit), saying so at its end")
 def lock_diff(base: str | None = None, markdown: bool = False, json: bool = False,
               profile: str | None = None, offline: bool = False,
-              index_url: str | None = None) -> int:
+              index_url: str | None = None, max_bytes: int = 0) -> int:
     """What the lock changes do: packages moved, download size, yanked files, kernel rebuilds."""
     from megatron_env.kernels import build
     from megatron_env.pyenv import lockdiff
@@ -178,11 +233,15 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
         load_profile(profile)  # an unknown name: one clear line
     report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs,
                              index_url=None if offline else index_url or index.installer_index())
-    output.result(lockdiff.render(report, json))
+    text = lockdiff.render(report, json)
+    if max_bytes and not json:
+        text = lockdiff.cut(text, max_bytes, "_(truncated at a table row: the full diff is in "
+                                             "the job summary)_")
+    output.result(text)
     return 0
 
 
-@command(iterable=("find_links", "bundle"),
+@command(iterable=("find_links", "bundle", "expect_sha256"),
          python="interpreter of the profile's Python for the venv (default: found)",
          adopt="check an existing environment (--python, or this interpreter) instead",
          install_missing="with --adopt: install what the lock has and it lacks",
@@ -193,14 +252,15 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
         adopt: bool = False, install_missing: bool = False, conda: str | None = None,
         use_conda: bool | None = None, find_links: list[str] | None = None,
         no_index: bool = False, verify_deep: bool = False,
-        bundle: list[str] | None = None) -> int:
+        bundle: list[str] | None = None, expect_sha256: list[str] | None = None,
+        trust: str | None = None) -> int:
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
     import sys
 
     from megatron_env.pyenv import env
 
     b = _use_bundle(bundle, profile, (python or sys.executable) if adopt else python,
-                    None, "--adopt --python PYTHON")
+                    None, "--adopt --python PYTHON", provenance=(expect_sha256, trust))
     prof = b.profile if b else load_profile(profile)
     if b:
         find_links, no_index = [*(find_links or []), *b.find_links], True
@@ -231,7 +291,7 @@ def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
     return py
 
 
-@command(iterable=("bundle",),
+@command(iterable=("bundle", "expect_sha256"),
          what="a kernel recipe (`invoke kernels` lists them) or all the profile pins",
          prefix="the environment to build for (default .megatron-env/<profile>)",
          python="build for this interpreter instead (an adopted environment)",
@@ -240,7 +300,8 @@ def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
          cache_dir="wheel cache shared by the nodes (default .cache, or MEGATRON_ENV_CACHE)")
 def build(what: str, profile: str | None = None, prefix: str | None = None,
           python: str | None = None, arch: str | None = None, dry_run: bool = False,
-          cache_dir: str | None = None, bundle: list[str] | None = None) -> int:
+          cache_dir: str | None = None, bundle: list[str] | None = None,
+          expect_sha256: list[str] | None = None, trust: str | None = None) -> int:
     """Build a kernel recipe from pinned, patched sources; cache by content; install; verify."""
     from megatron_env.kernels import build
     from megatron_env.pyenv import probe
@@ -250,7 +311,8 @@ def build(what: str, profile: str | None = None, prefix: str | None = None,
     if bundle:  # the environment to build for must be the bundle's Python
         name = _bundle_profile(bundle, profile)
         b = _use_bundle(bundle, name, str(_interpreter(load_profile(name), prefix, python)),
-                        what, "--python PYTHON", build_cache=cache)
+                        what, "--python PYTHON", build_cache=cache,
+                        provenance=(expect_sha256, trust))
     prof = b.profile if b else load_profile(profile)
     py = _interpreter(prof, prefix, python)
     archs = (probe.native_archs(py) if arch == "native" else
@@ -360,19 +422,25 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
 def _bundle_profile(bundle: list[str], profile: str | None) -> str:
     from megatron_env.bundle import layout
 
-    return profile or layout.read_manifest(Path(bundle[-1]).absolute())["profile"]["name"]
+    return profile or layout.read_manifest(Path(bundle[-1]).absolute()).profile.name
 
 
 def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | None,
-                builds: str | None, adopt_flag: str, build_cache: Path | None = None):
+                builds: str | None, adopt_flag: str, build_cache: Path | None = None,
+                provenance: tuple[list[str] | None, str | None] = (None, None)):
     """With --bundle: check it; -> the `Bundle` value the command passes down (None without).
     `builds`: the kernel package to be built (`all`, a name, None); `adopt_flag`: how this
-    command takes an existing interpreter. uv and pip, the child processes, are told through
+    command takes an existing interpreter; `provenance`: (--expect-sha256, --trust), checked
+    before anything is unpacked. uv and pip, the child processes, are told through
     their own variables (the only ones set: nothing in this process reads them)."""
     if not bundle:
         return None
     from megatron_env.bundle import offline
+    from megatron_env.bundle import provenance as prov
 
+    sums, trust = provenance
+    output.status("bundle: " + prov.check([Path(p).absolute() for p in bundle], sums or (),
+                                          Path(trust) if trust else None))
     b = offline.use(bundle, profile, python, builds, adopt_flag=adopt_flag,
                     build_cache=build_cache)
     os.environ.update(b.child_env())
@@ -384,20 +452,38 @@ def _use_bundle(bundle: list[str] | None, profile: str | None, python: str | Non
          with_builds="add the cached kernel wheels built for this profile",
          since="write only what this older bundle lacks (a delta)",
          without="leave this kernel package out (repeat; its builds then need a bundle that "
-                 "has it)")
+                 "has it)",
+         sign="sign the archive with this OpenSSH private key (writes FILE.tar.sig)",
+         json="print {\"path\", \"sha256\", \"size\", \"files\", ...} on stdout")
 def bundle(out: str, profile: str | None = None, adopt: bool = False, with_builds: bool = False,
-           since: str | None = None, without: list[str] | None = None) -> int:
+           since: str | None = None, without: list[str] | None = None,
+           sign: str | None = None, json: bool = False) -> int:
     """One archive with everything `invoke setup --bundle` needs on a node without network."""
     from megatron_env.bundle import make
+    from megatron_env.bundle import provenance as prov
 
-    prof = load_profile(profile)
-    made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
-                     since=Path(since) if since else None,
-                     without=[n for w in without or () for n in w.split(",") if n])
+    with _json_error(json, "bundle"):
+        prof = load_profile(profile)
+        made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
+                         since=Path(since) if since else None,
+                         without=[n for w in without or () for n in w.split(",") if n])
+        sha = prov.write_sum(made.out)
+        sig = prov.sign(made.out, Path(sign)) if sign else None
+    if json:
+        import json as js
+
+        output.block(js.dumps({
+            "path": str(made.out), "sha256": sha, "size": made.size,
+            "files": made.written, "reused": made.reused, "profile": prof.name,
+            "mode": made.manifest["mode"], "sha256_file": str(prov.sum_file(made.out)),
+            "signature": str(sig) if sig else None, "seconds": round(made.seconds, 3)},
+            indent=1) + "\n")
+        return 0
     output.table([(role, f"{size / 2**20:.1f} MiB") for role, size
                   in sorted(made.by_role.items(), key=lambda x: -x[1])], indent="  ")
     delta = f", {made.reused} files left to its base" if since else ""
     output.summary(f"bundle {made.out}: {prof.name} ({made.manifest['mode']}), "
                    f"{made.written} files{delta}, {made.size / 2**20:.1f} MiB, "
-                   f"{made.seconds:.1f} s")
+                   f"{made.seconds:.1f} s; sha256 {sha} (in {prov.sum_file(made.out).name}"
+                   + (f", signed: {sig.name}" if sig else ", unsigned") + ")")
     return 0

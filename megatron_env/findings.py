@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from megatron_env import output
+from megatron_env.errors import UserError
 
 Status = Literal["pass", "warn", "fail", "skip"]
 ORDER: dict[str, int] = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
@@ -22,6 +23,32 @@ class Finding:
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
     kind: str = ""  # a stable reason within the id, for code that must tell ("absent"); not text
+
+    @classmethod
+    def from_dict(cls, d: object, source: str) -> Finding:
+        """A finding another program wrote (scripts/ print plain dicts; a node's gpu_health.json
+        comes back through a shared filesystem): its shape checked once, here; a bad one is one
+        UserError naming `source` and the field, never a KeyError further down."""
+
+        def bad(what: str) -> UserError:
+            return UserError(f"{source}: a finding {what}", fix="re-run the program that wrote "
+                             "it with this version of megatron-env", kind="findings.invalid")
+
+        if not isinstance(d, dict):
+            raise bad(f"is {type(d).__name__}, not an object")
+        for key in ("id", "status", "summary"):
+            if not isinstance(d.get(key), str) or not d[key] and key != "summary":
+                raise bad(f"has no {key} string")
+        if d["status"] not in ORDER:
+            raise bad(f"has status {d['status']!r}, not one of {', '.join(ORDER)}")
+        evidence = d.get("evidence") or []
+        if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
+            raise bad("has evidence that is not a list of strings")
+        for key in ("fix", "kind"):
+            if not isinstance(d.get(key) or "", str):
+                raise bad(f"has a {key} that is not a string")
+        return cls(d["id"], d["status"], d["summary"], list(evidence), d.get("fix") or "",
+                   d.get("kind") or "")
 
     def to_dict(self) -> dict:
         """The JSON shape scripts/ share (id, status, summary, evidence, fix), plus `kind` where

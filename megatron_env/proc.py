@@ -6,8 +6,10 @@ timeouts, captured output and logging, and one seam for tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -59,12 +61,14 @@ def run(
     log: Path | None = None,
     stream: bool = False,
     on_line=None,
+    stdin_file: Path | None = None,
 ) -> Result:
     """Run `argv`; never raises for a missing program, a failure or a timeout.
 
     `env` replaces the environment (callers derive it from `os.environ`); `log` receives the
     combined output; `stream` lets the output through to the terminal as it comes (teed into
     `log`), or, with `on_line`, hands each line to that callback instead (build progress).
+    `stdin_file`: a file fed to the program's standard input (a large one, read as it goes).
     """
     args = tuple(str(a) for a in argv)
     exe = args[0]
@@ -73,17 +77,20 @@ def run(
     try:
         if stream:
             return _run_streaming(args, cwd, env, timeout, log, on_line)
-        cp = subprocess.run(
-            args,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            input=input,
-            stdin=None if input is not None else subprocess.DEVNULL,
-        )
+        with (stdin_file.open("rb") if stdin_file is not None and input is None
+              else contextlib.nullcontext(None if input is not None else subprocess.DEVNULL)
+              ) as stdin:
+            cp = subprocess.run(
+                args,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                input=input,
+                stdin=stdin,
+            )
     except FileNotFoundError:
         return Result(args, 127, "", f"{exe}: command not found", missing=True)
     except PermissionError as e:
@@ -91,11 +98,21 @@ def run(
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
         return Result(args, 124, out, f"{exe}: timed out after {timeout}s", timed_out=True)
+    _interrupted(cp.returncode)
     result = Result(args, cp.returncode, cp.stdout, cp.stderr)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(redact.text(f"$ {' '.join(args)}\n{result.output}"))
     return result
+
+
+def _interrupted(returncode: int) -> None:
+    """A child killed by SIGINT was interrupted, not failed: Ctrl-C reaches the whole
+    foreground group, and the child may die of it before Python raises in this process. Its
+    failure must not be read as the tool's own (git's "protocol error" as an unreachable
+    mirror): the interrupt goes on up as one."""
+    if returncode == -signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -135,6 +152,7 @@ def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
             else:
                 on_line(line)
         rc = p.wait(timeout=timeout)
+        _interrupted(rc)
     finally:
         if fh:
             fh.close()

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 import venv
 
 from megatron_env import profile, redact
@@ -79,6 +80,7 @@ def test_report_where_nothing_is_built(tmp_path):
     for pkg in build.packages(prof).values():  # every kernel package has its row
         assert f"\n  {pkg.name} " in out
     assert prof.megatron["commit"][:12] in out
+    assert "; not verified (setup's lock step has no stamp" in out
     assert "  MEGATRON_ENV_MIRROR_PYPI=https://***@mirror.example.org/simple" in out
     assert "  TORCH_HUB_TOKEN=<redacted>" in out and "  NCCL_DEBUG=INFO" in out
     assert "driver.version" in out  # the check findings, run now
@@ -160,3 +162,66 @@ def test_report_reads_versions_from_files_without_importing_torch(tmp_path):
     deep = _report(tmp_path, "--prefix", str(tmp_path / "env"), "--json", "--imports")
     assert deep.returncode == 0, deep.stderr
     assert json.loads(deep.stdout)["torch"]["torch"] is None  # --imports did import: it failed
+
+
+def _setup_run(ctx, fail: str | None = None, only: str | None = None):
+    """The setup chain's own decide/execute writing and removing its stamps; each step's work
+    (a torch environment, a Megatron checkout: hours and a GPU) is a line, or `fail` raises."""
+    import dataclasses
+
+    from megatron_env.errors import UserError
+    from megatron_env.setup import pipeline
+
+    def work(name):
+        def run(_ctx):
+            if name == fail:
+                raise UserError(f"{name} broke", kind="test.broke")
+            return f"{name} done"
+        return run
+
+    decisions = [dataclasses.replace(d, step=dataclasses.replace(
+        d.step, run=work(d.step.name), verify=lambda _c: "asked to run again"))
+        for d in pipeline.decide(ctx, [only] if only else pipeline.STEPS)]
+    return pipeline.execute(ctx, decisions)
+
+
+def test_report_says_megatron_is_not_verified_while_setup_fails(tmp_path):
+    from megatron_env.setup import pipeline
+
+    prof = profile.load(None)
+    prefix = tmp_path / "env"
+    ctx = pipeline.Context(prof, prefix, no_builds=True)
+    ctx.stamps.mkdir(parents=True)
+    assert report.setup_unverified(prefix) == \
+        "setup's lock step has no stamp: it failed or has not run"
+    rows, ok = _setup_run(ctx)
+    assert ok and {f.stem for f in ctx.stamps.glob("*.json")} >= set(report.SETUP_STAMPED)
+    assert report.setup_unverified(prefix) is None
+    rows, ok = _setup_run(ctx, fail="env")  # megatron's and verify's stamps stay from before
+    assert not ok and (ctx.stamps / "verify.json").exists()
+    assert report.setup_unverified(prefix) == \
+        "setup's env step has no stamp: it failed or has not run"
+    _setup_run(ctx)
+    _setup_run(ctx, fail="verify")
+    assert report.setup_unverified(prefix).startswith("setup's verify step has no stamp")
+    _setup_run(ctx)
+    (ctx.stamps / "megatron.json").write_text('{"digest": "a kill -9 cut th')
+    assert "megatron.json cannot be read" in report.setup_unverified(prefix)
+    (ctx.stamps / "megatron.json").write_text('{"detail": "no digest"}\n')
+    assert report.setup_unverified(prefix) == \
+        "setup's megatron step: megatron.json is not a stamp"
+    (ctx.stamps / "megatron.json").unlink()
+    _setup_run(ctx)
+    assert report.setup_unverified(prefix) is None
+    time.sleep(1.1)  # stamps record the second
+    _setup_run(ctx, only="megatron")  # `invoke megatron`: installed again, imports not proven
+    assert report.setup_unverified(prefix).startswith(
+        "setup's verify step has not run since its megatron step installed Megatron")
+    _setup_run(ctx)
+    assert report.setup_unverified(prefix) is None
+    facts = {"megatron": {"tag": "t", "commit": "c" * 40, "patches": [], "checkout": "x",
+                          "installed": "0.4", "unverified": None}}
+    assert report._megatron_line(facts["megatron"]).endswith("; verified by setup")
+    facts["megatron"]["unverified"] = report.setup_unverified(tmp_path / "other")
+    assert report._megatron_line(facts["megatron"]).endswith(
+        "; not verified (setup's lock step has no stamp: it failed or has not run)")

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from megatron_env.bundle import layout, make, offline, unpack
+from megatron_env.bundle import manifest as manifest_format
 from megatron_env.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +29,10 @@ FILES = {"source/README.md": b"the tool's tree\n", "tool/megatron_env-0.1.0-py3-
 
 
 def manifest(files: dict[str, bytes], **extra) -> dict:
-    return {"format": layout.FORMAT, "profile": {"name": "p", "digest": "d"}, "python": "3.10",
+    return {"format": manifest_format.FORMAT,
+            "profile": {"name": "p", "digest": "d", "python": "3.10", "torch": "2.1.0",
+                        "cuda": "12.1"}, "python": "3.10",
+            "platform": {"system": "linux", "machine": "x86_64"}, "with_builds": False,
             "mode": "adopt", "made_at": "now", "base": None, "git": [], "sources": [],
             "files": {n: {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b),
                           "role": layout.role(n)} for n, b in sorted(files.items())}, **extra}

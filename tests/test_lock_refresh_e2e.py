@@ -395,3 +395,88 @@ def test_a_node_fetches_the_best_wheel_the_lock_allows():
     assert lockdiff.pick(files, set("abcde"), "3.12").sha256 == "d"
     assert lockdiff.pick(files, set("abcde"), "3.11").sha256 == "e"
     assert lockdiff.pick(files, {"b"}, "3.12") is None
+
+
+def test_added_profile_is_one_line_and_shallow_or_no_git_say_what_to_do(tmp_path, index):
+    index.publish("torch", "2.1.0")
+    index.publish("tinytop", "1.0", ("tinydep>=1.0",))
+    index.publish("tinydep", "1.0")
+    work = repo_with_remote(tmp_path, PROFILE)
+    ok(run(work, index, "lock", "--profile", "tiny", "--python", sys.executable))
+    commit_and_push(work, "tiny")
+    text = (work / "envs/tiny/profile.toml").read_text().replace("default = true\n", "")
+    shutil.copytree(work / "envs/tiny", work / "envs/tiny2")
+    (work / "envs/tiny2/profile.toml").write_text(text)
+    md = ok(run(work, index, "lock-diff", "--base", "origin/main", "--markdown")).stdout
+    assert "### tiny2 (`envs/tiny2/requirements.lock`)" in md
+    assert "profile added: 3 packages, download per node" in md
+    assert "| tinytop |" not in md  # no row per package
+    commit_and_push(work, "tiny2")
+    shallow = tmp_path / "shallow"
+    origin = git("remote", "get-url", "origin", cwd=work).stdout.strip()
+    assert git("clone", "-q", "--depth", "1", f"file://{origin}", str(shallow),
+               cwd=tmp_path).returncode == 0
+    r = run(shallow, index, "lock-diff", "--base", "HEAD~1")
+    assert r.returncode == 2 and "git fetch --unshallow" in r.stderr, r.stderr
+    nogit = tmp_path / "nogit"
+    shutil.copytree(work, nogit, ignore=shutil.ignore_patterns(".git"))
+    r = run(nogit, index, "lock-diff")
+    assert r.returncode == 2 and "is not a git repository" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def _comment_step() -> str:
+    import yaml
+
+    doc = yaml.safe_load((ROOT / ".github/workflows/lock-check.yml").read_text())
+    (step,) = doc["jobs"]["comment"]["steps"]
+    return step["run"]
+
+
+@pytest.mark.parametrize("listing", ["fails", "two"])
+def test_the_sticky_comment_step_never_posts_a_duplicate(tmp_path, listing):
+    """The comment step as GitHub runs it (bash -e), with a stand-in `gh`: a listing that fails
+    fails the step and posts nothing; a listing of two comments updates the first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    answer = ('echo "HTTP 502: Bad Gateway" >&2; exit 1' if listing == "fails"
+              else 'printf "11\\n12\\n"')
+    (bin_dir / "gh").write_text(f"""#!/bin/bash
+echo "$*" >> {calls}
+case "$*" in
+  *--paginate*) {answer} ;;
+  *) cat > /dev/null ;;
+esac
+""")
+    (bin_dir / "gh").chmod(0o755)
+    script = tmp_path / "step.sh"
+    script.write_text(_comment_step())
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GH_TOKEN": "t",
+           "REPO": "o/r", "PR": "7", "MARKDOWN": "| a | b |"}
+    r = subprocess.run(["bash", "-e", str(script)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    made = calls.read_text().splitlines()
+    assert not [c for c in made if "POST" in c], made
+    if listing == "fails":
+        assert r.returncode != 0
+    else:
+        assert r.returncode == 0, r.stderr
+        assert any("PATCH repos/o/r/issues/comments/11" in c for c in made), made
+
+
+def test_a_long_diff_is_cut_at_a_row_never_inside_a_character():
+    rows = [f"| pkg{i} | upgraded | 1.{i} | 2.{i} | {'é' * (i % 7)}ü |" for i in range(400)]
+    text = "### p\n\n| package | change |\n|---|---|\n" + "\n".join(rows) + "\n"
+    note = "_(truncated)_"
+    for limit in (120, 1001, 5003, len(text.encode()) - 1):
+        short = lockdiff.cut(text, limit, note)
+        raw = short.encode()
+        assert len(raw) <= limit
+        body = raw.decode().removesuffix("\n" + note + "\n")  # decodes: no character cut
+        assert short.endswith(note + "\n")
+        assert text.startswith(body) and (body == "" or body.endswith("|\n") or
+                                          body.endswith("\n"))
+        assert all(line.endswith("|") or not line.startswith("|")
+                   for line in body.splitlines())
+    assert lockdiff.cut(text, len(text.encode()), note) == text

@@ -27,16 +27,15 @@ import json
 import re
 import tarfile
 from pathlib import Path
-from typing import Any
 
 from megatron_env import digest
+from megatron_env.bundle.manifest import Manifest
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
 from megatron_env.sources import patches
 
-FORMAT = 1
 MANIFEST = "manifest.json"
 MACHINE = "x86_64"  # the locks are made for linux x86_64 (lock.PLATFORM)
 # The places a bundle owns: nothing may lie there that its manifest does not list (source/ is
@@ -154,19 +153,17 @@ def read_manifest_bytes(path: Path) -> bytes:
                             "unpacked into") from None
 
 
-def parse_manifest(path: Path, raw: bytes) -> dict[str, Any]:
+def parse_manifest(path: Path, raw: bytes) -> Manifest:
     try:
         doc = json.loads(raw.decode())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise UserError(f"{path}: {MANIFEST} is not JSON ({type(e).__name__})",
-                        fix="copy the bundle again from where it was made") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or "files" not in doc:
-        raise UserError(f"{path}: {MANIFEST} is not a format-{FORMAT} bundle manifest",
-                        fix="make the bundle with this version of megatron-env")
-    return doc
+                        fix="copy the bundle again from where it was made",
+                        kind="bundle.manifest") from None
+    return Manifest.parse(doc, str(path))
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path) -> Manifest:
     """The manifest of an archive or of an unpacked bundle directory; a truncated or foreign
     file is named as what it is."""
     if not path.exists():
@@ -174,5 +171,5 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return parse_manifest(path, read_manifest_bytes(path))
 
 
-def manifest_digest(doc: dict[str, Any]) -> str:
-    return digest.of(doc)
+def manifest_digest(m: Manifest) -> str:
+    return digest.of(m.doc)

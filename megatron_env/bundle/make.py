@@ -15,10 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, __version__, digest, output, proc
+from megatron_env import REPO_ROOT, __version__, digest, disk, output, proc
 from megatron_env.bundle import tool
 from megatron_env.bundle.layout import (
-    FORMAT,
     MACHINE,
     MANIFEST,
     manifest_digest,
@@ -28,6 +27,7 @@ from megatron_env.bundle.layout import (
     repo_path,
     role,
 )
+from megatron_env.bundle.manifest import FORMAT
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
@@ -36,7 +36,7 @@ from megatron_env.sources import patches, repos
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
 SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
-                "pyproject.toml", "README.md")
+                "pyproject.toml", "setup.py", "MANIFEST.in", "README.md")
 _PIP_NAME = re.compile(r"[-_.]+")
 
 
@@ -323,7 +323,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         for name, url, commit, tag in git_pins(prof, without, kernels):
             rel = repo_path(name, commit)
             bares.append({"name": name, "commit": commit, "tag": tag, "path": rel})
-            if base and any(f.startswith(rel + "/") for f in base["files"]):
+            if base and any(f.startswith(rel + "/") for f in base.files):
                 echo(f"{name}: {rel} is in the base bundle")
                 continue
             _bare_repo(name, url, commit, tag, stage / rel, echo)
@@ -340,16 +340,17 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
         written = []
         for e in entries:
-            old = base["files"].get(e.arcname) if base else None
-            if old and old["sha256"] == e.sha256:
+            old = base.files.get(e.arcname) if base else None
+            if old and old.sha256 == e.sha256:
                 files[e.arcname]["in"] = "base"
             else:
                 written.append(e)
         if base:  # git repositories the base already holds: its entries stand
             for rel in (r["path"] for r in bares):
-                for f, meta in base["files"].items():
+                for f, meta in base.files.items():
                     if f.startswith(rel + "/"):
-                        files[f] = {**meta, "in": "base"}
+                        files[f] = {"sha256": meta.sha256, "size": meta.size,
+                                    "role": meta.role, "in": "base"}
         manifest = {
             "format": FORMAT, "tool": {"name": "megatron-env", "version": __version__},
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -365,6 +366,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         part = out.with_name(out.name + f".part-{os.getpid()}")
+        # the archive's size is known before it is written: a full disk is said up front
+        disk.ensure(out.parent, sum(e.size for e in written) + 2**20, f"bundle {out.name}")
         echo(f"writing {out.name}: {len(written)} files, "
              f"{sum(e.size for e in written) / 2**20:.1f} MiB")
         try:

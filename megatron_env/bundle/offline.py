@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from megatron_env import digest, output, proc
 from megatron_env.bundle import unpack
@@ -29,6 +28,7 @@ from megatron_env.bundle.layout import (
     read_manifest,
     read_manifest_bytes,
 )
+from megatron_env.bundle.manifest import Manifest
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
@@ -38,14 +38,14 @@ from megatron_env.sources import repos
 from megatron_env.sources.given import Given
 
 
-def _chain(docs: dict[Path, dict]) -> list[Path]:
+def _chain(docs: dict[Path, Manifest]) -> list[Path]:
     """Order bundles (path -> manifest) base first: a delta's manifest names its base's digest."""
     paths = list(docs)
     by_digest = {manifest_digest(d): p for p, d in docs.items()}
-    bases = {d.get("base") for d in docs.values()}
+    bases = {d.base for d in docs.values()}
     tops = [p for p in paths if manifest_digest(docs[p]) not in bases]
     chain = [tops[0]] if len(tops) == 1 else []
-    while chain and (base := docs[chain[-1]].get("base")) in by_digest:
+    while chain and (base := docs[chain[-1]].base) in by_digest:
         chain.append(by_digest[base])
     if not chain or set(chain) != set(paths):
         raise UserError(f"{', '.join(p.name for p in paths)} are not one bundle and its deltas",
@@ -80,17 +80,17 @@ def unpacked(paths: list[Path], echo) -> Path:
     return dest
 
 
-def verify(root: Path, doc: dict) -> None:
+def verify(root: Path, doc: Manifest) -> None:
     """Every file the manifest lists is there, with its size and sha256, and nothing else in
     the places the bundle owns; else refused by name."""
     sums = {}
-    for rel, meta in doc["files"].items():
+    for rel, meta in doc.files.items():
         p = root / rel
         if p.is_file():
             size = p.stat().st_size
-            sums[rel] = (digest.file_hex(p) if size == meta["size"] else "", size)
+            sums[rel] = (digest.file_hex(p) if size == meta.size else "", size)
     changed, missing = unpack.mismatch(doc, sums)
-    listed = set(doc["files"])
+    listed = set(doc.files)
     extra = sorted(rel for top in OWNED if (root / top).is_dir()
                    for rel in (f.relative_to(root).as_posix() for f in (root / top).rglob("*")
                                if f.is_file() or f.is_symlink()) if rel not in listed)
@@ -110,40 +110,40 @@ def _python_version(python: Path | str) -> str:
     return r.stdout.strip()
 
 
-def check_serves(doc: dict, prof: Profile, python: Path | str | None) -> None:
+def check_serves(doc: Manifest, prof: Profile, python: Path | str | None) -> None:
     """The bundle was made for this profile (name and content), Python and platform."""
-    made = doc["profile"]
-    if made["name"] != prof.name:
-        raise UserError(f"the bundle was made for profile {made['name']}, not {prof.name}",
-                        fix=f"pass --profile {made['name']}, or make a bundle for {prof.name}")
-    if made["digest"] != profile_digest(prof):
+    made = doc.profile
+    if made.name != prof.name:
+        raise UserError(f"the bundle was made for profile {made.name}, not {prof.name}",
+                        fix=f"pass --profile {made.name}, or make a bundle for {prof.name}")
+    if made.digest != profile_digest(prof):
         raise UserError(f"profile {prof.name} at {prof.dir} differs from the one the bundle was "
                         "made from (profile, locks or patches)",
                         fix="run the tool from the bundle's own copy: cd BUNDLE/source")
-    want = f"{doc['python']} linux {doc['platform']['machine']}"
+    want = f"{doc.python} linux {doc.machine}"
     if python is not None:
         got = _python_version(python)
         if got != want:
-            raise UserError(f"the bundle serves Python {doc['python']} on linux "
-                            f"{doc['platform']['machine']}; {python} is Python "
+            raise UserError(f"the bundle serves Python {doc.python} on linux "
+                            f"{doc.machine}; {python} is Python "
                             + got.replace(" ", " on ", 1),
-                            fix=f"use a Python {doc['python']} interpreter, or make a bundle for "
+                            fix=f"use a Python {doc.python} interpreter, or make a bundle for "
                                 "a profile of this Python")
-    elif (sys.platform, platform.machine()) != ("linux", doc["platform"]["machine"]):
-        raise UserError(f"the bundle serves linux {doc['platform']['machine']}, this is "
+    elif (sys.platform, platform.machine()) != ("linux", doc.machine):
+        raise UserError(f"the bundle serves linux {doc.machine}, this is "
                         f"{sys.platform} {platform.machine()}", fix="use a bundle made for it")
 
 
-def local_conda_lock(prof: Profile, root: Path, doc: dict) -> Path:
+def local_conda_lock(prof: Profile, root: Path, doc: Manifest) -> Path:
     """The profile's conda-lock.yml with each package URL pointing at the bundle's copy: what
     `invoke env` installs offline (written under the cache; the bundle may be read-only)."""
     text = (prof.conda_lock_file).read_text()
-    for c in doc["conda"]:
+    for c in doc.conda:
         if c["url"] not in text:
             raise UserError(f"{prof.conda_lock_file} does not list {c['url']}, "
                             "which the bundle carries", fix="run the tool from the bundle's "
                             "source/ directory")
-        local = (root / c["path"]).as_uri()
+        local = (root / c.path).as_uri()
         text = text.replace(c["url"], local + ("#" + c["url"].split("#")[1] if "#" in c["url"]
                                                else ""))
     out = repos.cache_dir() / "bundle-conda" / f"{digest.hexpart(digest.of(text), 16)}.yml"
@@ -159,7 +159,7 @@ class Bundle:
 
     profile: Profile
     root: Path
-    manifest: Mapping[str, Any]
+    manifest: Manifest
     given: Given
     wheelhouse: Path | None
     conda_lock: Path | None
@@ -203,35 +203,35 @@ def use(paths: Iterable[str | Path], profile_name: str | None, python: str | Pat
     else:
         root = unpacked(paths, echo)
         doc = read_manifest(root)
-    prof = load_profile(profile_name or doc["profile"]["name"])
-    if python is None and doc["mode"] == "full":
+    prof = load_profile(profile_name or doc.profile.name)
+    if python is None and doc.mode == "full":
         python = lock.find_python(prof.python)[0]
     check_serves(doc, prof, python)
-    if doc["mode"] == "adopt" and python is None:
+    if doc.mode == "adopt" and python is None:
         raise UserError("this bundle carries no environment (made with --adopt): it serves an "
                         "existing torch", fix=f"pass {adopt_flag}")
     kernels = build.packages(prof)
-    left_out = doc.get("without", [])
+    left_out = doc.without
     wanted = (set() if builds is None else set(kernels) if builds == "all" else {builds})
     if missing := sorted(wanted & set(left_out)):
         raise UserError(f"the bundle was made without {', '.join(missing)}: it carries no "
                         "source to build from", fix="set up with --no-builds, or bundle again "
                         f"without `--without {missing[0]}`")
-    echo(f"bundle: {root}: {len(doc['files'])} files match {MANIFEST} "
+    echo(f"bundle: {root}: {len(doc.files)} files match {MANIFEST} "
          f"({time.monotonic() - t0:.1f} s); "
-         f"profile {prof.name}, Python {doc['python']}, made {doc['made_at']}")
+         f"profile {prof.name}, Python {doc.python}, made {doc.made_at}")
     _cached_builds(root, doc, build_cache or build.cache_dir())
-    given = Given(mirrors={r["name"]: root / r["path"] for r in doc["git"]},
-                  sdists={x["name"]: root / x["path"] for x in doc["sources"]})
+    given = Given(mirrors={r["name"]: root / r["path"] for r in doc.git},
+                  sdists={x["name"]: root / x["path"] for x in doc.sources})
     return Bundle(prof, root, doc, given,
                   root / "wheels" if (root / "wheels").is_dir() else None,
-                  local_conda_lock(prof, root, doc) if doc.get("conda") else None, kernels)
+                  local_conda_lock(prof, root, doc) if doc.conda else None, kernels)
 
 
-def _cached_builds(root: Path, doc: dict, cache: Path) -> None:
+def _cached_builds(root: Path, doc: Manifest, cache: Path) -> None:
     """The bundle's kernel builds copied into the build cache (each slot by one rename)."""
     cached = cache / "wheels"
-    for slot in sorted({Path(f).parent for f in doc["files"] if f.startswith("builds/")}):
+    for slot in sorted({Path(f).parent for f in doc.files if f.startswith("builds/")}):
         target = cached / slot.name
         if not target.exists():
             cached.mkdir(parents=True, exist_ok=True)

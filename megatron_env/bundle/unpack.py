@@ -25,10 +25,10 @@ import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from megatron_env import digest, mutex, output
 from megatron_env.bundle.layout import MANIFEST, truncated_error
+from megatron_env.bundle.manifest import Manifest
 from megatron_env.errors import UserError
 from megatron_env.sources import archive
 
@@ -100,8 +100,7 @@ def _name(m: tarfile.TarInfo) -> str:
     return PurePosixPath(m.name).as_posix().removeprefix("./")
 
 
-def check_members(path: Path, tar: tarfile.TarFile, doc: dict[str, Any]
-                  ) -> list[tarfile.TarInfo]:
+def check_members(path: Path, tar: tarfile.TarFile, doc: Manifest) -> list[tarfile.TarInfo]:
     """Every member a plain file the manifest lists (or a directory), each once; else the
     bundle is refused by the member's name before anything is written."""
     seen: set[str] = set()
@@ -121,7 +120,7 @@ def check_members(path: Path, tar: tarfile.TarFile, doc: dict[str, Any]
             raise refuse(m.name, why)
         if m.isdir():
             continue
-        if name != MANIFEST and name not in doc["files"]:
+        if name != MANIFEST and name not in doc.files:
             raise refuse(name, f"not listed in its {MANIFEST}")
         if name in seen:
             raise refuse(name, "in the archive twice")
@@ -139,7 +138,7 @@ def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path) -> tuple[str,
         return digest.copy_hashed(src, target)
 
 
-def _extract(paths: list[Path], docs: dict[Path, dict[str, Any]], tmp: Path, dest: Path,
+def _extract(paths: list[Path], docs: dict[Path, Manifest], tmp: Path, dest: Path,
              echo: Callable[[str], object]) -> dict[str, tuple[str, int]]:
     """Base first, deltas over it, into `tmp`; -> name -> (sha256, size) of what was written."""
     sums: dict[str, tuple[str, int]] = {}
@@ -162,15 +161,14 @@ def _extract(paths: list[Path], docs: dict[Path, dict[str, Any]], tmp: Path, des
     return sums
 
 
-def mismatch(doc: dict[str, Any], sums: dict[str, tuple[str, int]]
-             ) -> tuple[list[str], list[str]]:
+def mismatch(doc: Manifest, sums: dict[str, tuple[str, int]]) -> tuple[list[str], list[str]]:
     """(changed, missing) files of the manifest, given what each name holds."""
     changed, missing = [], []
-    for rel, meta in doc["files"].items():
+    for rel, meta in doc.files.items():
         got = sums.get(rel)
         if got is None:
             missing.append(rel)
-        elif got != (meta["sha256"], meta["size"]):
+        elif got != (meta.sha256, meta.size):
             changed.append(rel)
     return changed, missing
 
@@ -196,7 +194,7 @@ def discard(path: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def unpack(paths: list[Path], docs: dict[Path, dict[str, Any]], top_raw: bytes, dest: Path,
+def unpack(paths: list[Path], docs: dict[Path, Manifest], top_raw: bytes, dest: Path,
            echo: Callable[[str], object] = output.status) -> bool:
     """The archives `paths` (base first) unpacked, verified and published at `dest`; -> True
     when this run did it, False when another run's verified entry was there or won the race."""
@@ -218,7 +216,7 @@ def unpack(paths: list[Path], docs: dict[Path, dict[str, Any]], top_raw: bytes, 
             changed, missing = mismatch(docs[paths[-1]], sums)
             if changed or missing:
                 raise refusal(paths[-1], changed, missing, "nothing was unpacked or installed")
-            for extra in set(sums) - set(docs[paths[-1]]["files"]):  # a base's file dropped
+            for extra in set(sums) - set(docs[paths[-1]].files):  # a base's file dropped
                 (tmp / extra).unlink()
             (tmp / MANIFEST).write_bytes(top_raw)
             if dest.exists() and not (dest / MANIFEST).exists():

@@ -43,8 +43,7 @@ def analyze(text: str) -> dict:
 
 def findings(analysis: dict) -> list[Finding]:
     """The script's findings (plain dicts there) as this package's Finding."""
-    return [Finding(f["id"], f["status"], f["summary"], list(f["evidence"]), f["fix"])
-            for f in script().log_findings(analysis)]
+    return [Finding.from_dict(f, str(SCRIPT)) for f in script().log_findings(analysis)]
 
 
 _KEEP = 500  # distinct warnings, devices... kept: a long log repeats a few

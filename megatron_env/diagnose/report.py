@@ -18,9 +18,11 @@ the process environment are removed from the text wherever they appear.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import platform
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -87,11 +89,16 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
         facts["torch"] = {k: seen.get(k) for k in ("torch", "torch_cuda", "nccl", "cudnn")}
     facts["kernels"] = [_kernel(k, py, profile, seen) for k in kernels]
     facts["megatron"] = _megatron(profile, seen)
+    facts["megatron"]["unverified"] = setup_unverified(prefix)
     facts["variables"] = variables(environ)
     return facts
 
 
 def _self_version() -> dict:
+    from megatron_env import project
+
+    if project.how() == "shipped":  # a wheel: no checkout to ask
+        return {"version": __version__, "commit": None, "modified": None}
     head = proc.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, timeout=30)
     dirty = proc.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                      timeout=30)
@@ -175,6 +182,40 @@ def _megatron(profile: Profile, probe: dict | None) -> dict:
     return out
 
 
+#: The setup steps that leave a stamp whenever they succeed, up to the one that imports
+#: Megatron (the builds step is skipped without a GPU or with --no-builds, so its absence says
+#: nothing; sources and patches run every time and leave none).
+SETUP_STAMPED = ("lock", "env", "megatron", "verify")
+_DIGEST = re.compile(r"[0-9a-f]{16}")
+
+
+def setup_unverified(prefix: Path) -> str | None:
+    """Why `invoke setup` has not proven Megatron in `prefix` (None: it has). The one place
+    that reads the chain's stamps (`<prefix>.setup/<step>.json`, {"digest", "detail", "at"}):
+    a step that fails removes its stamp, so a setup failing at any of these steps shows here
+    even while the environment's files look complete."""
+    stamps = prefix.with_name(prefix.name + ".setup")
+    at: dict[str, datetime.datetime] = {}
+    for step in SETUP_STAMPED:
+        f = stamps / f"{step}.json"
+        try:
+            doc = json.loads(f.read_text())
+        except FileNotFoundError:
+            return f"setup's {step} step has no stamp: it failed or has not run"
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            return f"setup's {step} step: its stamp {f.name} cannot be read ({e})"
+        if not isinstance(doc, dict) or not _DIGEST.fullmatch(str(doc.get("digest"))):
+            return f"setup's {step} step: {f.name} is not a stamp"
+        with contextlib.suppress(TypeError, ValueError):
+            at[step] = datetime.datetime.strptime(doc.get("at"), "%Y-%m-%dT%H:%M:%S%z")
+    # the imports proven before Megatron was last installed (`invoke megatron` alone) prove
+    # nothing about this install
+    if {"megatron", "verify"} <= at.keys() and at["verify"] < at["megatron"]:
+        return ("setup's verify step has not run since its megatron step installed Megatron; "
+                "`invoke setup --verify-deep` proves it")
+    return None
+
+
 # --------------------------------------------------------------------------- rendering
 
 
@@ -188,6 +229,14 @@ def _gpus(gpus: list[dict]) -> str:
                  + ")")
         kinds[label] = kinds.get(label, 0) + 1
     return ", ".join(f"{n} x {k}" for k, n in kinds.items())
+
+
+def _megatron_line(mg: dict) -> str:
+    return (f"{mg['tag']} @ {mg['commit'][:12]}"
+            + (f", installed {mg['installed']}" if mg.get("installed") else ", not installed")
+            + ("" if mg.get("checkout") else " (not fetched)")
+            + (f"; not verified ({mg['unverified']})" if mg.get("unverified") else
+               "; verified by setup" if "unverified" in mg else ""))
 
 
 def render(facts: dict) -> str:
@@ -220,9 +269,7 @@ def render(facts: dict) -> str:
         ("environment", envf["prefix"] + (f" -> {envf['resolved']}" if envf.get("resolved")
                                           else "") + (f": {envf['error']}"
                                                       if envf.get("error") else "")),
-        ("megatron", f"{mg['tag']} @ {mg['commit'][:12]}"
-         + (f", installed {mg['installed']}" if mg.get("installed") else ", not installed")
-         + ("" if mg.get("checkout") else " (not fetched)")),
+        ("megatron", _megatron_line(mg)),
         ("patches", ", ".join(mg["patches"]) or "none"),
     ]
     width = max(len(k) for k, _ in rows) + 2

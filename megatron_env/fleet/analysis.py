@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from megatron_env.errors import UserError
 from megatron_env.findings import ORDER, Finding, worst
 from megatron_env.host import checks, parsers
 from megatron_env.host.parsers import ParseError
@@ -77,8 +78,6 @@ def _json(path: Path) -> dict[str, Any]:
 
 def load(root: Path) -> list[Node]:
     """The nodes of a fleet directory; a directory without any node is a UserError."""
-    from megatron_env.errors import UserError
-
     fix = ("pass a run directory of `invoke preflight`, or one sub-directory per host holding "
            "what `invoke collect --out DIR/<host>` writes")
     if not root.is_dir():
@@ -311,10 +310,11 @@ def _node_findings(node: Node, profile: Profile) -> list[Finding]:
                                fix="re-run `invoke preflight` on the node, or remove the file"))
     for f in node.health.get("findings", []) if isinstance(node.health.get("findings"),
                                                             list) else []:
-        if isinstance(f, dict) and f.get("status") in ORDER:
-            own.append(Finding(str(f.get("id", "gpu_health")), f["status"],
-                               str(f.get("summary", "")), list(f.get("evidence") or []),
-                               str(f.get("fix") or "")))
+        try:
+            own.append(Finding.from_dict(f, f"{node.host}/gpu_health.json"))
+        except UserError as e:  # one node's bad file is said, the fleet still compared
+            own.append(Finding("fleet.input", "warn", f"{e.message}: left out",
+                               [f"file: {node.host}/gpu_health.json"], fix=e.fix))
     return [Finding(f.id, f.status, f"{node.host}: {f.summary}", f.evidence, f.fix) for f in own]
 
 

@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from megatron_env import REPO_ROOT, findings, output, proc, profile
+from megatron_env import REPO_ROOT, findings, output, proc, profile, project
 from megatron_env.errors import UserError
 from megatron_env.fleet import analysis, fingerprint
 from megatron_env.host import attention, checks, snapshot
@@ -243,7 +243,7 @@ def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
         root = Path(fleet)
     else:
         root = Path(run_dir) if run_dir else (
-            REPO_ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-preflight")
+            project.state_root() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-preflight")
         expected = _measure(root, profile_name, python, local=local, health=health, size=size)
     nodes = analysis.load(root)
     if local:  # a run directory other nodes also write into: judge this node alone

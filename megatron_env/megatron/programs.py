@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, output, proc
+from megatron_env import REPO_ROOT, output, proc, project
 from megatron_env.errors import UserError
 
 SCRIPTS = {"verify_nccl": "verify_nccl.py", "verify_cuda": "gpu_health.py",
@@ -103,7 +103,8 @@ def command(name: str, o: Options, python: str, run_dir: Path) -> list[str]:
 def run(name: str, args: list[str]) -> int:
     o = parse(args)
     python = interpreter(o)
-    run_dir = o.run_dir or REPO_ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    run_dir = o.run_dir or (project.state_root() / "runs"
+                            / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}")
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = command(name, o, python, run_dir)
     (run_dir / "command.txt").write_text(shlex.join(argv) + "\n")

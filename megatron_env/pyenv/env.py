@@ -27,14 +27,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, digest, mutex, output, proc
+from megatron_env import digest, mutex, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, lock, manifest, uv
 from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
 from megatron_env.pyenv.probe import probe
 
-ENV_ROOT = REPO_ROOT / ".megatron-env"
+ENV_ROOT = project.state_root() / ".megatron-env"
 STAMP = ".megatron-env.json"
 MANIFEST = ".megatron-env-manifest.json"  # every installed file; see megatron_env.pyenv.manifest
 MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"

@@ -33,6 +33,8 @@ from megatron_env import digest, output, proc
 from megatron_env.errors import UserError
 from megatron_env.profile import LOCK_FILE, Profile
 from megatron_env.pyenv import uv
+from megatron_env.redact import mask_urls
+from megatron_env.sources import index
 
 Argv = list[str | os.PathLike[str]]  # a command line as proc.run takes it
 
@@ -235,11 +237,14 @@ def _resolve(profile: Profile, exe: str, seed: Path | None,
             argv += ["--upgrade-package", name]
         if fresh_index:
             argv.append("--refresh")
+        url = index.installer_index()  # the one index: docs/locks.md says the order
+        argv += ["--default-index", url]
         r = proc.run(argv, env=uv.env(), timeout=1800)
         if not r.ok:
-            raise UserError(f"uv could not resolve profile {profile.name}:\n{r.tail(15)}",
-                            fix="check the pins in the profile; for an unreachable index set "
-                                "UV_INDEX_URL / UV_DEFAULT_INDEX to a mirror",
+            raise UserError(f"uv could not resolve profile {profile.name} from the index "
+                            f"{mask_urls(url)}:\n{r.tail(15)}",
+                            fix="check the pins in the profile and the index (UV_DEFAULT_INDEX, "
+                                "UV_INDEX_URL, uv.toml, PIP_INDEX_URL, pip.conf: docs/locks.md)",
                             kind="lock.unresolvable")
         return out.read_text()
 
@@ -299,7 +304,8 @@ def download_wheels(lockfile: Path, dest: Path, python: str,
     `invoke env --find-links DIR --no-index` on a cluster without an index. `on_line` receives
     pip's output line by line (progress of long downloads)."""
     argv: Argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
-            "-r", lockfile, "-d", dest, "--python-version", python, "--implementation", "cp",
+            "--index-url", index.installer_index(), "-r", lockfile, "-d", dest,
+            "--python-version", python, "--implementation", "cp",
             "--only-binary=:all:", "--progress-bar", "off"]
     for plat in WHEEL_PLATFORMS:
         argv += ["--platform", plat]

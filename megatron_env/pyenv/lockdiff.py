@@ -53,11 +53,36 @@ def _git(*args: str) -> proc.Result:
     return proc.run(["git", "-C", REPO_ROOT, *args], timeout=60)
 
 
-def default_base() -> str:
-    r = _git("merge-base", "HEAD", "main")
+def _in_git() -> bool:
+    """True in a git work tree; else one clear refusal (git missing, or not a repository)."""
+    r = _git("rev-parse", "--is-shallow-repository")
     if r.missing:
-        raise UserError("git is not installed", fix="install git")
-    return r.stdout.strip() if r.ok and r.stdout.strip() else "HEAD"
+        raise UserError("git is not installed", fix="install git", kind="lockdiff.no_git")
+    if not r.ok:
+        raise UserError(f"{REPO_ROOT} is not a git repository: lock-diff compares the locks with "
+                        "those of a git revision", fix="run it in a git clone of the project "
+                        "(or pass --project CLONE)", kind="lockdiff.not_git")
+    return r.stdout.strip() == "true"
+
+
+def _unknown_base(base: str, shallow: bool) -> UserError:
+    if shallow:
+        return UserError(f"{base!r} is not in this shallow clone's history",
+                         fix="fetch the history: `git fetch --unshallow` (or `git fetch "
+                             "--deepen=50 origin main`), then run lock-diff again",
+                         kind="lockdiff.shallow")
+    return UserError(f"{base!r} is not a git revision here", fix="pass --base REF naming a "
+                     "commit, branch or tag (`git log --oneline` lists them)",
+                     kind="lockdiff.base")
+
+
+def default_base(shallow: bool = False) -> str:
+    r = _git("merge-base", "HEAD", "main")
+    if r.ok and r.stdout.strip():
+        return r.stdout.strip()
+    if shallow:
+        raise _unknown_base("main", True)
+    return "HEAD"
 
 
 def change(old: str | None, new: str | None) -> str:
@@ -151,7 +176,9 @@ def read_index(names: set[str], url: str | None) -> dict[str, list[index.IndexFi
     def one(name: str) -> list[index.IndexFile] | None:
         try:
             return index.files(name, url, cfg) or None
-        except UserError:
+        except UserError as e:
+            if e.kind == "index.not_simple":  # the wrong URL, not an outage: say so
+                raise
             return None
 
     with ThreadPoolExecutor(8) as pool:
@@ -264,6 +291,8 @@ def _profile_report(name: str, base_root: Path, pages: dict[str, Any],
     m_new = _megatron(REPO_ROOT / "envs" / name / PROFILE_FILE)
     return {
         "profile": name, "lock": f"envs/{name}/{LOCK_FILE}", "changes": changes,
+        "status": "added" if old_text is None else "removed" if new_text is None else "changed",
+        "packages": len(new or old),
         "size_before": _total(before) if read else None,
         "size_after": _total(after) if read else None,
         "size_unknown": sorted(f"{n}=={new[n]}" for n, (s, _y) in after.items()
@@ -282,10 +311,11 @@ def _total(f: dict[str, tuple[int | None, str | None]]) -> int:
 def report(base: str | None, only: str | None = None, *, index_url: str | None,
            kernel_keys: KeyDocs | None = None) -> dict[str, Any]:
     """The lock-diff document (format 1: docs/locks.md) for every profile, or `only` one."""
-    base = base or default_base()
+    shallow = _in_git()
+    base = base or default_base(shallow)
     commit = _git("rev-parse", "--verify", f"{base}^{{commit}}")
     if not commit.ok:
-        raise UserError(f"{base!r} is not a git revision here", fix="pass --base REF")
+        raise _unknown_base(base, shallow)
     with tree_at(base) as root:
         names = sorted({p.parent.name for r in (root, REPO_ROOT)
                         for p in (r / "envs").glob(f"*/{LOCK_FILE}")})
@@ -321,33 +351,61 @@ def render(rep: dict[str, Any], as_json: bool) -> str:
     return json.dumps(rep, indent=2) if as_json else markdown(rep)
 
 
+def _summary_line(p: dict[str, Any]) -> str:
+    if p.get("status") in ("added", "removed"):  # a whole profile: one line, no table
+        size = p["size_after"] if p["status"] == "added" else p["size_before"]
+        return (f"profile {p['status']}: {p['packages']} packages"
+                + (f", download per node {mb(size)}" if size is not None else ""))
+    counts: dict[str, int] = {}
+    for c in p["changes"]:
+        counts[c["change"]] = counts.get(c["change"], 0) + 1
+    line = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no package moved"
+    if p["size_before"] is not None and p["size_before"] == p["size_after"]:
+        line += f"; download per node {mb(p['size_after'])} (unchanged)"
+    elif p["size_before"] is not None:
+        line += (f"; download per node {mb(p['size_before'])} → {mb(p['size_after'])} "
+                 f"({_signed(p['size_after'] - p['size_before'])})")
+    return line
+
+
+def _table(p: dict[str, Any]) -> list[str]:
+    if not p["changes"] or p.get("status") in ("added", "removed"):
+        return []
+    rows = ["| package | change | old | new | size old | size new | flags |\n"
+            "|---|---|---|---|---|---|---|"]
+    for c in p["changes"]:
+        flags = (["**major**"] if c["major"] else []) + (
+            [f"**yanked**: {c['yanked'] or 'no reason given'}"]
+            if c["yanked"] is not None else [])
+        sizes = [mb(c["size_old"]) if c["old"] else "", mb(c["size_new"]) if c["new"]
+                 else ""] if p["size_before"] is not None else ["", ""]
+        rows.append(f"| {c['name']} | {c['change']} | {c['old'] or ''} | "
+                    f"{c['new'] or ''} | {sizes[0]} | {sizes[1]} | {' '.join(flags)} |")
+    return [*rows, ""]
+
+
+def cut(text: str, max_bytes: int, note: str) -> str:
+    """`text` in at most `max_bytes` UTF-8 bytes, cut at a line (a table row) boundary, never
+    inside a character; a cut text ends with `note` (which counts toward the limit)."""
+    if len(text.encode()) <= max_bytes:
+        return text
+    budget = max_bytes - len(("\n" + note + "\n").encode())
+    kept, used = [], 0
+    for line in text.splitlines(keepends=True):
+        if used + len(line.encode()) > budget:
+            break
+        kept.append(line)
+        used += len(line.encode())
+    return "".join(kept) + "\n" + note + "\n"
+
+
 def markdown(rep: dict[str, Any]) -> str:
     parts = []
     for p in rep["profiles"]:
         if quiet(p):
             continue
-        counts: dict[str, int] = {}
-        for c in p["changes"]:
-            counts[c["change"]] = counts.get(c["change"], 0) + 1
-        line = ", ".join(f"{n} {k}" for k, n in counts.items()) or "no package moved"
-        if p["size_before"] is not None and p["size_before"] == p["size_after"]:
-            line += f"; download per node {mb(p['size_after'])} (unchanged)"
-        elif p["size_before"] is not None:
-            line += (f"; download per node {mb(p['size_before'])} → {mb(p['size_after'])} "
-                     f"({_signed(p['size_after'] - p['size_before'])})")
-        parts.append(f"### {p['profile']} (`{p['lock']}`)\n\n{line}\n")
-        if p["changes"]:
-            parts.append("| package | change | old | new | size old | size new | flags |\n"
-                         "|---|---|---|---|---|---|---|")
-            for c in p["changes"]:
-                flags = (["**major**"] if c["major"] else []) + (
-                    [f"**yanked**: {c['yanked'] or 'no reason given'}"]
-                    if c["yanked"] is not None else [])
-                sizes = [mb(c["size_old"]) if c["old"] else "", mb(c["size_new"]) if c["new"]
-                         else ""] if p["size_before"] is not None else ["", ""]
-                parts.append(f"| {c['name']} | {c['change']} | {c['old'] or ''} | "
-                             f"{c['new'] or ''} | {sizes[0]} | {sizes[1]} | {' '.join(flags)} |")
-            parts.append("")
+        parts.append(f"### {p['profile']} (`{p['lock']}`)\n\n{_summary_line(p)}\n")
+        parts += _table(p)
         for y in (y for y in p["yanked"] if y["name"] not in {c["name"] for c in p["changes"]}):
             parts.append(f"- **yanked** on the index: {y['name']}=={y['version']} "
                          f"({y['reason'] or 'no reason given'})")

@@ -296,6 +296,11 @@ def files(project: str, index_url: str, cfg: Config | None = None) -> list[Index
         raise UserError(f"cannot read {mask_urls(page)}: {getattr(e, 'reason', e)}",
                         fix="check the index URL (PIP_INDEX_URL, pip.conf) and the network"
                         ) from None
+    if kind != "application/vnd.pypi.simple.v1+json" and not _looks_simple(kind, text):
+        raise UserError(f"{mask_urls(page)} is not a simple index page (a {kind} without "
+                        "PEP 503 links)", fix="point --index-url / PIP_INDEX_URL / UV_INDEX_URL "
+                        "at a simple index (its URL usually ends in /simple)",
+                        kind="index.not_simple")
     try:
         if kind == "application/vnd.pypi.simple.v1+json":
             return parse_json(text, page)
@@ -304,6 +309,15 @@ def files(project: str, index_url: str, cfg: Config | None = None) -> list[Index
         raise UserError(f"{mask_urls(page)} is not a simple API project page ({e})",
                         fix="check the index URL (PIP_INDEX_URL, pip.conf, --index-url)"
                         ) from None
+
+
+def _looks_simple(kind: str, text: str) -> bool:
+    """An HTML project page of the simple API: links to files, or (a project with none) the
+    PEP 629 version meta tag. A 200 of anything else (a login page, a proxy's error) is not."""
+    if kind not in ("text/html", "application/vnd.pypi.simple.v1+html"):
+        return False
+    low = text.lower()
+    return "<a " in low or "pypi:repository-version" in low
 
 
 def size(f: IndexFile, index_url: str = "", cfg: Config | None = None) -> int | None:

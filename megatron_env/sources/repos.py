@@ -17,7 +17,7 @@ import re
 import shutil
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, digest, output, proc
+from megatron_env import digest, disk, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.sources.given import Given
 
@@ -25,7 +25,7 @@ CACHE_ENV = "MEGATRON_ENV_CACHE"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV, REPO_ROOT / ".cache"))
+    return Path(os.environ.get(CACHE_ENV, project.state_root() / ".cache"))
 
 
 def mirror_var(name: str) -> str:
@@ -88,6 +88,8 @@ def mirror(name: str, url: str, echo=output.status, given: Given | None = None) 
             os.replace(tmp, path)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
+    if not r.ok and disk.said_full(r.output):
+        raise disk.full(path.parent, what=f"the {name} mirror")
     if not r.ok:
         raise UserError(f"cannot reach the {name} repository {url}: {r.tail(2)}",
                         fix=f"set {mirror_var(name)} to a reachable mirror or a local bare "

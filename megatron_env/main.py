@@ -1,0 +1,160 @@
+"""The `megatron-env` console command (and `python -m megatron_env`): an argparse front door
+made from the same `cli.COMMANDS` as the invoke tasks, so a command and its options are
+declared once (megatron_env.commands). Global options: `--project DIR` (where envs/, patches/
+and scripts/ are: megatron_env.project), `--version`; `completion bash|zsh` prints a script."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import signal
+import sys
+from collections.abc import Sequence
+
+from megatron_env import __version__, project
+
+_PROG = "megatron-env"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.rstrip("_").replace("_", "-")
+
+
+def _add_option(sub: argparse.ArgumentParser, p: inspect.Parameter, help_: str,
+                iterable: tuple[str, ...], shorts: set[str]) -> None:
+    """One keyword parameter as an option; a parameter without default is also positional
+    (as invoke takes it); a first letter not yet taken is its short flag (as invoke gives)."""
+    flag = _flag(p.name)
+    names = [flag]
+    short = "-" + flag[2]
+    if short not in shorts:
+        shorts.add(short)
+        names.insert(0, short)
+    meta = p.name.rstrip("_").upper()
+    if p.name in iterable:
+        sub.add_argument(*names, dest=p.name, action="append", metavar=meta, help=help_)
+    elif p.default is False:
+        sub.add_argument(*names, dest=p.name, action="store_true", help=help_)
+    elif p.annotation in ("bool | None", bool) or (p.default is None and "bool" in
+                                                     str(p.annotation)):
+        sub.add_argument(flag, dest=p.name, action=argparse.BooleanOptionalAction,
+                         default=None, help=help_)
+    else:
+        kind = int if isinstance(p.default, int) and not isinstance(p.default, bool) else str
+        default = None if p.default is inspect.Parameter.empty else p.default
+        sub.add_argument(*names, dest=p.name, type=kind, default=default, metavar=meta,
+                         help=help_ + (f" (default {default})" if default not in (None, "")
+                                       else ""))
+        if p.default is inspect.Parameter.empty:
+            sub.add_argument(f"_{p.name}", nargs="?", metavar=meta, help=argparse.SUPPRESS)
+
+
+def parser() -> argparse.ArgumentParser:
+    from megatron_env import cli, commands  # noqa: F401 (importing commands declares them)
+
+    top = argparse.ArgumentParser(
+        prog=_PROG, description="Reproducible, verified Megatron-LM training environments.")
+    top.add_argument("--project", metavar="DIR",
+                     help=f"the directory with envs/, patches/, scripts/ (or {project.ENV}; "
+                          "default: the enclosing checkout, else the copy in this package)")
+    top.add_argument("-V", "--version", action="store_true",
+                     help="print the tool's version (and git commit in a checkout)")
+    subs = top.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in cli.COMMANDS.values():
+        sub = subs.add_parser(cmd.name, help=cmd.summary, description=cmd.summary)
+        shorts = {"-h"}
+        for p in inspect.signature(cmd.fn).parameters.values():
+            _add_option(sub, p, cmd.help[p.name], cmd.iterable, shorts)
+        sub.set_defaults(_cmd=cmd)
+    comp = subs.add_parser("completion", help="print a shell completion script",
+                           description="print a shell completion script: "
+                                       "eval \"$(megatron-env completion bash)\"")
+    comp.add_argument("shell", choices=("bash", "zsh"))
+    return top
+
+
+def completion(top: argparse.ArgumentParser, shell: str) -> str:
+    """A completion script for `shell`, written from the parser (commands, then each one's
+    options); zsh runs the bash one through bashcompinit."""
+    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, sub in subs.choices.items():
+        opts = sorted(o for a in sub._actions for o in a.option_strings if o.startswith("--"))
+        cases.append(f'        {name}) opts="{" ".join(opts)}" ;;')
+    top_opts = " ".join(o for a in top._actions for o in a.option_strings if o.startswith("--"))
+    script = "\n".join([
+        "_megatron_env() {",
+        '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="" w opts skip=""',
+        '    for w in "${COMP_WORDS[@]:1:COMP_CWORD-1}"; do',
+        '        if [ -n "$skip" ]; then skip=""; continue; fi',  # the value of --project
+        '        case "$w" in --project) skip=1 ;; -*) ;; *) cmd="$w"; break ;; esac',
+        "    done",
+        '    if [ -n "$skip" ]; then COMPREPLY=(); return; fi',  # a directory: -o default
+        '    if [ -z "$cmd" ]; then',
+        f'        COMPREPLY=($(compgen -W "{" ".join(subs.choices)} {top_opts}" -- "$cur"))',
+        "        return",
+        "    fi",
+        '    case "$cmd" in',
+        *cases,
+        '        *) opts="" ;;',
+        "    esac",
+        '    if [ "$cmd" = completion ]; then opts="bash zsh"; fi',
+        '    COMPREPLY=($(compgen -W "$opts" -- "$cur"))',
+        "}",
+        f"complete -o default -F _megatron_env {_PROG}",
+    ])
+    if shell == "zsh":
+        script = "autoload -U +X bashcompinit && bashcompinit\n" + script
+    return script + "\n"
+
+
+def _version() -> str:
+    commit = project.commit()
+    return (f"{_PROG} {__version__}" + (f" (git {commit})" if commit else "")
+            + f"; project {project.root()} ({project.how()})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the program itself: Ctrl-C interrupts even where SIGINT was inherited
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as ignored (`cmd &`)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--project")
+    known, _ = pre.parse_known_args(argv)
+    project.choose(known.project)  # before any module reads the project root
+    from megatron_env import output
+    from megatron_env.errors import UserError
+
+    try:
+        project.root()
+    except UserError as e:
+        output.error(e.message, e.fix)
+        return e.exit_code
+    top = parser()
+    args = top.parse_args(argv)
+    if args.version:
+        print(_version())
+        return 0
+    if args.command == "completion":
+        sys.stdout.write(completion(top, args.shell))
+        return 0
+    if args.command is None:
+        top.print_help()
+        return 2
+    cmd = args._cmd
+    options = {}
+    for name in inspect.signature(cmd.fn).parameters:
+        value = getattr(args, name)
+        positional = getattr(args, f"_{name}", None)
+        if value is None and positional is not None:
+            value = positional
+        if value is None and inspect.signature(cmd.fn).parameters[name].default is \
+                inspect.Parameter.empty:
+            top.parse_args([cmd.name, "--help"])  # exits 0 with the usage: a missing value
+        options[name] = value
+    return cmd.fn(**{k: v for k, v in options.items() if v is not None or
+                     inspect.signature(cmd.fn).parameters[k].default is None})
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

