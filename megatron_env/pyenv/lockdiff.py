@@ -102,7 +102,7 @@ def major(old: str | None, new: str | None) -> bool:
         a, b = Version(old or ""), Version(new or "")
     except InvalidVersion:
         return False
-    return a.major != b.major or (a.major == 0 and a.minor != b.minor)
+    return bool(a.major != b.major or (a.major == 0 and a.minor != b.minor))
 
 
 def diff(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str, str]]:
