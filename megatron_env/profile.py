@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from packaging.version import InvalidVersion, Version
 
@@ -155,7 +155,7 @@ class Profile:
 
     @property
     def description(self) -> str:
-        return self.data["description"]
+        return str(self.data["description"])
 
     @property
     def is_default(self) -> bool:
@@ -163,11 +163,11 @@ class Profile:
 
     @property
     def python(self) -> str:
-        return self.data["python"]["version"]
+        return str(self.data["python"]["version"])
 
     @property
     def cuda(self) -> str:
-        return self.data["cuda"]["version"]
+        return str(self.data["cuda"]["version"])
 
     @property
     def cuda_major(self) -> int:
@@ -175,7 +175,7 @@ class Profile:
 
     @property
     def min_driver(self) -> str:
-        return self.data["cuda"]["min_driver"]
+        return str(self.data["cuda"]["min_driver"])
 
     @property
     def archs(self) -> list[str]:
@@ -183,7 +183,7 @@ class Profile:
 
     @property
     def torch(self) -> str:
-        return self.data["torch"]["version"]
+        return str(self.data["torch"]["version"])
 
     @property
     def megatron(self) -> dict[str, str]:
@@ -204,7 +204,7 @@ class Profile:
 
 
 def _validate(data: dict[str, Any], schema: dict[str, Any], where: str, path: Path) -> None:
-    def fail(key: str, expected: str, got: Any = None) -> None:
+    def fail(key: str, expected: str, got: Any = None) -> NoReturn:
         got_text = "" if got is None else f", got {got!r}"
         raise UserError(
             f"{path}: {key}: expected {expected}{got_text}",
@@ -231,17 +231,22 @@ def _validate(data: dict[str, Any], schema: dict[str, Any], where: str, path: Pa
             if spec.required:
                 fail(name, f"a {spec.type.__name__} (missing)")
             continue
-        value = data[key]
-        if spec.type is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-            fail(name, "a string in quotes, e.g. \"3.10\" (TOML reads an unquoted 3.10 as the "
-                       f"number {value!r})")
-        if not isinstance(value, spec.type) or (spec.type is not bool and isinstance(value, bool)):
-            fail(name, f"a {spec.type.__name__}", value)
-        if spec.check and (err := spec.check(value)):
-            fail(name, err, value)
+        _validate_value(data[key], spec, name, fail)
 
 
-def _validate_kernels(tables: Any, name: str, path: Path, fail) -> None:
+def _validate_value(value: Any, spec: Any, name: str, fail: Callable[..., NoReturn]) -> None:
+    """One key's value against its spec: its type (a TOML number where a string was meant is
+    named as such; a bool is no int here) and then the spec's own check."""
+    if spec.type is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        fail(name, "a string in quotes, e.g. \"3.10\" (TOML reads an unquoted 3.10 as the "
+                   f"number {value!r})")
+    if not isinstance(value, spec.type) or (spec.type is not bool and isinstance(value, bool)):
+        fail(name, f"a {spec.type.__name__}", value)
+    if spec.check and (err := spec.check(value)):
+        fail(name, err, value)
+
+
+def _validate_kernels(tables: Any, name: str, path: Path, fail: Callable[..., NoReturn]) -> None:
     if not isinstance(tables, dict):
         fail(f"[{name}]", "a table of [kernels.<recipe>] tables", tables)
     known = recipes.declared()

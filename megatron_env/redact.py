@@ -277,7 +277,7 @@ def _structure(s: str) -> str:
     return _B64_LINE.sub(_b64_line, s) if len(s) >= 40 else s
 
 
-def _walk(obj, environ: Mapping[str, str], name: str | None = None):
+def _walk(obj: object, environ: Mapping[str, str], name: object = None) -> object:
     if isinstance(obj, dict):
         return {_text(k, environ) if isinstance(k, str) else k: _walk(v, environ, k)
                 for k, v in obj.items()}

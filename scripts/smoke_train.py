@@ -16,6 +16,7 @@ tokens/s, step time and model FLOPs utilisation; JSON out.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -64,6 +65,34 @@ def layer_spec(choice: str, status: tuple[bool, str | None]):
     if choice == "transformer_engine":
         return None, "transformer_engine", why
     return specs.get_gpt_layer_local_spec(), "local", why
+
+
+def peak_bf16_tflops(gpu: str) -> float | None:
+    """The dense bf16 peak of a GPU named like one of PEAK_BF16_TFLOPS (None: unknown GPU)."""
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
+
+
+def average_gradients(model, dist, group, dp: int) -> None:
+    """Plain data parallelism: every parameter's gradient, summed over `group`, over its size."""
+    for prm in model.parameters():
+        if prm.grad is not None:
+            dist.all_reduce(prm.grad, group=group)
+            prm.grad /= dp
+
+
+def report(doc: dict, args, dp: int, world: int, gpu: str, spec_name: str) -> None:
+    """Rank 0: the results JSON under --out, and three lines saying what trained how fast."""
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"results-tp{args.tp}-pp{args.pp}-dp{dp}.json"
+    (out_dir / name).write_text(json.dumps(doc, indent=2) + "\n")
+    losses, step_s = doc["losses"], doc["step_time_s"]
+    print(f"megatron.core {doc['megatron_core']} ({spec_name} layers) on {world}x {gpu}, "
+          f"tp={args.tp} pp={args.pp} dp={dp}")
+    mfu = "n/a" if doc["mfu"] is None else f"{doc['mfu']:.1%}"
+    print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {args.steps} steps; step "
+          f"{step_s * 1e3:.1f} ms, {doc['tokens_per_s']:.0f} tokens/s, MFU {mfu}")
+    print(f"smoke_train: {doc['status']}; results in {out_dir / name}")
 
 
 def main(argv=None) -> int:
@@ -152,10 +181,6 @@ def main(argv=None) -> int:
                            generator=g).cuda()
     position_ids = torch.arange(args.seq, device="cuda").unsqueeze(0).expand(args.micro_batch, -1)
 
-    def batches():
-        while True:
-            yield from tokens
-
     def loss_func(loss_mask, output_tensor):
         losses = output_tensor.float()
         loss = torch.sum(losses.view(-1) * loss_mask.view(-1)) / loss_mask.sum()
@@ -169,7 +194,7 @@ def main(argv=None) -> int:
         return out, partial(loss_func, torch.ones_like(labels, dtype=torch.float))
 
     fwd_bwd = get_forward_backward_func()
-    data = batches()
+    data = itertools.cycle(tokens)  # the same microbatches, step after step
     losses, step_times = [], []
     for _step in range(args.steps):
         torch.cuda.synchronize()
@@ -180,10 +205,7 @@ def main(argv=None) -> int:
                       micro_batch_size=args.micro_batch, decoder_seq_length=args.seq,
                       forward_only=False)
         if dp > 1:  # plain data parallelism: average gradients over the data-parallel group
-            for prm in model.parameters():
-                if prm.grad is not None:
-                    dist.all_reduce(prm.grad, group=ps.get_data_parallel_group())
-                    prm.grad /= dp
+            average_gradients(model, dist, ps.get_data_parallel_group(), dp)
         opt.step()
         torch.cuda.synchronize()
         step_times.append(time.perf_counter() - t0)
@@ -200,7 +222,7 @@ def main(argv=None) -> int:
     n_params = 12 * args.layers * args.hidden**2 + args.vocab * args.hidden
     flops_per_token = 6 * n_params + 12 * args.layers * args.hidden * args.seq
     gpu = torch.cuda.get_device_name()
-    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
+    peak = peak_bf16_tflops(gpu)
     achieved = flops_per_token * tokens_per_step / step_s / world / 1e12
     passed = losses[-1] <= losses[0] / 2
     doc = {
@@ -218,16 +240,7 @@ def main(argv=None) -> int:
         "mfu": achieved / peak if peak else None,
     }
     if rank == 0:
-        out_dir = Path(args.out)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        name = f"results-tp{args.tp}-pp{args.pp}-dp{dp}.json"
-        (out_dir / name).write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"megatron.core {doc['megatron_core']} ({spec_name} layers) on {world}x {gpu}, "
-              f"tp={args.tp} pp={args.pp} dp={dp}")
-        mfu = "n/a" if doc["mfu"] is None else f"{doc['mfu']:.1%}"
-        print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} in {args.steps} steps; step "
-              f"{step_s * 1e3:.1f} ms, {doc['tokens_per_s']:.0f} tokens/s, MFU {mfu}")
-        print(f"smoke_train: {doc['status']}; results in {out_dir / name}")
+        report(doc, args, dp, world, gpu, spec_name)
     ps.destroy_model_parallel()
     dist.destroy_process_group()
     return 0 if passed else 1

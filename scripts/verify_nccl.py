@@ -95,26 +95,10 @@ def analyze_log(text: str) -> dict:
             key = _transport_key(m.group(3))
             transports[key] = transports.get(key, 0) + 1
             gdrdma = gdrdma or "GDRDMA" in m.group(3)
-        elif m := _NETWORK.search(line):
-            if m.group(1) not in networks:
-                networks.append(m.group(1))
-        elif "NET/IB" in line and ("No device found" in line or "No IB devices found" in line):
-            ib_missing = True
-        elif m := _NET_USING.search(line):
-            target = ib_devices if m.group(1) != "Socket" else sockets
-            value = re.split(r" ; |; OOB", m.group(2))[0].strip()
-            if value and value != "[RO]" and value not in target:
-                target.append(value)
-        elif (m := _PLUGIN.search(line)) and m.group(1) and m.group(1) not in plugins:
-            plugins.append(m.group(1).strip())
+        else:
+            ib_missing = _note_network(line, networks, ib_devices, sockets, plugins) or ib_missing
         if m := _WARN.search(line):
-            w = (m.group(1) or m.group(2)).strip()
-            if w not in warnings:
-                warnings.append(w)
-            if origin:
-                at = f"{origin.group(1)} [{origin.group(2)}]"
-                if at not in where.setdefault(w, []):
-                    where[w].append(at)
+            _note_warning((m.group(1) or m.group(2)).strip(), origin, warnings, where)
     if not networks:  # NCCL < 2.12 does not say "Using network"; infer from the channels
         nets = sorted({k.split("/")[1] for k in transports if k.startswith("NET/")})
         networks = nets
@@ -123,6 +107,35 @@ def analyze_log(text: str) -> dict:
             "transports": transports, "warnings": warnings, "warned_at": where,
             "hosts": sorted(hosts),
             "nranks": nranks, "gdrdma": gdrdma}
+
+
+def _note_network(line: str, networks: list, ib_devices: list, sockets: list,
+                  plugins: list) -> bool:
+    """A line that is no channel: the network, NIC or plugin it names, appended where new.
+    True when it says NCCL found no IB device."""
+    if m := _NETWORK.search(line):
+        if m.group(1) not in networks:
+            networks.append(m.group(1))
+    elif "NET/IB" in line and ("No device found" in line or "No IB devices found" in line):
+        return True
+    elif m := _NET_USING.search(line):
+        target = ib_devices if m.group(1) != "Socket" else sockets
+        value = re.split(r" ; |; OOB", m.group(2))[0].strip()
+        if value and value != "[RO]" and value not in target:
+            target.append(value)
+    elif (m := _PLUGIN.search(line)) and m.group(1) and m.group(1) not in plugins:
+        plugins.append(m.group(1).strip())
+    return False
+
+
+def _note_warning(w: str, origin, warnings: list, where: dict) -> None:
+    """A WARN once in `warnings`, and each "host [dev]" that printed it once in where[w]."""
+    if w not in warnings:
+        warnings.append(w)
+    if origin:
+        at = f"{origin.group(1)} [{origin.group(2)}]"
+        if at not in where.setdefault(w, []):
+            where[w].append(at)
 
 
 def _transport_key(via: str) -> str:
@@ -551,6 +564,28 @@ def print_log_findings(findings: list[dict]) -> None:
             print(f"{'':<24}fix: {f['fix']}")
 
 
+def analyze_saved_log(path: str, *, as_json: bool) -> int:
+    """--analyze-log: a saved NCCL_DEBUG=INFO log's findings; exit 1 on a failing one, 2 when
+    the file cannot be read or holds no NCCL line."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        print(f"error: cannot read {path}: {e.strerror}", file=sys.stderr)
+        return 2
+    a = analyze_log(text)
+    if not any(a[k] for k in ("nccl_versions", "hosts", "networks", "transports", "warnings",
+                              "plugins", "nranks", "ib_missing")):
+        print(f"error: {path} holds no NCCL line; fix: pass the output of a run "
+              "with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE names where it goes)", file=sys.stderr)
+        return 2
+    fs = log_findings(a)
+    if as_json:
+        print(json.dumps({"analysis": a, "findings": fs}, indent=2))
+    else:
+        print_log_findings(fs)
+    return 1 if any(f["status"] == "fail" for f in fs) else 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -566,23 +601,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     if args.analyze_log:
-        try:
-            text = Path(args.analyze_log).read_text(errors="replace")
-        except OSError as e:
-            print(f"error: cannot read {args.analyze_log}: {e.strerror}", file=sys.stderr)
-            return 2
-        a = analyze_log(text)
-        if not any(a[k] for k in ("nccl_versions", "hosts", "networks", "transports", "warnings",
-                                  "plugins", "nranks", "ib_missing")):
-            print(f"error: {args.analyze_log} holds no NCCL line; fix: pass the output of a run "
-                  "with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE names where it goes)", file=sys.stderr)
-            return 2
-        fs = log_findings(a)
-        if args.json:
-            print(json.dumps({"analysis": a, "findings": fs}, indent=2))
-        else:
-            print_log_findings(fs)
-        return 1 if any(f["status"] == "fail" for f in fs) else 0
+        return analyze_saved_log(args.analyze_log, as_json=args.json)
 
     import torch
     import torch.distributed as dist

@@ -361,3 +361,24 @@ def test_the_tools_offline_install_takes_exactly_the_manifests_wheels(tmp_path):
         check = subprocess.run([venv / "bin" / "python", "-c", "import tinytool; print(tinytool.X)"],
                                capture_output=True, text=True)
         assert check.stdout == "1\n", check.stderr
+
+
+def test_a_dead_pid_is_stale_only_on_the_host_that_named_it(tmp_path):
+    """pids are per host: a dead pid of this host (or of a name without a host, made here by
+    older versions) frees its directory at once; the same pid under another host's name waits
+    for STALE_HOURS; a name that is no temporary directory is never stale."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)
+    dead = int(child.stdout)  # exited: os.kill(dead, 0) fails unless the pid was reused
+    made = {name: tmp_path / name for name in (
+        f"k1.tmp-{unpack.host()}-{dead}", f"k2.tmp-{dead}", f"k3.tmp-othernode-{dead}",
+        f"k4.tmp-{unpack.host()}-{os.getpid()}", "k5.tmp-x", "k6")}
+    for d in made.values():
+        d.mkdir()
+    assert [n for n, d in made.items() if unpack.stale(d)] == [
+        f"k1.tmp-{unpack.host()}-{dead}", f"k2.tmp-{dead}"]
+    later = time.time() + (unpack.STALE_HOURS + 1) * 3600
+    assert [n for n, d in made.items() if unpack.stale(d, now=later)] == [
+        f"k1.tmp-{unpack.host()}-{dead}", f"k2.tmp-{dead}", f"k3.tmp-othernode-{dead}",
+        f"k4.tmp-{unpack.host()}-{os.getpid()}"]
+    assert not unpack.stale(tmp_path / f"k7.tmp-{unpack.host()}-{dead}")  # gone meanwhile

@@ -64,6 +64,11 @@ def copy_repo(tmp_path: Path) -> Path:
     dst = tmp_path / "repo"
     files = subprocess.run(["git", "-C", ROOT, "ls-files", "--cached", "--others", "--exclude-standard"],
                            capture_output=True, text=True, check=True).stdout.split()
+    if not files:  # a copy of the tree git ignores (mutmut's mutants/): its files as they are
+        files = [str(p.relative_to(ROOT)) for d in ("megatron_env", "envs")
+                 for p in (ROOT / d).rglob("*")
+                 if p.is_file() and "__pycache__" not in p.parts and not p.name.startswith(".")]
+        files += ["tasks.py", "pyproject.toml"]
     for rel in files:
         if rel.startswith(("megatron_env/", "envs/")) or rel in ("tasks.py", "pyproject.toml"):
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -156,3 +161,40 @@ def test_check_resolve_agrees_with_the_committed_lock_and_names_a_resealed_hash(
     bad = invoke(repo, "lock", "--check", "--resolve", "--profile", "core_v0.4.0-cu121")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "requirements.lock: six: its hashes differ from the index's files" in bad.stdout
+
+
+def test_hand_edits_names_an_edited_seal_and_an_edited_pin_once(tmp_path):
+    """The committed lock is clean; a body-digest changed by hand (every package's own seal
+    still matching) is named as an edited seal; a changed --hash is named as that package's
+    edit alone (not also as a body-digest mismatch); a lock without its seal says so."""
+    text = CURRENT.lock_file.read_text()
+    path = tmp_path / "requirements.lock"
+    path.write_text(text)
+    assert lock.hand_edits(path) == []
+    recorded = re.search(r"^# body-digest: (sha256:[0-9a-f]{64})$", text, re.M).group(1)
+    path.write_text(text.replace(recorded, "sha256:" + "0" * 64))
+    edits = lock.hand_edits(path)
+    assert len(edits) == 1 and "body-digest" in edits[0] and "seal" in edits[0]
+    first_hash = re.search(r"--hash=sha256:([0-9a-f]{64})", text).group(1)
+    path.write_text(text.replace(first_hash, "f" * 64, 1))
+    edits = lock.hand_edits(path)
+    assert len(edits) == 1 and ": annotated-types: " in edits[0]
+    path.write_text(re.sub(r"^# sealed .*\n", "", text, flags=re.M))
+    assert len(lock.hand_edits(path)) == 1 and "no seal" in lock.hand_edits(path)[0]
+
+
+@pytest.mark.parametrize(("old", "new", "jump"), [
+    ("0.4.0", "0.5.0", True),    # 0.x: the minor number is the major one
+    ("0.4.0", "0.4.9", False),
+    ("0.9.2", "1.0.0", True),
+    ("1.2.0", "1.9.0", False),   # 1.x and later: only the first number counts
+    ("1.9", "2.0", True),
+    ("2.0.0", "1.9.0", True),    # a downgrade across majors is a jump too
+    ("2.11.0+cu130", "2.11.1", False),
+    ("0.4.0", None, False),      # added or removed: no jump to flag
+    ("not-a-version", "1.0", False),
+])
+def test_lockdiff_major_jumps(old, new, jump):
+    from megatron_env.pyenv import lockdiff
+
+    assert lockdiff.major(old, new) is jump

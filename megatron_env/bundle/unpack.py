@@ -23,7 +23,7 @@ import shutil
 import socket
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
 from megatron_env import digest, mutex, output
@@ -81,7 +81,7 @@ def sweep(root: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _courtesy_lock(path: Path, echo) -> Iterator[None]:
+def _courtesy_lock(path: Path, echo: Callable[[str], object]) -> Iterator[None]:
     """The file lock when the filesystem has one; without it, the rename alone keeps it safe."""
     held = mutex.exclusive(path, f"bundle: another run is unpacking this bundle ({path}); "
                                  "waiting for it", echo)
@@ -138,8 +138,8 @@ def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, target: Path) -> tuple[str,
         return digest.copy_hashed(src, target)
 
 
-def _extract(paths: list[Path], docs: dict[Path, Manifest], tmp: Path, dest: Path, echo
-             ) -> dict[str, tuple]:
+def _extract(paths: list[Path], docs: dict[Path, Manifest], tmp: Path, dest: Path,
+             echo: Callable[[str], object]) -> dict[str, tuple[str, int]]:
     """Base first, deltas over it, into `tmp`; -> name -> (sha256, size) of what was written."""
     sums: dict[str, tuple[str, int]] = {}
     for p in paths:
@@ -161,7 +161,7 @@ def _extract(paths: list[Path], docs: dict[Path, Manifest], tmp: Path, dest: Pat
     return sums
 
 
-def mismatch(doc: Manifest, sums: dict[str, tuple]) -> tuple[list[str], list[str]]:
+def mismatch(doc: Manifest, sums: dict[str, tuple[str, int]]) -> tuple[list[str], list[str]]:
     """(changed, missing) files of the manifest, given what each name holds."""
     changed, missing = [], []
     for rel, meta in doc.files.items():
@@ -195,7 +195,7 @@ def discard(path: Path) -> None:
 
 
 def unpack(paths: list[Path], docs: dict[Path, Manifest], top_raw: bytes, dest: Path,
-           echo=output.status) -> bool:
+           echo: Callable[[str], object] = output.status) -> bool:
     """The archives `paths` (base first) unpacked, verified and published at `dest`; -> True
     when this run did it, False when another run's verified entry was there or won the race."""
     root = dest.parent

@@ -200,15 +200,8 @@ def verify_nccl(run_dir: Path, healthy: list[str], gpus_per_node: int, python: P
     return r.returncode
 
 
-def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
-        profile_name: str | None = None, python: str | None = None, run_dir: str | None = None,
-        slow: str | float | None = None, health: bool = True, size: str | int = 8192,
-        against: str | None = None, nccl: bool = False, nccl_args: str = "") -> int:
-    """`invoke preflight`: every node of the allocation through srun (or `local`: this node; or
-    `fleet`: a directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a
-    node fails. `against`: a reference fleet directory whose nodes the medians and majorities
-    include (a Slurm prolog or HealthCheckProgram judging one node against the last fleet run).
-    `nccl`: then scripts/verify_nccl.py through srun across the nodes that did not fail."""
+def _slow_and_size(slow: str | float | None, size: str | int) -> tuple[float, int]:
+    """--slow and --size as numbers, checked before any node is asked to measure."""
     try:
         slow = analysis.DEFAULT_SLOW if slow is None else float(slow)
         size = int(size)
@@ -218,19 +211,40 @@ def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
     if not 0 < slow < 1:
         raise UserError(f"--slow {slow}: expected a fraction between 0 and 1",
                         fix="e.g. --slow 0.1 fails GPUs more than 10% below the fleet median")
+    return slow, size
+
+
+def _measure(root: Path, profile_name: str | None, python: str | None, *, local: bool,
+             health: bool, size: int) -> list[str]:
+    """This node (`local`) or every node of the allocation through srun measures into `root`;
+    the hosts expected to have written there (none for `local`)."""
+    if local:
+        run_node(root, profile_name, python, health=health, size=size, echo=output.status)
+        return []
+    code, expected = launch(root, profile_name, python, health=health, size=size,
+                            echo=lambda s: output.status(s.rstrip("\n")))
+    if code:
+        output.warning(f"srun exited {code}; analysing what the nodes wrote")
+    return expected
+
+
+def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
+        profile_name: str | None = None, python: str | None = None, run_dir: str | None = None,
+        slow: str | float | None = None, health: bool = True, size: str | int = 8192,
+        against: str | None = None, nccl: bool = False, nccl_args: str = "") -> int:
+    """`invoke preflight`: every node of the allocation through srun (or `local`: this node; or
+    `fleet`: a directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a
+    node fails. `against`: a reference fleet directory whose nodes the medians and majorities
+    include (a Slurm prolog or HealthCheckProgram judging one node against the last fleet run).
+    `nccl`: then scripts/verify_nccl.py through srun across the nodes that did not fail."""
+    slow, size = _slow_and_size(slow, size)
     expected: list[str] = []
     if fleet:
         root = Path(fleet)
     else:
         root = Path(run_dir) if run_dir else (
             project.state_root() / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-preflight")
-        if local:
-            run_node(root, profile_name, python, health=health, size=size, echo=output.status)
-        else:
-            code, expected = launch(root, profile_name, python, health=health, size=size,
-                                    echo=lambda s: output.status(s.rstrip("\n")))
-            if code:
-                output.warning(f"srun exited {code}; analysing what the nodes wrote")
+        expected = _measure(root, profile_name, python, local=local, health=health, size=size)
     nodes = analysis.load(root)
     if local:  # a run directory other nodes also write into: judge this node alone
         nodes = [n for n in nodes if n.host == host_name()]

@@ -146,26 +146,30 @@ def nvml_facts() -> dict[str, Any]:
                     break
             gpu["nvlinks_active"] = links
             gpus.append(gpu)
-        # nvlink[i][j]: True when NVML reports NVLink P2P between GPU i and j.
-        nvlink = [[i == j for j in range(count)] for i in range(count)]
-        for i in range(count):
-            for j in range(count):
-                if i != j:
-                    try:
-                        status = nv.nvmlDeviceGetP2PStatus(
-                            handles[i], handles[j], nv.NVML_P2P_CAPS_INDEX_NVLINK
-                        )
-                        nvlink[i][j] = status == nv.NVML_P2P_STATUS_OK
-                    except nv.NVMLError:
-                        nvlink[i][j] = False
         return {
             "driver_version": text(nv.nvmlSystemGetDriverVersion()),
             "cuda_driver_version": nv.nvmlSystemGetCudaDriverVersion(),
             "gpus": gpus,
-            "nvlink_p2p": nvlink,
+            "nvlink_p2p": _nvlink_p2p(nv, handles),
         }
     finally:
         nv.nvmlShutdown()
+
+
+def _nvlink_p2p(nv: Any, handles: list[Any]) -> list[list[bool]]:
+    """nvlink[i][j]: True when NVML reports NVLink P2P between GPU i and j (a GPU with itself:
+    True; a pair NVML cannot answer for: False)."""
+    def linked(i: int, j: int) -> bool:
+        if i == j:
+            return True
+        try:
+            status = nv.nvmlDeviceGetP2PStatus(handles[i], handles[j],
+                                               nv.NVML_P2P_CAPS_INDEX_NVLINK)
+        except nv.NVMLError:
+            return False
+        return bool(status == nv.NVML_P2P_STATUS_OK)
+
+    return [[linked(i, j) for j in range(len(handles))] for i in range(len(handles))]
 
 
 def collect(out: Path, *, echo=output.status, force: bool = False) -> Snapshot:

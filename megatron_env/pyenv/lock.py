@@ -25,6 +25,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from megatron_env.profile import LOCK_FILE, Profile
 from megatron_env.pyenv import uv
 from megatron_env.redact import mask_urls
 from megatron_env.sources import index
+
+Argv = list[str | os.PathLike[str]]  # a command line as proc.run takes it
 
 FORMAT = 1
 PLATFORM = "x86_64-manylinux_2_28"
@@ -186,13 +189,13 @@ def find_python(version: str, explicit: str | None = None) -> tuple[str, str]:
             candidates.append((exe, "PATH"))
     roots = [os.environ.get("PYENV_ROOT"), str(Path.home() / ".pyenv")]
     for root in filter(None, roots):
-        for exe in sorted(Path(root, "versions").glob(f"{version}.*/bin/python{version}"),
-                          reverse=True):
-            candidates.append((str(exe), "pyenv"))
+        for found in sorted(Path(root, "versions").glob(f"{version}.*/bin/python{version}"),
+                            reverse=True):
+            candidates.append((str(found), "pyenv"))
     for base in filter(None, (os.environ.get("CONDA_PREFIX"), os.environ.get("CONDA_EXE"))):
-        root = Path(base).parent.parent if base.endswith("conda") else Path(base)
-        for exe in sorted(root.glob(f"envs/*/bin/python{version}")):
-            candidates.append((str(exe), "conda"))
+        conda_root = Path(base).parent.parent if base.endswith("conda") else Path(base)
+        for found in sorted(conda_root.glob(f"envs/*/bin/python{version}")):
+            candidates.append((str(found), "conda"))
     for exe, where in candidates:
         if version_of(exe) == version:
             return exe, where
@@ -225,8 +228,9 @@ def _resolve(profile: Profile, exe: str, seed: Path | None,
         out = t / LOCK_FILE
         if seed is not None and seed.exists():  # uv keeps the pins of an existing output file
             shutil.copy(seed, out)
-        argv = [uv.exe(), "pip", "compile", t / "requirements.in", "-c", t / "constraints.txt",
-                "--generate-hashes", "--no-header", "--python", exe,
+        argv: Argv = [uv.exe(), "pip", "compile", t / "requirements.in",
+                      "-c", t / "constraints.txt", "--generate-hashes", "--no-header",
+                      "--python", exe,
                 "--python-version", profile.python, "--python-platform", PLATFORM,
                 "--no-annotate", "-o", out, "--quiet"]
         for name in upgrade or []:
@@ -247,7 +251,7 @@ def _resolve(profile: Profile, exe: str, seed: Path | None,
 
 def compile_lock(profile: Profile, *, python: str | None = None,
                  upgrade: list[str] | None = None, refresh: bool = False,
-                 echo=output.status) -> LockResult:
+                 echo: Callable[[str], object] = output.status) -> LockResult:
     """Resolve the profile into envs/<name>/requirements.lock (kept pins stay unless upgraded;
     `refresh`: no pin of the old lock is kept). The file is rewritten only when its bytes change,
     so a refresh with nothing new leaves it untouched (idempotent, no spurious diff)."""
@@ -266,7 +270,7 @@ def compile_lock(profile: Profile, *, python: str | None = None,
 
 
 def resolve_check(profile: Profile, python: str | None = None,
-                  echo=output.status) -> list[str]:
+                  echo: Callable[[str], object] = output.status) -> list[str]:
     """Resolve again (network) with the committed lock's versions as constraints; every
     difference named. So a new release upstream is no difference; a pin that no longer
     satisfies the profile, or a hash the index does not serve, is."""
@@ -294,11 +298,12 @@ WHEEL_PLATFORMS = [*(f"manylinux_2_{m}_x86_64" for m in range(28, 4, -1)),
                    "manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
 
 
-def download_wheels(lockfile: Path, dest: Path, python: str, on_line=None) -> proc.Result:
+def download_wheels(lockfile: Path, dest: Path, python: str,
+                    on_line: Callable[[str], object] | None = None) -> proc.Result:
     """Every file of a lock into `dest` as linux x86_64 wheels, hashes checked: a wheelhouse for
     `invoke env --find-links DIR --no-index` on a cluster without an index. `on_line` receives
     pip's output line by line (progress of long downloads)."""
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
+    argv: Argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
             "--index-url", index.installer_index(), "-r", lockfile, "-d", dest,
             "--python-version", python, "--implementation", "cp",
             "--only-binary=:all:", "--progress-bar", "off"]
@@ -378,7 +383,8 @@ def conda_lockfile(profile: Profile, given: Path | None = None) -> Path:
 
 
 def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | None = None,
-               channels: list[str] | None = None, echo=output.status) -> Path | None:
+               channels: list[str] | None = None,
+               echo: Callable[[str], object] = output.status) -> Path | None:
     """Run conda-lock for linux-64; None (with one line saying why) when it cannot run here.
 
     `channels` (or $MEGATRON_ENV_CONDA_CHANNELS) replace the profile's channels, for mirrors and
@@ -399,7 +405,8 @@ def conda_lock(profile: Profile, *, solver: str | None = None, lookup: Path | No
              "(the extra: pip install 'megatron-env[conda]')")
         return None
     out = profile.conda_lock_file
-    argv = [exe, "lock", "-f", env_file, "-p", "linux-64", "--lockfile", out, "--conda", solver]
+    argv: Argv = [exe, "lock", "-f", env_file, "-p", "linux-64", "--lockfile", out,
+                  "--conda", solver]
     for c in channels or []:
         argv += ["--channel", c]
     if lookup:

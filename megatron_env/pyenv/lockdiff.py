@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from packaging import tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -45,7 +46,7 @@ SIZE_BASIS = ("per package the file a linux x86_64 node downloads: the best-rank
               "else its sdist; sizes from the package index")
 NO_CHANGES = "No lock changes."
 # profile, torch pin, patches root -> recipe -> cache key document (kernels.build.static_key_docs)
-KeyDocs = Callable[[Profile, str, Path], dict[str, dict]]
+KeyDocs = Callable[[Profile, str, Path], dict[str, dict[str, Any]]]
 
 
 def _git(*args: str) -> proc.Result:
@@ -101,7 +102,7 @@ def major(old: str | None, new: str | None) -> bool:
         a, b = Version(old or ""), Version(new or "")
     except InvalidVersion:
         return False
-    return a.major != b.major or (a.major == 0 and a.minor != b.minor)
+    return bool(a.major != b.major or (a.major == 0 and a.minor != b.minor))
 
 
 def diff(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str, str]]:
@@ -217,7 +218,7 @@ def _load(path: Path) -> Profile | None:
 
 def _megatron(path: Path) -> str | None:
     try:
-        return tomllib.loads(path.read_text())["megatron"]["commit"]
+        return str(tomllib.loads(path.read_text())["megatron"]["commit"])
     except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return None
 
@@ -236,8 +237,8 @@ def _recipe_names() -> list[str]:
     return list(recipes.declared())
 
 
-def kernel_changes(old: dict[str, dict] | None, new: dict[str, dict],
-                   code_moved: set[str]) -> list[dict]:
+def kernel_changes(old: dict[str, dict[str, Any]] | None, new: dict[str, dict[str, Any]],
+                   code_moved: set[str]) -> list[dict[str, Any]]:
     """Recipes whose cache key differs: which inputs moved (a rebuild on every node)."""
     out = []
     for name in sorted(set(old or {}) | set(new)):
@@ -255,13 +256,21 @@ def kernel_changes(old: dict[str, dict] | None, new: dict[str, dict],
     return out
 
 
-def _profile_report(name: str, base_root: Path, pages: dict, texts: tuple[str | None, str | None],
-                    key_docs: KeyDocs | None, code_moved: set[str], url: str = "") -> dict:
+def _texts(base: Path, head: Path) -> tuple[str | None, str | None]:
+    """A lock's text at the base and in the work tree (None where it does not exist)."""
+    return (base.read_text() if base.exists() else None,
+            head.read_text() if head.exists() else None)
+
+
+def _profile_report(name: str, base_root: Path, pages: dict[str, Any],
+                    texts: tuple[str | None, str | None], key_docs: KeyDocs | None,
+                    code_moved: set[str], url: str = "") -> dict[str, Any]:
     old_text, new_text = texts
     old, new = parse_lock(old_text or ""), parse_lock(new_text or "")
     head_prof = _load(REPO_ROOT / "envs" / name / PROFILE_FILE)
     base_prof = _load(base_root / "envs" / name / PROFILE_FILE)
-    python = (head_prof or base_prof).python if (head_prof or base_prof) else "3.12"
+    prof = head_prof or base_prof
+    python = prof.python if prof else "3.12"
     before = facts(old_text or "", base_prof.python if base_prof else python, pages, url)
     after = facts(new_text or "", python, pages, url)
     changes = []
@@ -272,7 +281,7 @@ def _profile_report(name: str, base_root: Path, pages: dict, texts: tuple[str | 
                         "size_old": before.get(pkg, (None, None))[0],
                         "size_new": after.get(pkg, (None, None))[0]})
     read = any(pages.get(n) is not None for n in set(old) | set(new))
-    kernels: list[dict] = []
+    kernels: list[dict[str, Any]] = []
     if key_docs and head_prof:
         new_docs = key_docs(head_prof, new.get("torch", head_prof.torch), REPO_ROOT / "patches")
         old_docs = (key_docs(base_prof, old.get("torch", base_prof.torch), base_root / "patches")
@@ -300,7 +309,7 @@ def _total(f: dict[str, tuple[int | None, str | None]]) -> int:
 
 
 def report(base: str | None, only: str | None = None, *, index_url: str | None,
-           kernel_keys: KeyDocs | None = None) -> dict:
+           kernel_keys: KeyDocs | None = None) -> dict[str, Any]:
     """The lock-diff document (format 1: docs/locks.md) for every profile, or `only` one."""
     shallow = _in_git()
     base = base or default_base(shallow)
@@ -311,9 +320,8 @@ def report(base: str | None, only: str | None = None, *, index_url: str | None,
         names = sorted({p.parent.name for r in (root, REPO_ROOT)
                         for p in (r / "envs").glob(f"*/{LOCK_FILE}")})
         names = [n for n in names if only in (None, n)]
-        texts = {n: tuple(p.read_text() if p.exists() else None
-                          for p in (root / "envs" / n / LOCK_FILE,
-                                    REPO_ROOT / "envs" / n / LOCK_FILE)) for n in names}
+        texts = {n: _texts(root / "envs" / n / LOCK_FILE, REPO_ROOT / "envs" / n / LOCK_FILE)
+                 for n in names}
         pages = read_index({p for t in texts.values() for x in t if x for p in parse_lock(x)},
                            index_url)
         code_moved = _recipe_code_moved(base) if kernel_keys else set()
@@ -335,15 +343,15 @@ def _signed(n: int) -> str:
     return ("+" if n >= 0 else "−") + mb(abs(n))
 
 
-def quiet(p: dict) -> bool:
+def quiet(p: dict[str, Any]) -> bool:
     return not (p["changes"] or p["yanked"] or p["kernels"] or p["megatron"]["moved"])
 
 
-def render(rep: dict, as_json: bool) -> str:
+def render(rep: dict[str, Any], as_json: bool) -> str:
     return json.dumps(rep, indent=2) if as_json else markdown(rep)
 
 
-def _summary_line(p: dict) -> str:
+def _summary_line(p: dict[str, Any]) -> str:
     if p.get("status") in ("added", "removed"):  # a whole profile: one line, no table
         size = p["size_after"] if p["status"] == "added" else p["size_before"]
         return (f"profile {p['status']}: {p['packages']} packages"
@@ -360,7 +368,7 @@ def _summary_line(p: dict) -> str:
     return line
 
 
-def _table(p: dict) -> list[str]:
+def _table(p: dict[str, Any]) -> list[str]:
     if not p["changes"] or p.get("status") in ("added", "removed"):
         return []
     rows = ["| package | change | old | new | size old | size new | flags |\n"
@@ -391,7 +399,7 @@ def cut(text: str, max_bytes: int, note: str) -> str:
     return "".join(kept) + "\n" + note + "\n"
 
 
-def markdown(rep: dict) -> str:
+def markdown(rep: dict[str, Any]) -> str:
     parts = []
     for p in rep["profiles"]:
         if quiet(p):

@@ -26,10 +26,11 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 from megatron_env import digest, output
 from megatron_env.errors import UserError
@@ -90,15 +91,15 @@ class _Anchors(HTMLParser):
         self._open: dict[str, str | None] | None = None
         self._text = ""
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "a":
             self._open, self._text = dict(attrs), ""
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if self._open is not None:
             self._text += data
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag == "a" and self._open is not None:
             self.found.append((self._open, self._text.strip()))
             self._open = None
@@ -227,7 +228,7 @@ def uv_default_index(text: str) -> str | None:
         return None
     for ix in data.get("index", []):
         if isinstance(ix, dict) and ix.get("default") and ix.get("url"):
-            return ix["url"]
+            return str(ix["url"])
     return data.get("index-url") or None
 
 
@@ -253,7 +254,7 @@ def installer_index(environ: Mapping[str, str] | None = None) -> str:
 # --- reading an index ------------------------------------------------------------------------
 
 
-def _open(url: str, cfg: Config, accept: str | None = None, method: str = "GET"):
+def _open(url: str, cfg: Config, accept: str | None = None, method: str = "GET") -> Any:
     """urlopen with the index's credentials (user:pass@ in its URL) as a header, not a URL."""
     parts = urllib.parse.urlsplit(url)
     headers = {"User-Agent": "megatron-env"}
@@ -263,7 +264,7 @@ def _open(url: str, cfg: Config, accept: str | None = None, method: str = "GET")
         unq = urllib.parse.unquote
         cred = f"{unq(parts.username)}:{unq(parts.password or '')}"
         headers["Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
-        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.hostname + (
+        url = urllib.parse.urlunsplit(parts._replace(netloc=(parts.hostname or "") + (
             f":{parts.port}" if parts.port else "")))
     ctx = ssl.create_default_context(cafile=cfg.cert) if cfg.cert and parts.scheme == "https" \
         else None
@@ -362,7 +363,7 @@ def _download(url: str, dest: Path, cfg: Config) -> str:
 
 
 def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | None = None,
-          echo=output.status) -> Fetched:
+          echo: Callable[[str], object] = output.status) -> Fetched:
     """`filename` of `project` written to `dest`, its sha256 checked: from a find-links
     directory, else from the first index that lists it. A yanked file is fetched (the pin
     names it by hash) and returned with its flag for the caller to name."""
