@@ -127,3 +127,78 @@ def test_a_resource_stands_in_only_at_its_pin_and_enters_the_source_digest(upstr
     assert moved.source.resources == ()  # another pin: the whole submodule from git, as before
     assert moved.source.submodules == (("3rdparty/cutlass", "https://example.invalid/cutlass.git",
                                         "d" * 40),)
+
+
+def test_a_bundle_carries_each_resource_verifies_it_and_uses_it_without_variables(
+        upstream, tmp_path, monkeypatch):
+    """What `invoke bundle` keeps of a package's resources (bundle/make.py `_resources`): one
+    file each, listed in the manifest and checked by `verify` on unpack (a changed byte is
+    refused by name); offline, `use` hands them to the build as `Given.resources`, so the tree
+    is placed with no MEGATRON_ENV_SOURCE_* set and the upstream repository gone."""
+    from megatron_env.bundle import layout, make, offline
+    from megatron_env.bundle.manifest import FORMAT, Manifest
+    from megatron_env.sources.given import Given
+
+    from .conftest import user_error
+
+    monkeypatch.setenv("MEGATRON_ENV_CACHE", str(tmp_path / "cache"))
+    tree = tree_of(upstream, tmp_path)
+    w = wheel(tmp_path)
+    sha = hashlib.sha256(w.read_bytes()).hexdigest()
+    r = Recipe("pkg", "about", "git", repo="https://example.invalid/pkg.git",
+               submodules={"3rdparty/cutlass": "https://example.invalid/cutlass.git",
+                           "3rdparty/cudnn-frontend": "https://example.invalid/fe.git"},
+               resources=(headers(upstream, tree), frontend(w, sha)))
+    pkg = recipe.resolve(r, {"commit": "c" * 40, "submodules": {
+        "3rdparty/cutlass": upstream["commit"], "3rdparty/cudnn-frontend": "e46d7082" * 5}},
+        ["9.0"])
+    monkeypatch.setenv("MEGATRON_ENV_MIRROR_CUTLASS_HEADERS", str(upstream["repo"]))
+    monkeypatch.setenv("MEGATRON_ENV_SOURCE_CUDNN_FRONTEND_HEADERS", str(w))  # the index's file
+    root = tmp_path / "bundle"
+    entries: list = []
+    carried = make._resources({"pkg": pkg}, [], root, entries, echo=lambda *_: None)
+    assert [(c["name"], c["path"]) for c in carried] == [
+        ("cutlass-headers", f"resources/cutlass-headers/cutlass-headers-{tree[:12]}.tar.gz"),
+        ("cudnn-frontend-headers", f"resources/cudnn-frontend-headers/{w.name}")]
+    files, _written = make._hashed(entries, None, [])
+    assert {f["role"] for f in files.values()} == {"resource"}
+    def manifest(**over):  # the typed manifest as `use` reads it (bundle/manifest.py)
+        d = {"format": FORMAT, "profile": dict.fromkeys(
+                 ("name", "digest", "python", "torch", "cuda"), "x"),
+             "python": "3.12", "platform": {"machine": "x86_64"}, "mode": "adopt",
+             "with_builds": False, "made_at": "now", "files": files, "resources": carried}
+        return Manifest.parse({**d, **over}, "test")
+
+    doc = manifest()
+    assert [r.path for r in doc.resources] == [c["path"] for c in carried]
+    offline.verify(root, doc)  # as made: every file matches
+    # offline: no variable, no upstream; the bundle's files are all there is
+    monkeypatch.delenv("MEGATRON_ENV_MIRROR_CUTLASS_HEADERS")
+    monkeypatch.delenv("MEGATRON_ENV_SOURCE_CUDNN_FRONTEND_HEADERS")
+    import shutil
+    shutil.rmtree(upstream["repo"])
+    offline._check_resources(doc, {"pkg": pkg}, {"pkg"})
+    given = Given(resources={r.name: root / r.path for r in doc.resources})  # as `use` does
+    src = tmp_path / "src"
+    src.mkdir()
+    for res in pkg.source.resources:
+        resources.place(res, src, echo=lambda *_: None, given=given.resource(res.name))
+    assert (src / "3rdparty/cutlass/include/sub/b.h").read_text() == "int b;\n"
+    assert (src / "3rdparty/cudnn-frontend/include/node/rope.h").exists()
+    # a tampered resource: refused by the manifest on unpack, and by its pin when placed
+    cut = root / carried[0]["path"]
+    cut.write_bytes(cut.read_bytes() + b"x")
+    with pytest.raises(UserError) as e:  # unpack.refusal (its kind is given elsewhere)
+        offline.verify(root, doc)
+    assert carried[0]["path"] in e.value.message
+    fe = root / carried[1]["path"]
+    fe.write_bytes(fe.read_bytes() + b"x")
+    with user_error("resource.sha256"):
+        resources.place(pkg.source.resources[1], src, echo=lambda *_: None,
+                        given=given.resource("cudnn-frontend-headers"))
+    # a bundle made before resources travelled is refused up front, naming what it lacks
+    with user_error("bundle.resource_missing") as e:
+        offline._check_resources(manifest(resources=[]), {"pkg": pkg}, {"pkg"})
+    assert "cutlass-headers (pkg)" in e.value.message
+    offline._check_resources(manifest(resources=[]), {"pkg": pkg}, set())  # none to build
+    assert layout.role(carried[0]["path"]) == "resource"

@@ -16,6 +16,9 @@ where nothing is reachable. Layout of an archive (and of the directory it unpack
     git/<name>-<commit>.git   bare repositories holding only the pinned commit (and its tag):
                          Megatron-LM, every git-sourced kernel package and each submodule it
                          pins (named <package>-<path>)
+    resources/<name>/    each recipe resource the profile's kernels use (recipes/recipe.py:
+                         `Resource`): the pinned wheel, or a tar.gz of the pinned paths; checked
+                         against the manifest here and against the recipe's pin when placed
     builds/<key>/        kernel wheels from the build cache for this profile (--with-builds)
 
 megatron_env.bundle.make writes it; megatron_env.bundle.offline checks and uses it.
@@ -40,7 +43,7 @@ MANIFEST = "manifest.json"
 MACHINE = "x86_64"  # the locks are made for linux x86_64 (lock.PLATFORM)
 # The places a bundle owns: nothing may lie there that its manifest does not list (source/ is
 # left out: the tool writes its checkout and cache there when run from it)
-OWNED = ("tool", "wheels", "sources", "git", "builds", "conda")
+OWNED = ("tool", "wheels", "sources", "resources", "git", "builds", "conda")
 
 
 def profile_digest(prof: Profile) -> str:
@@ -70,7 +73,8 @@ def role(arcname: str) -> str:
             return "lock" if arcname.endswith((".lock", ".yml")) else "profile"
         return "patch" if arcname.startswith("source/patches/") else "tool-source"
     return {"tool": "tool-wheel", "wheels": "env-wheel", "sources": "kernel-source",
-            "git": "git", "builds": "kernel-build", "conda": "conda-package"}.get(top, top)
+            "resources": "resource", "git": "git", "builds": "kernel-build",
+            "conda": "conda-package"}.get(top, top)
 
 
 _MAGIC = [(b"\x1f\x8b", "a gzip file"), (b"PK\x03\x04", "a zip archive"),

@@ -32,7 +32,7 @@ from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
-from megatron_env.sources import patches, repos
+from megatron_env.sources import patches, repos, resources
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
 SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
@@ -279,6 +279,79 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
             for p in sorted(root.rglob("*")) if p.is_file()]
 
 
+def _sdists(kernels: Mapping[str, build.Package], without: Iterable[str], entries: list[Entry],
+            echo) -> list[dict]:
+    """Each sdist-sourced kernel's source, fetched once into the cache (sha256 checked)."""
+    sdists = []
+    for k in kernels.values():
+        if k.source.repo or k.name in without:  # a repository (git pins), or left out
+            continue
+        echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
+        build.fetch(k, echo)  # downloads once by file name, checks the sha256; runs nothing
+        name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
+        entries.append(Entry(name, build.sdist_archive(k), ""))
+        sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
+    return sdists
+
+
+def _resources(kernels: Mapping[str, build.Package], without: Iterable[str], stage: Path,
+               entries: list[Entry], echo) -> list[dict]:
+    """Each recipe resource the kept kernels use, as one file checked against its pin (the
+    wheel by sha256, a tar.gz of the paths by git tree id): what builds them offline."""
+    carried = []
+    for k in kernels.values():
+        if k.name in without:
+            continue
+        for res in k.source.resources:
+            echo(f"{k.name}: resource {res.name} from {res.origin} ({res.digest[:19]})")
+            f = resources.carry(res, stage / "resources" / res.name, echo)
+            rel = f"resources/{res.name}/{f.name}"
+            entries.append(Entry(rel, f, ""))
+            carried.append({"name": res.name, "package": k.name, "path": rel,
+                            "digest": res.digest})
+    return carried
+
+
+def _git(prof: Profile, without: Iterable[str], kernels: Mapping[str, build.Package],
+         base: dict | None, stage: Path, entries: list[Entry], echo) -> list[dict]:
+    """A bare repository of each git pin, but those a --since base already holds."""
+    bares = []
+    for name, url, commit, tag in git_pins(prof, without, kernels):
+        rel = repo_path(name, commit)
+        bares.append({"name": name, "commit": commit, "tag": tag, "path": rel})
+        if base and any(f.startswith(rel + "/") for f in base.files):
+            echo(f"{name}: {rel} is in the base bundle")
+            continue
+        _bare_repo(name, url, commit, tag, stage / rel, echo)
+        entries += _tree(stage / rel, rel)
+    return bares
+
+
+def _hashed(entries: list[Entry], base: dict | None, bares: list[dict]
+            ) -> tuple[dict[str, dict], list[Entry]]:
+    """The manifest's files (sha256, size, role) and the entries this archive writes: those a
+    --since base does not hold already."""
+    files: dict[str, dict] = {}
+    for e in entries:
+        e.role = role(e.arcname)
+        e.sha256, e.size = digest.file_hex(e.path), e.path.stat().st_size
+        files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
+    written = []
+    for e in entries:
+        old = base.files.get(e.arcname) if base else None
+        if old and old.sha256 == e.sha256:
+            files[e.arcname]["in"] = "base"
+        else:
+            written.append(e)
+    if base:  # git repositories the base already holds: its entries stand
+        for rel in (r["path"] for r in bares):
+            for f, meta in base.files.items():
+                if f.startswith(rel + "/"):
+                    files[f] = {"sha256": meta.sha256, "size": meta.size,
+                                "role": meta.role, "in": "base"}
+    return files, written
+
+
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
          since: Path | None = None, without: Iterable[str] = (), echo=output.status) -> Made:
     """Write the bundle of `prof` to `out` (a .tar); with `since`, only what that bundle lacks.
@@ -310,47 +383,15 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
         entries += [Entry(c["path"], f, "") for c, f in zip(conda, _conda_fetch(conda, echo),
                                                             strict=True)]
-        bares, sdists = [], []
-        for k in kernels.values():
-            if k.source.repo or k.name in without:  # a repository below, or left out
-                continue
-            echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
-            build.fetch(k, echo)  # downloads once by file name, checks the sha256; runs nothing
-            arc = build.sdist_archive(k)
-            name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
-            entries.append(Entry(name, arc, ""))
-            sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
-        for name, url, commit, tag in git_pins(prof, without, kernels):
-            rel = repo_path(name, commit)
-            bares.append({"name": name, "commit": commit, "tag": tag, "path": rel})
-            if base and any(f.startswith(rel + "/") for f in base.files):
-                echo(f"{name}: {rel} is in the base bundle")
-                continue
-            _bare_repo(name, url, commit, tag, stage / rel, echo)
-            entries += _tree(stage / rel, rel)
+        sdists = _sdists(kernels, without, entries, echo)
+        carried = _resources(kernels, without, stage, entries, echo)
+        bares = _git(prof, without, kernels, base, stage, entries, echo)
         if with_builds:
             found = _builds(prof, without, kernels)
             echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]
-        files: dict[str, dict] = {}
-        for e in entries:
-            e.role = role(e.arcname)
-            e.sha256, e.size = digest.file_hex(e.path), e.path.stat().st_size
-            files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
-        written = []
-        for e in entries:
-            old = base.files.get(e.arcname) if base else None
-            if old and old.sha256 == e.sha256:
-                files[e.arcname]["in"] = "base"
-            else:
-                written.append(e)
-        if base:  # git repositories the base already holds: its entries stand
-            for rel in (r["path"] for r in bares):
-                for f, meta in base.files.items():
-                    if f.startswith(rel + "/"):
-                        files[f] = {"sha256": meta.sha256, "size": meta.size,
-                                    "role": meta.role, "in": "base"}
+        files, written = _hashed(entries, base, bares)
         manifest = {
             "format": FORMAT, "tool": {"name": "megatron-env", "version": __version__},
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -360,7 +401,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
                                                 "wheels": lock.PLATFORM},
             "mode": "adopt" if adopt else "full", "with_builds": with_builds,
             "base": manifest_digest(base) if base else None, "without": without,
-            "git": bares, "sources": sdists,
+            "git": bares, "sources": sdists, "resources": carried,
             "conda": [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda],
             "files": dict(sorted(files.items())),
         }

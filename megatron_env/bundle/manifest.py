@@ -99,6 +99,7 @@ class Manifest:
     conda: tuple[Item, ...]
     files: Mapping[str, FileEntry]
     doc: Mapping[str, Any]  # as read: its digest names this bundle in a delta chain
+    resources: tuple[Item, ...] = ()  # recipe resources (name, path, package, digest)
 
     @classmethod
     def parse(cls, doc: object, source: str) -> Manifest:
@@ -134,7 +135,8 @@ class Manifest:
                    mode, _field(doc, "with_builds", bool, ""), _field(doc, "made_at", str, ""),
                    base, tuple(without), _items(doc, "git", ("commit",)),
                    _items(doc, "sources", ("sha256",)), _items(doc, "conda", ("url",)),
-                   _files(_field(doc, "files", dict, "")), doc)
+                   _files(_field(doc, "files", dict, "")), doc,
+                   _items(doc, "resources", ("digest",)))
 
 
 def _items(doc: Mapping[str, Any], key: str, required: tuple[str, ...]) -> tuple[Item, ...]:

@@ -33,7 +33,7 @@ from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
-from megatron_env.recipes.recipe import Package
+from megatron_env.recipes.recipe import Package, source_var
 from megatron_env.sources import repos
 from megatron_env.sources.given import Given
 
@@ -227,15 +227,30 @@ def use(paths: Iterable[str | Path], profile_name: str | None,
         raise UserError(f"the bundle was made without {', '.join(missing)}: it carries no "
                         "source to build from", fix="set up with --no-builds, or bundle again "
                         f"without `--without {missing[0]}`")
+    _check_resources(doc, kernels, wanted)
     echo(f"bundle: {root}: {len(doc.files)} files match {MANIFEST} "
          f"({time.monotonic() - t0:.1f} s); "
          f"profile {prof.name}, Python {doc.python}, made {doc.made_at}")
     _cached_builds(root, doc, build_cache or build.cache_dir())
-    given = Given(mirrors={r["name"]: root / r["path"] for r in doc.git},
-                  sdists={x["name"]: root / x["path"] for x in doc.sources})
+    given = Given(mirrors={r.name: root / r.path for r in doc.git},
+                  sdists={x.name: root / x.path for x in doc.sources},
+                  resources={r.name: root / r.path for r in doc.resources})
     return Bundle(prof, root, doc, given,
                   root / "wheels" if (root / "wheels").is_dir() else None,
                   local_conda_lock(prof, root, doc.conda) if doc.conda else None, kernels)
+
+
+def _check_resources(doc: Manifest, kernels: Mapping[str, Package], wanted: set[str]) -> None:
+    """Every recipe resource of the kernels to build is in the bundle (or named by the user's
+    MEGATRON_ENV_SOURCE_ variable): refused before anything is installed, not at the build."""
+    have = {r.name for r in doc.resources}
+    lacking = sorted(f"{res.name} ({name})" for name in sorted(wanted) if name in kernels
+                     for res in kernels[name].source.resources
+                     if res.name not in have and not os.environ.get(source_var(res.name)))
+    if lacking:
+        raise UserError(f"the bundle carries no {', '.join(lacking)}: it was made by a version "
+                        "that did not carry recipe resources", kind="bundle.resource_missing",
+                        fix="make the bundle again with this version of megatron-env")
 
 
 def _cached_builds(root: Path, doc: Manifest, cache: Path) -> None:

@@ -72,7 +72,7 @@ def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
                 repos.checkout(name, repo, tag, commit, dest / path, echo=echo, given=given)
             for res in src.resources:  # pinned content in place of a submodule
                 echo(f"{pkg.name}: {res.path} from {res.origin} ({', '.join(res.take)})")
-                place_resource(res, dest, echo=echo)
+                place_resource(res, dest, echo=echo, given=given and given.resource(res.name))
             (dest / ".megatron-env-pristine").write_text(src.digest + "\n")
         return dest
     archive = sdist_archive(pkg, root)
