@@ -192,7 +192,7 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
         return 0
     if refresh and upgrade_package:
         raise UserError("--refresh moves every package; --upgrade-package moves one",
-                        fix="pass one of them")
+                        fix="pass one of them", kind="input.conflict")
     if project.how() == "shipped":  # the package's own copy: never write into site-packages
         raise UserError(f"the profiles in use are the copy shipped with the package "
                         f"({project.root()}); `lock` writes locks next to them",
@@ -227,7 +227,8 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
     from megatron_env.sources import index
 
     if markdown and json:
-        raise UserError("--markdown and --json both given", fix="pass one of them")
+        raise UserError("--markdown and --json both given", fix="pass one of them",
+                        kind="input.conflict")
     if profile:
         load_profile(profile)  # an unknown name: one clear line
     report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs,
@@ -298,7 +299,8 @@ def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
     py = Path(python).absolute() if python else env.python_of(
         Path(prefix) if prefix else env.default_prefix(prof))
     if not py.exists():
-        raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)")
+        raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)",
+                        kind="env.missing")
     return py
 
 

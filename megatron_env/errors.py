@@ -15,7 +15,7 @@ class UserError(Exception):
 
     exit_code = 2
 
-    def __init__(self, message: str, fix: str = "", *, kind: str = "") -> None:
+    def __init__(self, message: str, fix: str = "", *, kind: str) -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix

@@ -281,11 +281,13 @@ def _read_capped(path: Path) -> str:
                         kind="profile.unreadable") from None
     if len(data) > MAX_PROFILE_BYTES:
         raise UserError(f"{path} is larger than {MAX_PROFILE_BYTES // 1024} KiB: not a profile",
-                        fix="pass a profile.toml file, or a profile name (invoke profiles)")
+                        fix="pass a profile.toml file, or a profile name (invoke profiles)",
+                        kind="profile.too-large")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"{path} is not UTF-8 text", fix="pass a profile.toml file") from None
+        raise UserError(f"{path} is not UTF-8 text", fix="pass a profile.toml file",
+                        kind="profile.not-utf8") from None
 
 
 def load_file(path: Path) -> Profile:
@@ -320,7 +322,7 @@ def load(name: str | None = None, envs_dir: Path = ENVS_DIR) -> Profile:
         raise UserError(
             f"--profile {name!r} is neither a profile name nor a profile file",
             fix="pass a name (invoke profiles lists them) or a file path with a '/' that ends "
-                "in .toml (./my-profile.toml)")
+                "in .toml (./my-profile.toml)", kind="profile.bad-name")
     known = names(envs_dir)
     if name is None:
         items = [load_file(envs_dir / n / PROFILE_FILE) for n in known]
@@ -343,6 +345,7 @@ def check_default(items: list[Profile], envs_dir: Path = ENVS_DIR) -> None:
             f"{len(defaults)} profiles under {envs_dir} say default = true"
             + (f" ({', '.join(defaults)})" if defaults else "") + "; exactly one must",
             fix="set default = true in one profile.toml and remove it from the others",
+            kind="profile.default-count",
         )
 
 

@@ -56,9 +56,9 @@ def test_rehashed_manifest_passes_the_corruption_check_but_not_sha256_or_signatu
     root = offline.unpacked([tampered], lambda *_: None)
     assert b"curl evil" in (root / "source/README.md").read_bytes()
     good_sum = provenance.sum_file(good).read_text().split()[0]
-    with user_error("bundle.sha256_mismatch"):
+    with user_error("bundle.sha256-mismatch"):
         provenance.check([tampered], expect_sha256=[good_sum])
-    with user_error("bundle.bad_signature"):
+    with user_error("bundle.bad-signature"):
         provenance.check([tampered], trust=allowed)
     assert provenance.check([good], expect_sha256=[good_sum.upper()]).startswith(
         "provenance: sha256")
@@ -75,9 +75,9 @@ def test_unsigned_and_foreign_signed_bundles_are_refused_under_trust(signed, tmp
     provenance.sign(Path(other), keypair(tmp_path, "stranger"))
     with user_error("bundle.untrusted"):
         provenance.check([Path(other)], trust=allowed)
-    with user_error("bundle.trust_file"):
+    with user_error("bundle.trust-file"):
         provenance.check([good], trust=tmp_path / "nowhere")
-    with user_error("bundle.provenance_dir"):
+    with user_error("bundle.provenance-dir"):
         provenance.check([tmp_path], trust=allowed)
 
 
@@ -98,8 +98,8 @@ def test_setup_json_refusal_is_one_object_on_stdout(signed, tmp_path):
 
     good, tampered, allowed = signed
     good_sum = provenance.sum_file(good).read_text().split()[0]
-    for extra, kind in ((["--trust", str(allowed)], "bundle.bad_signature"),
-                        (["--expect-sha256", good_sum], "bundle.sha256_mismatch")):
+    for extra, kind in ((["--trust", str(allowed)], "bundle.bad-signature"),
+                        (["--expect-sha256", good_sum], "bundle.sha256-mismatch")):
         r = subprocess.run([sys.executable, "-m", "megatron_env", "setup", "--bundle",
                             str(tampered), "--only", "lock", "--json", *extra], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)

@@ -44,7 +44,7 @@ def test_colour_only_for_a_terminal_and_not_with_no_color(monkeypatch):
 def test_a_user_error_is_one_error_line_and_its_hint(capsys):
     @commands.guarded
     def broken() -> int:
-        raise UserError("profile x: bad key", fix="edit profile x")
+        raise UserError("profile x: bad key", fix="edit profile x", kind="profile.invalid")
 
     assert broken() == 2
     out, err = capsys.readouterr()

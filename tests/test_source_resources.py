@@ -197,7 +197,7 @@ def test_a_bundle_carries_each_resource_verifies_it_and_uses_it_without_variable
         resources.place(pkg.source.resources[1], src, echo=lambda *_: None,
                         given=given.resource("cudnn-frontend-headers"))
     # a bundle made before resources travelled is refused up front, naming what it lacks
-    with user_error("bundle.resource_missing") as e:
+    with user_error("bundle.resource-missing") as e:
         offline._check_resources(manifest(resources=[]), {"pkg": pkg}, {"pkg"})
     assert "cutlass-headers (pkg)" in e.value.message
     offline._check_resources(manifest(resources=[]), {"pkg": pkg}, set())  # none to build

@@ -198,7 +198,7 @@ def test_zstd_without_a_reader_is_one_clear_error(tmp_path, monkeypatch):
     f.write_bytes(zstandard.ZstdCompressor().compress(b"hello\n"))
     monkeypatch.setitem(sys.modules, "zstandard", None)
     monkeypatch.setitem(sys.modules, "compression", None)
-    with user_error("triage.zstd_missing") as e:
+    with user_error("triage.zstd-missing") as e:
         logfiles.files([f])
     assert str(f) in e.value.message and "zstandard" in e.value.fix
 
@@ -219,7 +219,7 @@ def test_directory_skips_what_it_cannot_read_and_triages_the_rest(tmp_path):
     assert got == _findings([LOGS / NAME])
     assert len(skipped) == 1 and "core" in skipped[0] and "binary" in skipped[0]
     (tmp_path / "a.log.gz").unlink()
-    with user_error("triage.empty_directory"):
+    with user_error("triage.empty-directory"):
         logfiles.files([tmp_path])
     with user_error("triage.binary"):  # named on its own, a binary file is still refused
         logfiles.files([tmp_path / "core"])

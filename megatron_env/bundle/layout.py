@@ -124,7 +124,8 @@ def truncated(path: Path) -> bool:
 def truncated_error(path: Path) -> UserError:
     return UserError(f"{path} is truncated (copy it again): its {path.stat().st_size} bytes "
                      "end inside the archive", fix="copy the bundle again from where it was "
-                     "made, and compare its size and sha256 with the original")
+                     "made, and compare its size and sha256 with the original",
+                     kind="bundle.truncated")
 
 
 def read_manifest_bytes(path: Path) -> bytes:
@@ -148,13 +149,13 @@ def read_manifest_bytes(path: Path) -> bytes:
             raise truncated_error(path) from None
         raise UserError(f"{path} is not a megatron-env bundle: it is {what_is(path)}",
                         fix="pass the .tar `invoke bundle` wrote, or the directory it was "
-                            "unpacked into") from None
+                            "unpacked into", kind="bundle.not-a-bundle") from None
     except (OSError, KeyError, tarfile.TarError) as e:
         what = (what_is(path) if path.is_file() else f"a directory without {MANIFEST}"
                 if path.is_dir() else f"unreadable ({type(e).__name__})")
         raise UserError(f"{path} is not a megatron-env bundle: it is {what}",
                         fix="pass the .tar `invoke bundle` wrote, or the directory it was "
-                            "unpacked into") from None
+                            "unpacked into", kind="bundle.not-a-bundle") from None
 
 
 def parse_manifest(path: Path, raw: bytes) -> Manifest:
@@ -171,7 +172,8 @@ def read_manifest(path: Path) -> Manifest:
     """The manifest of an archive or of an unpacked bundle directory; a truncated or foreign
     file is named as what it is."""
     if not path.exists():
-        raise UserError(f"{path} does not exist", fix="pass the bundle's path")
+        raise UserError(f"{path} does not exist", fix="pass the bundle's path",
+                        kind="bundle.missing")
     return parse_manifest(path, read_manifest_bytes(path))
 
 

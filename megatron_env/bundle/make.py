@@ -96,7 +96,8 @@ def _env_wheels(prof: Profile, echo) -> list[Path]:
     r = lock.download_wheels(lockfile, house, prof.python, on_line=progress)
     if not r.ok:
         raise UserError(f"downloading the files of {lockfile} failed: {r.tail(4)}",
-                        fix="check the package index or mirror (PIP_INDEX_URL, PIP_FIND_LINKS)")
+                        fix="check the package index or mirror (PIP_INDEX_URL, PIP_FIND_LINKS)",
+                        kind="source.unreachable")
     by_hash: dict[str, Path] = {}
     for f in house.glob("*.whl"):
         by_hash[digest.file_hex(f)] = f
@@ -108,11 +109,13 @@ def _env_wheels(prof: Profile, echo) -> list[Path]:
             continue
         if _PIP_NAME.sub("-", hit.name.split("-")[0]).lower() != name:
             raise UserError(f"{hit.name} carries a hash the lock gives {name}",
-                            fix=f"remove {house} and run `invoke bundle` again")
+                            fix=f"remove {house} and run `invoke bundle` again",
+                            kind="bundle.wheel-mismatch")
         chosen.append(hit)
     if missing:
         raise UserError(f"no file matching the lock's sha256 for: {', '.join(missing)}",
-                        fix=f"the index served other files; remove {house} and retry")
+                        fix=f"the index served other files; remove {house} and retry",
+                        kind="source.sha256")
     return chosen
 
 
@@ -126,7 +129,8 @@ def conda_packages(prof: Profile) -> list[dict]:
         import yaml
     except ImportError:
         raise UserError(f"{f} is read with PyYAML, which is not installed",
-                        fix="pip install 'megatron-env[conda]' (the conda extra)") from None
+                        fix="pip install 'megatron-env[conda]' (the conda extra)",
+                        kind="tool.no-pyyaml") from None
     try:
         doc = yaml.safe_load(f.read_text())
         out = []
@@ -139,7 +143,8 @@ def conda_packages(prof: Profile) -> list[dict]:
                         "sha256": p["hash"].get("sha256"), "md5": p["hash"].get("md5")})
     except (yaml.YAMLError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise UserError(f"{f} is not a conda-lock file ({type(e).__name__}: {e})",
-                        fix=f"run `invoke lock --profile {prof.name}` again") from None
+                        fix=f"run `invoke lock --profile {prof.name}` again",
+                        kind="lock.conda-invalid") from None
     return out
 
 
@@ -155,7 +160,8 @@ def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
         algo, want = ("sha256", p["sha256"]) if p.get("sha256") else ("md5", p.get("md5"))
         if not want:
             raise UserError(f"conda-lock.yml gives {p['name']} no sha256 or md5",
-                            fix="lock the conda layer again with conda-lock")
+                            fix="lock the conda layer again with conda-lock",
+                            kind="lock.conda-no-hash")
         dest = cache / f"{want[:16]}-{Path(p['path']).name}"
         if not (dest.exists() and digest.file_hex(dest, algo) == want):
             echo(f"conda: {i}/{len(pkgs)} downloading {Path(p['path']).name}")
@@ -166,12 +172,13 @@ def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
                 part.unlink(missing_ok=True)
                 raise UserError(f"cannot download {p['url']}: {e}",
                                 fix="lock the conda layer against a reachable channel "
-                                    f"({lock.CHANNELS_ENV}=MIRROR invoke lock)") from None
+                                    f"({lock.CHANNELS_ENV}=MIRROR invoke lock)",
+                                kind="source.unreachable") from None
             if digest.file_hex(part, algo) != want:
                 part.unlink()
                 raise UserError(f"{p['url']} does not match the {algo} in conda-lock.yml",
                                 fix="the channel serves another file: check the mirror, "
-                                    "or lock again")
+                                    "or lock again", kind="source.sha256")
             os.replace(part, dest)
         out.append(dest)
     return out
@@ -192,17 +199,19 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, ec
         if not r.ok:
             raise UserError(f"cannot fetch {name} {tag or commit} from {url}: {r.tail(2)}",
                             fix=f"set {repos.mirror_var(name)} to a reachable mirror or a "
-                                "local bare repository holding the pin")
+                                "local bare repository holding the pin", kind="source.unreachable")
     at = repos.resolve(dest, tag or commit)
     if at != commit:
         raise UserError(f"{name}: tag {tag} points at {at}, the profile pins {commit}",
-                        fix="the tag moved: check upstream and the profile's pin")
+                        fix="the tag moved: check upstream and the profile's pin",
+                        kind="source.tag-moved")
     for argv in ([*git, "update-ref", "refs/heads/pinned", commit],
                  [*git, "symbolic-ref", "HEAD", "refs/heads/pinned"],
                  [*git, "repack", "-a", "-d", "-q"]):
         r = proc.run(argv, timeout=600)
         if not r.ok:
-            raise UserError(f"{name}: preparing the bare repository failed: {r.tail(2)}")
+            raise UserError(f"{name}: preparing the bare repository failed: {r.tail(2)}",
+                            kind="bundle.repo-failed")
     for junk in ("hooks", "description", "info", "FETCH_HEAD", "logs"):
         p = dest / junk
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
@@ -229,7 +238,7 @@ def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, build
     for name in without:
         if name not in known:
             raise UserError(f"--without {name}: {prof.name} pins no kernel package of that name",
-                            fix=f"one of: {', '.join(known)}")
+                            fix=f"one of: {', '.join(known)}", kind="recipe.not-pinned")
     return sorted(set(without))
 
 
@@ -264,13 +273,15 @@ def check_out(out: Path, inputs: list[Path]) -> Path:
     out = out.absolute()
     if out.is_dir():
         raise UserError(f"--out {out} is a directory; the bundle is one file",
-                        fix=f"name a file in it: --out {out / 'bundle.tar'}")
+                        fix=f"name a file in it: --out {out / 'bundle.tar'}",
+                        kind="bundle.out-is-directory")
     for i in inputs:
         same = out.exists() and i.exists() and os.path.samefile(out, i)
         if same or out.resolve() == i.absolute().resolve():
             raise UserError(f"--out {out} is the bundle given to --since ({i}); writing it "
                             "would destroy the base the delta is made from. Nothing was changed",
-                            fix="write the delta to another file: --out delta.tar")
+                            fix="write the delta to another file: --out delta.tar",
+                            kind="bundle.out-is-base")
     return out
 
 
@@ -364,7 +375,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
     without = _left_out(prof, without, kernels)
     if problems := lock.stale(prof):
         raise UserError("; ".join(problems),
-                        fix=f"run `invoke lock --profile {prof.name}` and commit the locks first")
+                        fix=f"run `invoke lock --profile {prof.name}` and commit the locks first",
+                        kind="lock.stale")
     out = check_out(out, [since] if since else [])
     base = read_manifest(since) if since else None
     out.parent.mkdir(parents=True, exist_ok=True)

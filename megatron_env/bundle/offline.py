@@ -49,7 +49,8 @@ def _chain(docs: dict[Path, Manifest]) -> list[Path]:
         chain.append(by_digest[base])
     if not chain or set(chain) != set(paths):
         raise UserError(f"{', '.join(p.name for p in paths)} are not one bundle and its deltas",
-                        fix="pass a bundle and the deltas made from it with --since")
+                        fix="pass a bundle and the deltas made from it with --since",
+                        kind="bundle.not-a-chain")
     return chain[::-1]
 
 
@@ -64,9 +65,10 @@ def _unpacked(paths: list[Path], echo) -> tuple[Path, Manifest]:
     for p in paths:
         if p.is_dir():
             raise UserError(f"{p} is a directory: pass it alone (unpack the deltas into it)",
-                            fix=f"tar xf DELTA.tar -C {p}")
+                            fix=f"tar xf DELTA.tar -C {p}", kind="bundle.dir-in-chain")
         if not p.exists():
-            raise UserError(f"{p} does not exist", fix="pass the bundle's path")
+            raise UserError(f"{p} does not exist", fix="pass the bundle's path",
+                            kind="bundle.missing")
     raws = {p: read_manifest_bytes(p) for p in paths}
     docs = {p: parse_manifest(p, raw) for p, raw in raws.items()}
     ordered = _chain(docs)
@@ -103,7 +105,8 @@ def verify(root: Path, doc: Manifest) -> None:
     if extra:
         raise UserError(f"bundle {root} holds {len(extra)} file(s) its manifest does not list: "
                         f"{', '.join(extra[:8])}; nothing was installed",
-                        fix="remove them, or unpack the bundle again into an empty directory")
+                        fix="remove them, or unpack the bundle again into an empty directory",
+                        kind="bundle.unlisted-files")
     if changed or missing:
         raise unpack.refusal(root, changed, missing, "nothing was installed")
 
@@ -112,7 +115,8 @@ def _python_version(python: Path | str) -> str:
     r = proc.run([str(python), "-c", "import sys, platform; print('%d.%d' % sys.version_info[:2],"
                   " sys.platform, platform.machine())"], timeout=60)
     if not r.ok:
-        raise UserError(f"{python} does not run: {r.tail(2)}", fix="pass a working interpreter")
+        raise UserError(f"{python} does not run: {r.tail(2)}", fix="pass a working interpreter",
+                        kind="python.broken")
     return r.stdout.strip()
 
 
@@ -121,11 +125,13 @@ def check_serves(doc: Manifest, prof: Profile, python: Path | str | None) -> Non
     made = doc.profile
     if made.name != prof.name:
         raise UserError(f"the bundle was made for profile {made.name}, not {prof.name}",
-                        fix=f"pass --profile {made.name}, or make a bundle for {prof.name}")
+                        fix=f"pass --profile {made.name}, or make a bundle for {prof.name}",
+                        kind="bundle.profile-mismatch")
     if made.digest != profile_digest(prof):
         raise UserError(f"profile {prof.name} at {prof.dir} differs from the one the bundle was "
                         "made from (profile, locks or patches)",
-                        fix="run the tool from the bundle's own copy: cd BUNDLE/source")
+                        fix="run the tool from the bundle's own copy: cd BUNDLE/source",
+                        kind="bundle.profile-differs")
     want = f"{doc.python} linux {doc.machine}"
     if python is not None:
         got = _python_version(python)
@@ -134,10 +140,11 @@ def check_serves(doc: Manifest, prof: Profile, python: Path | str | None) -> Non
                             f"{doc.machine}; {python} is Python "
                             + got.replace(" ", " on ", 1),
                             fix=f"use a Python {doc.python} interpreter, or make a bundle for "
-                                "a profile of this Python")
+                                "a profile of this Python", kind="bundle.python-mismatch")
     elif (sys.platform, platform.machine()) != ("linux", doc.machine):
         raise UserError(f"the bundle serves linux {doc.machine}, this is "
-                        f"{sys.platform} {platform.machine()}", fix="use a bundle made for it")
+                        f"{sys.platform} {platform.machine()}", fix="use a bundle made for it",
+                        kind="bundle.platform-mismatch")
 
 
 def local_conda_lock(prof: Profile, root: Path, conda: Sequence[Item]) -> Path:
@@ -148,7 +155,7 @@ def local_conda_lock(prof: Profile, root: Path, conda: Sequence[Item]) -> Path:
         if c["url"] not in text:
             raise UserError(f"{prof.conda_lock_file} does not list {c['url']}, "
                             "which the bundle carries", fix="run the tool from the bundle's "
-                            "source/ directory")
+                            "source/ directory", kind="bundle.profile-differs")
         local = (root / c.path).as_uri()
         text = text.replace(c["url"], local + ("#" + c["url"].split("#")[1] if "#" in c["url"]
                                                else ""))
@@ -219,14 +226,14 @@ def use(paths: Iterable[str | Path], profile_name: str | None,
     check_serves(doc, prof, python)
     if doc.mode == "adopt" and python is None:
         raise UserError("this bundle carries no environment (made with --adopt): it serves an "
-                        "existing torch", fix=f"pass {adopt_flag}")
+                        "existing torch", fix=f"pass {adopt_flag}", kind="bundle.adopt-only")
     kernels = build.packages(prof)
     left_out = doc.without
     wanted = (set() if builds is None else set(kernels) if builds == "all" else {builds})
     if missing := sorted(wanted & set(left_out)):
         raise UserError(f"the bundle was made without {', '.join(missing)}: it carries no "
                         "source to build from", fix="set up with --no-builds, or bundle again "
-                        f"without `--without {missing[0]}`")
+                        f"without `--without {missing[0]}`", kind="bundle.left-out")
     _check_resources(doc, kernels, wanted)
     echo(f"bundle: {root}: {len(doc.files)} files match {MANIFEST} "
          f"({time.monotonic() - t0:.1f} s); "
@@ -249,7 +256,7 @@ def _check_resources(doc: Manifest, kernels: Mapping[str, Package], wanted: set[
                      if res.name not in have and not os.environ.get(source_var(res.name)))
     if lacking:
         raise UserError(f"the bundle carries no {', '.join(lacking)}: it was made by a version "
-                        "that did not carry recipe resources", kind="bundle.resource_missing",
+                        "that did not carry recipe resources", kind="bundle.resource-missing",
                         fix="make the bundle again with this version of megatron-env")
 
 

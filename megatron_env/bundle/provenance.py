@@ -38,7 +38,7 @@ def sign(archive: Path, key: Path) -> Path:
     """`ssh-keygen -Y sign` with the private key `key`: writes B.tar.sig."""
     if not key.is_file():
         raise UserError(f"signing key {key} does not exist", fix="pass an OpenSSH private key "
-                        "(ssh-keygen -t ed25519 -f KEY)", kind="bundle.sign_key")
+                        "(ssh-keygen -t ed25519 -f KEY)", kind="bundle.sign-key")
     sig = sig_file(archive)
     sig.unlink(missing_ok=True)  # ssh-keygen refuses to overwrite
     r = proc.run(["ssh-keygen", "-Y", "sign", "-n", NAMESPACE, "-f", str(key), str(archive)],
@@ -46,7 +46,7 @@ def sign(archive: Path, key: Path) -> Path:
     if not r.ok or not sig.is_file():
         raise UserError(f"ssh-keygen -Y sign with {key} failed: {r.tail(2)}",
                         fix="check the key (a passphrase needs ssh-agent) and ssh-keygen >= 8.1",
-                        kind="bundle.sign_failed")
+                        kind="bundle.sign-failed")
     return sig
 
 
@@ -65,7 +65,7 @@ def _signer(archive: Path, sig: Path, allowed: Path) -> str:
         raise UserError(f"{archive.name}: its signature {sig.name} does not verify "
                         f"(signer {identity}): the archive changed after it was signed; "
                         "nothing was unpacked", fix="fetch the bundle again from its maker",
-                        kind="bundle.bad_signature")
+                        kind="bundle.bad-signature")
     return identity
 
 
@@ -79,10 +79,10 @@ def check(paths: Sequence[Path], expect_sha256: Sequence[str] = (),
     if trust is not None and not trust.is_file():
         raise UserError(f"allowed-signers file {trust} does not exist",
                         fix="pass a file of `IDENTITY KEYTYPE KEY` lines (ssh-keygen(1), "
-                            "ALLOWED SIGNERS)", kind="bundle.trust_file")
+                            "ALLOWED SIGNERS)", kind="bundle.trust-file")
     if dirs := [p for p in paths if p.is_dir()]:
         raise UserError(f"{dirs[0]} is an unpacked directory: its provenance cannot be checked",
-                        fix="pass the .tar with its .sig / sha256", kind="bundle.provenance_dir")
+                        fix="pass the .tar with its .sig / sha256", kind="bundle.provenance-dir")
     want = {h.strip().lower() for h in expect_sha256}
     said = []
     for p in paths:
@@ -92,7 +92,7 @@ def check(paths: Sequence[Path], expect_sha256: Sequence[str] = (),
                 raise UserError(f"{p.name} has sha256 {got}, not the expected "
                                 f"{' or '.join(sorted(want))}: nothing was unpacked",
                                 fix="fetch the bundle again, or check the sha256 you were given",
-                                kind="bundle.sha256_mismatch")
+                                kind="bundle.sha256-mismatch")
         if trust is not None:
             sig = sig_file(p)
             if not sig.is_file():

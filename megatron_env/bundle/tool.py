@@ -29,7 +29,7 @@ def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) ->
     if not r.ok:
         raise UserError(f"cannot download {what} for Python {python}: {r.tail(4)}",
                         fix="check the package index (pip's configuration, PIP_INDEX_URL) "
-                            "or PIP_FIND_LINKS")
+                            "or PIP_FIND_LINKS", kind="source.unreachable")
 
 
 def wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...] = ()
@@ -45,7 +45,8 @@ def wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...
                      env=uv.env(SOURCE_DATE_EPOCH="315532800"), timeout=900)
         if not r.ok:
             raise UserError(f"building the megatron-env wheel failed: {r.tail(5)}",
-                            fix="the build needs setuptools and wheel from the package index")
+                            fix="the build needs setuptools and wheel from the package index",
+                            kind="bundle.tool-build-failed")
         built = next((Path(tmp) / "dist").glob("megatron_env-*.whl"))
         shutil.copy(built, dest / built.name)
     echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
@@ -72,7 +73,8 @@ def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> lis
                       "--no-header", "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
     if not r.ok:
         raise UserError(f"cannot resolve megatron-env's dependencies for Python {python}: "
-                        f"{r.tail(4)}", fix="check the package index (UV_INDEX_URL)")
+                        f"{r.tail(4)}", fix="check the package index (UV_INDEX_URL)",
+                        kind="bundle.tool-unresolvable")
     return [ln.strip() for ln in r.stdout.splitlines() if ln.strip() and ln[0].isalnum()]
 
 

@@ -108,7 +108,8 @@ def check_members(path: Path, tar: tarfile.TarFile, doc: Manifest) -> list[tarfi
     def refuse(name: str, why: str) -> UserError:
         return UserError(f"{path}: member {name} is {why}; the bundle is refused, nothing was "
                          "unpacked", fix="use the bundle as `invoke bundle` wrote it (copy it "
-                                         "again from where it was made)")
+                                         "again from where it was made)",
+                         kind="bundle.unsafe-member")
 
     try:
         members = tar.getmembers()
@@ -157,7 +158,7 @@ def _extract(paths: list[Path], docs: dict[Path, Manifest], tmp: Path, dest: Pat
         except OSError as e:
             raise UserError(f"cannot unpack {p} into {tmp.parent}: {e.strerror or e}",
                             fix="free space there, or point MEGATRON_ENV_CACHE at a writable "
-                                "directory with room") from None
+                                "directory with room", kind="bundle.unpack-failed") from None
     return sums
 
 
@@ -181,7 +182,7 @@ def refusal(where: Path | str, changed: list[str], missing: list[str], done: str
         parts.append(f"{len(missing)} missing: {', '.join(missing[:8])}")
     return UserError(f"bundle {where} does not match its manifest ({'; '.join(parts)}); {done}",
                      fix="copy the bundle again from where it was made (a delta needs its base "
-                         "unpacked first)")
+                         "unpacked first)", kind="bundle.changed")
 
 
 def discard(path: Path) -> None:

@@ -50,7 +50,7 @@ def files(paths: list[str | Path], skipped: list[str] | None = None) -> list[Pat
     in `skipped` (what and why), and the rest are read; `-` is standard input."""
     if not paths:
         raise UserError("no log given", fix="invoke triage LOG [LOG ...] (files or directories)",
-                        kind="triage.no_log")
+                        kind="triage.no-log")
     out: list[Path] = []
     for p in map(str, paths):
         if p == "-":
@@ -61,7 +61,7 @@ def files(paths: list[str | Path], skipped: list[str] | None = None) -> list[Pat
             if not matched:
                 raise UserError(f"{p} matches no file",
                                 fix="check the pattern (quoted globs are expanded here)",
-                                kind="triage.no_match")
+                                kind="triage.no-match")
             named = [Path(x) for x in matched]
         else:
             named = [Path(p)]
@@ -75,12 +75,12 @@ def _expand(p: Path, skipped: list[str] | None = None) -> list[Path]:
         st = p.stat()
     except OSError:
         raise UserError(f"{p}: no such file or directory", fix=_FIX,
-                        kind="triage.no_such_log") from None
+                        kind="triage.no-such-log") from None
     if stat.S_ISDIR(st.st_mode):
         return _directory(p, skipped if skipped is not None else [])
     if not stat.S_ISREG(st.st_mode):
         raise UserError(f"{p} is not a regular file ({_kind(st.st_mode)})", fix=_FIX,
-                        kind="triage.not_a_file")
+                        kind="triage.not-a-file")
     try:
         with _open(p) as f:
             _sniff(f.read(_SNIFF), p)
@@ -106,7 +106,7 @@ def _directory(p: Path, skipped: list[str]) -> list[Path]:
             skipped.append(e.message)
     if not out:
         raise UserError(f"{p} holds no log files" + (f" ({skipped[0]})" if skipped else ""),
-                        fix="pass the job's log files", kind="triage.empty_directory")
+                        fix="pass the job's log files", kind="triage.empty-directory")
     return out
 
 
@@ -140,7 +140,7 @@ def _zstd(buf: BinaryIO, p: Path) -> BinaryIO:
         buf.close()
         raise UserError(f"{p} is zstd-compressed and this Python has no zstd reader",
                         fix="pip install zstandard (or `zstd -dc LOG | invoke triage -`)",
-                        kind="triage.zstd_missing") from None
+                        kind="triage.zstd-missing") from None
     return zstandard.ZstdDecompressor().stream_reader(buf, closefd=True)  # type: ignore[return-value]
 
 

@@ -29,7 +29,8 @@ def script() -> ModuleType:
     """scripts/verify_nccl.py as a module (its `main` is not run)."""
     spec = importlib.util.spec_from_file_location(_NAME, SCRIPT)
     if spec is None or spec.loader is None or not SCRIPT.exists():
-        raise UserError(f"{SCRIPT} is missing", fix="restore scripts/verify_nccl.py from git")
+        raise UserError(f"{SCRIPT} is missing", fix="restore scripts/verify_nccl.py from git",
+                        kind="install.incomplete")
     module = importlib.util.module_from_spec(spec)
     sys.modules[_NAME] = module  # dataclasses and pickling look modules up by name
     spec.loader.exec_module(module)

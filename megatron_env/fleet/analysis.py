@@ -81,7 +81,8 @@ def load(root: Path) -> list[Node]:
     fix = ("pass a run directory of `invoke preflight`, or one sub-directory per host holding "
            "what `invoke collect --out DIR/<host>` writes")
     if not root.is_dir():
-        raise UserError(f"fleet directory {root} is not a directory", fix=fix)
+        raise UserError(f"fleet directory {root} is not a directory", fix=fix,
+                        kind="fleet.not-a-directory")
     nodes = []
     for sub in sorted(p for p in root.iterdir() if p.is_dir()):
         try:
@@ -91,7 +92,8 @@ def load(root: Path) -> list[Node]:
         nodes.append(Node(sub.name, snap, _json(sub / "gpu_health.json"),
                           _json(sub / "fingerprint.json")))
     if not nodes:
-        raise UserError(f"fleet directory {root} holds no node snapshot", fix=fix)
+        raise UserError(f"fleet directory {root} holds no node snapshot", fix=fix,
+                        kind="fleet.empty")
     return nodes
 
 

@@ -144,9 +144,11 @@ def allocation() -> tuple[str, int]:
     if not job or not nodes:
         raise UserError("not inside a Slurm allocation (no SLURM_JOB_ID)",
                         fix="run it under `salloc -N <nodes>` or in an sbatch script; "
-                            "`--local` checks this node alone, `--fleet DIR` analyses results")
+                            "`--local` checks this node alone, `--fleet DIR` analyses results",
+                        kind="slurm.no-allocation")
     if not proc.which("srun"):
-        raise UserError("srun is not on PATH", fix="load the Slurm client (module load slurm)")
+        raise UserError("srun is not on PATH", fix="load the Slurm client (module load slurm)",
+                        kind="tool.no-srun")
     return job, int(nodes)
 
 
@@ -207,10 +209,12 @@ def _slow_and_size(slow: str | float | None, size: str | int) -> tuple[float, in
         size = int(size)
     except ValueError as e:
         raise UserError(f"--slow {slow} / --size {size}: {e}",
-                        fix="--slow takes a fraction (0.1), --size an integer (8192)") from None
+                        fix="--slow takes a fraction (0.1), --size an integer (8192)",
+                        kind="input.value") from None
     if not 0 < slow < 1:
         raise UserError(f"--slow {slow}: expected a fraction between 0 and 1",
-                        fix="e.g. --slow 0.1 fails GPUs more than 10% below the fleet median")
+                        fix="e.g. --slow 0.1 fails GPUs more than 10% below the fleet median",
+                        kind="input.value")
     return slow, size
 
 

@@ -50,6 +50,7 @@ class Snapshot:
             raise UserError(
                 f"snapshot {path} is not a directory",
                 fix="pass a directory written by `invoke collect --out DIR`",
+                kind="snapshot.not-a-directory",
             )
         known = set(COMMANDS) | {"nvml.json", "env.txt", "meta.json"}
         if not any((path / name).exists() for name in known):
@@ -57,6 +58,7 @@ class Snapshot:
                 f"snapshot {path} holds none of the files of a snapshot "
                 f"({', '.join(sorted(known))})",
                 fix="pass a directory written by `invoke collect --out DIR`",
+                kind="snapshot.empty",
             )
         return cls(path)
 
@@ -178,15 +180,18 @@ def collect(out: Path, *, echo=output.status, force: bool = False) -> Snapshot:
     megatron_env.redact (command outputs can hold a token in a URL or a variable)."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file, not a directory",
-                        fix="pass --out a directory (new or existing) for the snapshot")
+                        fix="pass --out a directory (new or existing) for the snapshot",
+                        kind="snapshot.out-is-file")
     if (out / "meta.json").exists() and not force:
         raise UserError(f"{out} already holds a snapshot",
-                        fix="pass --force to replace it, or --out a new directory")
+                        fix="pass --force to replace it, or --out a new directory",
+                        kind="snapshot.exists")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create {out}: {e.strerror}",
-                        fix="pass --out a directory you can write") from None
+                        fix="pass --out a directory you can write",
+                        kind="path.cannot-create") from None
     files: dict[str, dict[str, Any]] = {}
     for name, argv in COMMANDS.items():
         if name == "nvcc-version.txt":

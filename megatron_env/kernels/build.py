@@ -97,7 +97,8 @@ def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
         except (tarfile.TarError, ValueError, OSError) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             raise UserError(f"cannot unpack {archive}: {e}",
-                            fix=f"remove {archive} and fetch it again") from None
+                            fix=f"remove {archive} and fetch it again",
+                            kind="source.unreadable") from None
         tops = list(tmp.iterdir())
         top = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
         (top / ".megatron-env-pristine").write_text(src.sha256 + "\n")
@@ -140,11 +141,13 @@ def _download(pkg: Package, target: Path, echo, given: Given | None) -> str:
         try:
             urllib.request.urlretrieve(url, target)
         except OSError as e:
-            raise UserError(f"cannot download {url}: {e}", fix=fix) from None
+            raise UserError(f"cannot download {url}: {e}", fix=fix,
+                            kind="source.unreachable") from None
         return url
     if url:
         if not Path(url).is_file():
-            raise UserError(f"{source_var(pkg.name)}={url}: no such file", fix=fix)
+            raise UserError(f"{source_var(pkg.name)}={url}: no such file", fix=fix,
+                            kind="source.no-such-file")
         shutil.copy(url, target)
         return url
     name = pkg.source.url or ""
@@ -435,7 +438,8 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
                       wheel], env=uv.env(**(child_env or {})), timeout=1800)
         if not r.ok:
-            raise UserError(f"installing {wheel.name} failed: {r.tail(5)}")
+            raise UserError(f"installing {wheel.name} failed: {r.tail(5)}",
+                            kind="build.install-failed")
     t_verify = time.monotonic()
     missing, facts = probe.imports(python, pkg.modules)
     echo(f"{pkg.name}: plan {t_install - t0 - (built_in or 0):.1f} s, install "
@@ -468,7 +472,8 @@ def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:
     recipes.get(which)  # an unknown name: the error lists the declared recipes
     if which not in pkgs and which in profile.kernels:
         raise UserError(f"profile {profile.name} says build = false for {which}",
-                        fix=f"remove `build = false` from [kernels.{which}] in {profile.path}")
+                        fix=f"remove `build = false` from [kernels.{which}] in {profile.path}",
+                        kind="recipe.build-disabled")
     if which not in pkgs:
         raise UserError(f"profile {profile.name} pins no {which}",
                         fix=f"add a [kernels.{which}] table to {profile.path}",

@@ -39,7 +39,8 @@ def shared_libstdcxx(build_env: dict[str, str], cache: Path) -> dict[str, str]:
         raise UserError(f"{cxx} would link libstdc++ statically into every extension (it has "
                         "no libstdc++.so) and no libstdc++.so.6 was found to link instead",
                         fix="install the compiler's libstdc++ development package "
-                            "(libstdc++-<N>-dev), or set CXX to a complete g++")
+                            "(libstdc++-<N>-dev), or set CXX to a complete g++",
+                        kind="build.no-libstdcxx")
     d = cache / "toolchain" / "libstdcxx"
     d.mkdir(parents=True, exist_ok=True)
     link = d / "libstdc++.so"

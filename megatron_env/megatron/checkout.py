@@ -89,7 +89,7 @@ def install(profile: Profile, python: Path, src: Path, echo=output.status,
         raise UserError(f"installing Megatron for {python} failed: {r.tail(8)}",
                         fix="the dataset helpers need a C++ compiler, Python headers and "
                             f"pybind11 in the environment; log: {src.parent}/{src.name}"
-                            ".install.log")
+                            ".install.log", kind="megatron.install-failed")
     return check_import(python)
 
 
@@ -98,7 +98,8 @@ def check_import(python: Path) -> dict:
     missing, facts = probe.missing_modules(python, MODULES)
     if missing or "torch" not in facts:
         raise UserError(f"{', '.join(missing) or 'torch'} does not import for {python}: "
-                        + "; ".join(facts["errors"])[-600:], fix="re-run `invoke megatron`")
+                        + "; ".join(facts["errors"])[-600:], fix="re-run `invoke megatron`",
+                        kind="megatron.import-failed")
     return facts
 
 

@@ -84,7 +84,8 @@ def gpu_count(python: str) -> int:
     r = proc.run([python, "-c", "import torch; print(torch.cuda.device_count())"], timeout=120)
     if r.missing or not r.ok:
         raise UserError(f"{python} cannot import torch: {r.tail(3)}",
-                        fix="build the environment with `invoke setup`, or pass --python")
+                        fix="build the environment with `invoke setup`, or pass --python",
+                        kind="torch.import-failed")
     return int(r.stdout.strip().splitlines()[-1])
 
 

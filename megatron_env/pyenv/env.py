@@ -99,7 +99,8 @@ def check_free_space(where: Path, echo=output.status) -> None:
         raise UserError(
             f"only {free_gb:.1f} GiB free under {where}; building an environment needs about "
             f"{need_gb:.1f} GiB (wheels unpacked beside the previous environment)",
-            fix=f"free disk space or choose another --prefix ({MIN_FREE_ENV} sets the need)")
+            fix=f"free disk space or choose another --prefix ({MIN_FREE_ENV} sets the need)",
+            kind="disk.full")
 
 
 def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
@@ -172,7 +173,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
     lockfile = profile.lock_file
     if not lockfile.exists():
         raise UserError(f"{lockfile} does not exist",
-                        fix=f"run `invoke lock --profile {profile.name}`")
+                        fix=f"run `invoke lock --profile {profile.name}`", kind="lock.missing")
     wanted = digest.of_file(lockfile)
     min_free_gb()  # a bad value is reported before anything is written
     _refuse(prefix, profile)
@@ -185,7 +186,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
         store.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"cannot create {store}: {e.strerror}",
-                        fix="choose a writable --prefix") from None
+                        fix="choose a writable --prefix", kind="path.cannot-create") from None
     sources = Sources(find_links or [], no_index, dict(child_env or {}))
     try:
         with mutex.exclusive(store / ".lock", f"waiting: another run is working on {prefix} "
@@ -243,7 +244,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
         shutil.rmtree(target, ignore_errors=True)
         raise UserError("the new environment does not match the lock: "
                         + v.text() + ". The previous one is unchanged.",
-                        fix="re-run `invoke lock`, then `invoke env`")
+                        fix="re-run `invoke lock`, then `invoke env`", kind="env.verify-failed")
     m = _record(target, profile, wanted, mode, v.facts)
     _switch(prefix, target)
     if keep and keep != target and keep.parent == store:
@@ -349,7 +350,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
         raise UserError("reinstalling from the lock still gives files that differ from their "
                         "wheel's RECORD: " + "; ".join(manifest.summarize(bad)),
                         fix=f"run `uv cache clean {' '.join(names)}` and check the package "
-                            "source (index, mirror or --find-links)")
+                            "source (index, mirror or --find-links)", kind="env.repair-failed")
 
 
 def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
@@ -362,13 +363,14 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, us
     if use_conda:
         if not (solver and conda_lock_file.exists()):
             raise UserError(f"--conda needs a conda solver and {conda_lock_file}",
-                            fix="install micromamba and run `invoke lock`")
+                            fix="install micromamba and run `invoke lock`",
+                            kind="env.conda-unavailable")
         echo(f"conda: installing {conda_lock_file.name} into {target} with {solver}")
         r = lock.conda_install(conda_lock_file, target, solver)
         if not r.ok:
             shutil.rmtree(target, ignore_errors=True)
             raise UserError(f"conda-lock install failed: {r.tail(6)}",
-                            fix="check the conda channels or mirror")
+                            fix="check the conda channels or mirror", kind="env.install-failed")
         mode = "conda"
     else:
         exe, where = lock.find_python(profile.python, python)
@@ -376,7 +378,8 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, us
         r = proc.run([uv.exe(), "venv", "--python", exe, "--no-project", target],
                      env=uv.env(**sources.child_env), timeout=300)
         if not r.ok:
-            raise UserError(f"uv venv failed: {r.tail(5)}", fix="check the interpreter")
+            raise UserError(f"uv venv failed: {r.tail(5)}", fix="check the interpreter",
+                            kind="env.venv-failed")
         mode = "uv"
     echo(f"installing {lockfile} with hashes required")
     try:

@@ -57,11 +57,11 @@ def _in_git() -> bool:
     """True in a git work tree; else one clear refusal (git missing, or not a repository)."""
     r = _git("rev-parse", "--is-shallow-repository")
     if r.missing:
-        raise UserError("git is not installed", fix="install git", kind="lockdiff.no_git")
+        raise UserError("git is not installed", fix="install git", kind="tool.no-git")
     if not r.ok:
         raise UserError(f"{REPO_ROOT} is not a git repository: lock-diff compares the locks with "
                         "those of a git revision", fix="run it in a git clone of the project "
-                        "(or pass --project CLONE)", kind="lockdiff.not_git")
+                        "(or pass --project CLONE)", kind="lockdiff.not-git")
     return r.stdout.strip() == "true"
 
 
@@ -125,7 +125,8 @@ def tree_at(base: str) -> Iterator[Path]:
                                 "--", *paths], capture_output=True, timeout=120)
             if r.returncode:
                 raise UserError(f"git archive {base}: {r.stderr.decode(errors='replace')[-200:]}",
-                                fix="pass --base REF naming a commit of this repository")
+                                fix="pass --base REF naming a commit of this repository",
+                                kind="lockdiff.base")
             with tarfile.open(fileobj=io.BytesIO(r.stdout)) as tar:
                 archive.extract(tar, Path(tmp), f"git archive {base}")
         yield Path(tmp)
@@ -177,7 +178,7 @@ def read_index(names: set[str], url: str | None) -> dict[str, list[index.IndexFi
         try:
             return index.files(name, url, cfg) or None
         except UserError as e:
-            if e.kind == "index.not_simple":  # the wrong URL, not an outage: say so
+            if e.kind == "index.not-simple":  # the wrong URL, not an outage: say so
                 raise
             return None
 

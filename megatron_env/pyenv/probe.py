@@ -117,7 +117,8 @@ def metadata(python: Path | str, *modules: str) -> dict:
     r = proc.run([str(python), "-I", "-c", _METADATA, *modules], timeout=120,
                  cwd=tempfile.gettempdir())
     if not r.ok:
-        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
+        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`",
+                        kind="python.broken")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -128,7 +129,8 @@ def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
     # run outside the checkout: "" on sys.path would show its own metadata as installed
     r = proc.run([str(python), "-c", _PROBE, *args], timeout=600, cwd=tempfile.gettempdir())
     if not r.ok:
-        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
+        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`",
+                        kind="python.broken")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -161,7 +163,8 @@ def imports(python: Path | str, modules: tuple[str, ...] | list[str]) -> tuple[l
     r = proc.run([str(python), "-c", _IMPORTS, *modules], timeout=600,
                  cwd=tempfile.gettempdir())
     if not r.ok:
-        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`")
+        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`",
+                        kind="python.broken")
     facts = json.loads(r.stdout.strip().splitlines()[-1])
     return [m for m in modules if m not in facts["imported"]], facts
 
@@ -191,7 +194,7 @@ def torch_stamp(python: Path) -> dict:
     r = proc.run([python, "-c", _STAMP], timeout=120, cwd="/")
     if not r.ok:
         raise UserError(f"{python} does not run: {r.tail(3)}",
-                        fix="build the environment first (`invoke env`)")
+                        fix="build the environment first (`invoke env`)", kind="python.broken")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -200,7 +203,8 @@ def torch_facts(python: Path) -> dict:
     r = proc.run([python, "-c", _TORCH], timeout=300, cwd="/")
     if not r.ok:
         raise UserError(f"{python} cannot import torch: {r.tail(3)}",
-                        fix="build the environment first (`invoke env`)")
+                        fix="build the environment first (`invoke env`)",
+                        kind="torch.import-failed")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -212,5 +216,6 @@ def native_archs(python: Path) -> list[str]:
     archs = r.stdout.split() if r.ok else []
     if not archs:
         raise UserError("--arch native: no GPU visible to torch here",
-                        fix="name the archs (--arch 9.0) or build on a GPU node")
+                        fix="name the archs (--arch 9.0) or build on a GPU node",
+                        kind="build.no-gpu")
     return archs

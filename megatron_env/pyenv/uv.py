@@ -22,7 +22,8 @@ def exe() -> str:
 
         return find_uv_bin()
     except (ImportError, FileNotFoundError):
-        raise UserError("uv is not installed", fix="python3 -m pip install uv") from None
+        raise UserError("uv is not installed", fix="python3 -m pip install uv",
+                        kind="tool.no-uv") from None
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -290,24 +290,27 @@ def files(project: str, index_url: str, cfg: Config | None = None) -> list[Index
         if e.code == 404:
             return []
         raise UserError(f"{mask_urls(page)}: HTTP {e.code} {e.reason}",
-                        fix="check the index URL and its credentials (pip's configuration)"
+                        fix="check the index URL and its credentials (pip's configuration)",
+                        kind="index.http-error"
                         ) from None
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {mask_urls(page)}: {getattr(e, 'reason', e)}",
-                        fix="check the index URL (PIP_INDEX_URL, pip.conf) and the network"
+                        fix="check the index URL (PIP_INDEX_URL, pip.conf) and the network",
+                        kind="source.unreachable"
                         ) from None
     if kind != "application/vnd.pypi.simple.v1+json" and not _looks_simple(kind, text):
         raise UserError(f"{mask_urls(page)} is not a simple index page (a {kind} without "
                         "PEP 503 links)", fix="point --index-url / PIP_INDEX_URL / UV_INDEX_URL "
                         "at a simple index (its URL usually ends in /simple)",
-                        kind="index.not_simple")
+                        kind="index.not-simple")
     try:
         if kind == "application/vnd.pypi.simple.v1+json":
             return parse_json(text, page)
         return parse_html(text, page)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(f"{mask_urls(page)} is not a simple API project page ({e})",
-                        fix="check the index URL (PIP_INDEX_URL, pip.conf, --index-url)"
+                        fix="check the index URL (PIP_INDEX_URL, pip.conf, --index-url)",
+                        kind="index.not-simple"
                         ) from None
 
 
@@ -403,7 +406,8 @@ def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | No
             tmp.unlink(missing_ok=True)
             raise UserError(f"cannot download {mask_urls(hit.url)}: "
                             f"{getattr(e, 'reason', e)}",
-                            fix="check the index and the network") from None
+                            fix="check the index and the network",
+                            kind="source.unreachable") from None
         if got != sha256:
             tmp.unlink()
             wrong.append(f"{mask_urls(hit.url)} (sha256 {got})")

@@ -61,7 +61,7 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
             check = proc.run(["git", "apply", "--check", "-v", "--", p], cwd=dest, timeout=120,
                              env=env)
             if check.missing:
-                raise UserError("git is not installed", fix="install git")
+                raise UserError("git is not installed", fix="install git", kind="tool.no-git")
             if not check.ok:
                 raise UserError(
                     f"patch {_show(p)} does not apply: {_where(check.output)}",
@@ -69,7 +69,7 @@ def apply_series(source: Path, dest: Path, patches: list[Path]) -> None:
                     kind="patch.apply")
             done = proc.run(["git", "apply", "-v", "--", p], cwd=dest, timeout=120, env=env)
             if not done.ok or "Skipped patch" in done.output:
-                raise UserError(f"patch {p.name} failed: {_where(done.output)}")
+                raise UserError(f"patch {p.name} failed: {_where(done.output)}", kind="patch.apply")
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise

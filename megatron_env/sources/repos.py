@@ -55,7 +55,8 @@ def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
     r = proc.run(["git", *map(str, args)], cwd=cwd, timeout=timeout,
                  env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
     if r.missing:
-        raise UserError("git is not installed", fix="install git (apt-get install git)")
+        raise UserError("git is not installed", fix="install git (apt-get install git)",
+                        kind="tool.no-git")
     return r
 
 
@@ -127,7 +128,8 @@ def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
                  commit, "--")
     if not r.ok:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"{name}: checkout of {commit} failed: {r.tail(3)}")
+        raise UserError(f"{name}: checkout of {commit} failed: {r.tail(3)}",
+                        kind="source.checkout-failed")
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(tmp, dest)

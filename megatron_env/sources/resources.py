@@ -42,7 +42,7 @@ def tree_id(root: Path, paths: tuple[str, ...]) -> str:
             r = proc.run(["git", "write-tree"], cwd=root, timeout=600, env=env)
         if r.missing:
             raise UserError("git is not installed", fix="install git (apt-get install git)",
-                            kind="resource.git_missing")
+                            kind="tool.no-git")
         if not r.ok:
             raise UserError(f"cannot hash {', '.join(paths)} under {root}: {r.tail(2)}",
                             kind="resource.hash")
