@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -32,7 +33,23 @@ def _project(d: Path, checkout: bool = False) -> Path:
     return d
 
 
-def test_project_root_order(tmp_path, monkeypatch):
+@pytest.fixture
+def outside():
+    """A fresh directory that no checkout encloses. CI's temporary directories lie inside the
+    clone (nox points TMPDIR into its session directory), where the enclosing-checkout rule would
+    rightly find the clone."""
+    for base in (Path("/var/tmp"), Path("/tmp"), Path("/dev/shm"), Path.home()):
+        if (base.is_dir() and os.access(base, os.W_OK) and ROOT not in (base, *base.parents)
+                and project._enclosing(base) is None):
+            d = Path(tempfile.mkdtemp(dir=base, prefix="megatron-env-test-"))
+            yield d
+            shutil.rmtree(d, ignore_errors=True)
+            return
+    pytest.fail("no writable directory outside a checkout")
+
+
+def test_project_root_order(outside, monkeypatch):
+    tmp_path = outside
     given, named, co = (_project(tmp_path / n, checkout=n == "co") for n in ("given", "env", "co"))
     inside = co / "envs" / "p"
     env = {project.ENV: str(named)}
@@ -198,7 +215,8 @@ def installed(wheel, tmp_path_factory) -> Path:
     return venv
 
 
-def test_installed_command_runs_from_any_directory(installed, tmp_path):
+def test_installed_command_runs_from_any_directory(installed, outside):
+    tmp_path = outside
     exe = installed / "bin" / "megatron-env"
     env = {k: v for k, v in os.environ.items() if k != project.ENV}
     run = {"cwd": tmp_path, "env": env, "capture_output": True, "text": True, "timeout": 120}

@@ -191,10 +191,11 @@ def commit_and_push(work: Path, message: str, branch: str = "main") -> None:
     git("fetch", "-q", "origin", cwd=work)
 
 
-def run(work: Path, index: Index, *args: str) -> subprocess.CompletedProcess:
+def run(work: Path, index: Index, *args: str,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(work), "UV_DEFAULT_INDEX": index.url,
            "UV_NO_CONFIG": "1", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
-           "NO_COLOR": "1"}
+           "NO_COLOR": "1", **(env or {})}
     env.pop("UV_INDEX_URL", None)
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=work, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -420,7 +421,8 @@ def test_added_profile_is_one_line_and_shallow_or_no_git_say_what_to_do(tmp_path
     assert r.returncode == 2 and "git fetch --unshallow" in r.stderr, r.stderr
     nogit = tmp_path / "nogit"
     shutil.copytree(work, nogit, ignore=shutil.ignore_patterns(".git"))
-    r = run(nogit, index, "lock-diff")
+    # CI's temporary directories lie inside its clone: git must not look above the copy
+    r = run(nogit, index, "lock-diff", env={"GIT_CEILING_DIRECTORIES": str(tmp_path)})
     assert r.returncode == 2 and "is not a git repository" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
