@@ -22,6 +22,7 @@ import os
 import re
 import stat
 import sys
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -159,12 +160,18 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
+TAIL = 200  # last lines of a file kept for how the log ends (job.stopped, a clean end)
+
+
 class Tally:
-    """What `physical` passed over without handing it on: how many lines, which ranks."""
+    """What `physical` passed over without handing it on (how many lines, which ranks), and
+    how the file ends."""
 
     def __init__(self) -> None:
         self.skipped = 0
         self.ranks: set[int] = set()
+        self.tail: deque[str] = deque(maxlen=TAIL)  # the file's last lines, hot or not
+        self.text = False  # any line that is not blank
 
 
 def physical(path: Path, hot: re.Pattern[str] | None = None,
@@ -200,6 +207,9 @@ def physical(path: Path, hot: re.Pattern[str] | None = None,
                 continue
             data, rest = data[:cut], data[cut + 1:]
             text, lines = _decode(data)
+            if tally is not None:
+                tally.tail.extend(lines[-TAIL:])
+                tally.text = tally.text or not text.isspace() and text != ""
             if hot is None:
                 yield from lines
                 continue

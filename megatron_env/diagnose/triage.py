@@ -14,10 +14,11 @@ always waiting for the one that failed.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 
-from megatron_env.diagnose import launch, nccl_log
+from megatron_env.diagnose import families, launch, nccl_log, outcome
 from megatron_env.diagnose.events import SIGNALS, XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
 from megatron_env.findings import Finding
@@ -223,6 +224,11 @@ def _op(ev: Events, es: list[dict]) -> str | None:
         next(iter(ev.collective.values())) if len(set(ev.collective.values())) == 1 else None)
 
 
+# CUDA errors that are the hardware's, not the code's (cudaErrorECCUncorrectable,
+# cudaErrorNvlinkUncorrectable, cudaErrorHardwareStackError, a GPU that is lost)
+_HARDWARE = re.compile(r"ECC|NVLink|hardware|fallen off|GPU is lost|uncorrectable", re.I)
+
+
 def _cuda(ev: Events) -> list[Finding]:
     out = []
     by_what: dict[str, list[dict]] = defaultdict(list)
@@ -239,8 +245,10 @@ def _cuda(ev: Events) -> list[Finding]:
                    "cause: `invoke build-check`; if it moves between nodes, check Xid lines")
         else:
             fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
-        out.append(Finding("job.cuda_error", "fail", f"{_who(es)} hit CUDA error: {what}",
-                           [e["line"] for e in es[:4]], fix))
+        hardware = _HARDWARE.search(what) is not None
+        out.append(Finding("job.cuda_error", "fail", f"{_who(es)} hit CUDA error: {what}"
+                           + (" (a GPU hardware fault, not the code's)" if hardware else ""),
+                           [e["line"] for e in es[:4]], fix, "hardware" if hardware else ""))
     if ev.ooms:
         o = ev.ooms[0]
         out.append(Finding(
@@ -387,36 +395,36 @@ def _ibv(ev: Events) -> list[Finding]:
     return out
 
 
-ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
+ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_error",
+         "nccl.ib_completion", "nccl.cuda", "job.cuda_oom", "job.numerics", "job.data",
          "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "nccl.ibverbs",
          "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.bootstrap",
-         "job.rendezvous",
-         "nccl.socket", "job.nccl_error", "job.root_cause",
-         "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.slurm_cancelled",
+         "job.rendezvous", "nccl.socket", "job.nccl_net", "job.nccl_error", "job.root_cause",
+         "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.scheduler",
          "nccl.net", "nccl.transport"]
 
 
+def _rank_of(f: Finding) -> tuple[int, int]:
+    rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
+    if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
+        rank = ORDER.index("job.timeout") + 1
+    if f.id == "job.signal" and f.kind in ("agent", "SIGTERM"):  # sent from outside
+        rank = ORDER.index("job.scheduler") + 1
+    return (f.status != "fail", rank)
+
+
 def findings(ev: Events) -> list[Finding]:
-    """Most likely cause first (see the module's docstring); one finding when nothing matched."""
+    """Most likely cause first (see the module's docstring), each in its family (its `kind`);
+    when no signature names a failure, the log's outcome (`outcome`): unrecognised, stopped
+    or a clean end."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
-          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev))
-
-    def key(f: Finding) -> tuple[int, int]:
-        rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
-        if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
-            rank = ORDER.index("job.timeout") + 1
-        if f.id == "job.signal" and f.summary.startswith("torchrun's agent"):  # from outside
-            rank = ORDER.index("job.slurm_cancelled") + 1
-        return (f.status != "fail", rank)
-
-    fs.sort(key=key)
-    if not any(f.status == "fail" for f in fs):
-        fs.append(Finding(
-            "job.unknown", "skip",
-            f"no known failure signature in {ev.lines} lines of {len(ev.sources)} log(s)",
-            [], f"pass the logs of every rank (srun --label, torchrun --tee 3) from a run with "
-                f"{NEXT_RUN}"))
-    return fs
+          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
+          + outcome.table(ev, skip=frozenset({"job.rendezvous"} | (
+              {"job.scheduler"} if ev.cancelled else set()))))
+    fs.sort(key=_rank_of)
+    fs += outcome.outcome(ev, any(f.status == "fail" for f in fs))
+    return [Finding(f.id, f.status, f.summary, f.evidence, f.fix,
+                    families.family(f.id, f.kind).name) for f in fs]
 
 
 def triage(lines: Iterable[Line]) -> list[Finding]:
