@@ -83,6 +83,8 @@ class _Reader:
         if line.source != self.source:
             self.source = line.source
             self.facts = ev.sources.setdefault(line.source, new_facts())
+            ev.recent.clear()
+        ev.recent.append(line)
         if line.rank is not None:
             self._tagged(line)
         if self.in_desync or self.in_stall or self.entry is not None or self.table:

@@ -66,6 +66,7 @@ class Line(NamedTuple):
     number: int  # its first physical line there (1-based)
     rank: int | None = None  # from a launcher tag (or the file's name)
     host: str | None = None
+    raw: str = ""  # its first physical line as written (the prefix may hold its time)
 
 
 def normalise(text: str, source: str = "-") -> list[Line]:
@@ -88,7 +89,7 @@ def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
         if line.__class__ is int:
             number += line
             if cur is not None:
-                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4])
             cur, prev_full = None, False
             continue
         number += 1
@@ -103,12 +104,12 @@ def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
                 cur[0] = cur[0] + glue + body.lstrip() if glue else cur[0] + body
         else:
             if cur is not None:
-                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
-            cur = [body, number, rank if rank is not None else default_rank, host]
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4])
+            cur = [body, number, rank if rank is not None else default_rank, host, line]
         # a wrapped line fills the width with text; a padded one ends in spaces
         prev_full = width is not None and len(line) == width and line[-2:] != "  "
     if cur is not None:
-        yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
+        yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4])
 
 
 def tagged_ranks(text: str) -> set[int]:

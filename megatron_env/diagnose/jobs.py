@@ -31,7 +31,8 @@ def merge(evs: list[Events]) -> Events:
     for ev in evs:
         offset = out.lines
         for f in fields(Events):
-            if f.name.startswith("_") or f.name in ("lines", "nccl", "job", "current", "tail"):
+            if f.name.startswith("_") or f.name in ("lines", "nccl", "job", "current", "tail",
+                                                         "recent"):
                 continue
             have, more = getattr(out, f.name), getattr(ev, f.name)
             if isinstance(have, list):

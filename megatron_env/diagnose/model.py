@@ -6,6 +6,7 @@ printed). Pure data and small helpers; nothing here reads a log."""
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
 from megatron_env.diagnose import nccl_log
@@ -23,6 +24,7 @@ XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU s
         120: "GSP error"}
 
 
+RECENT = 48  # lines read before an event searched for its time (a traceback's head)
 CAP = 2000  # events kept of one kind: a week of logs repeats the same few many times
 _NCCL_BATCH = 5000  # NCCL lines analysed together (verify_nccl.py's analysis), then merged
 # NCCL's "host:pid:tid [dev]" origin, found by its literal part (a search for the host name
@@ -134,6 +136,7 @@ class Events:
     tail: dict = field(default_factory=dict)  # the logs' last lines (jobs.read: `end_state`)
     lines: int = 0
     current: Line | None = None  # the line being read (`add` places its events there)
+    recent: deque[Line] = field(default_factory=lambda: deque(maxlen=RECENT))
     _batch: list[str] = field(default_factory=list)
     _seen: set = field(default_factory=set)
 
@@ -150,8 +153,11 @@ class Events:
 
     def at(self, line: Line) -> dict:
         """Where an event stands: its file, line number, order of reading and own time."""
-        return {"source": line.source, "number": line.number, "seq": self.lines,
-                "time": stamp(line.text)}
+        time = stamp(line.raw or line.text)
+        if time is None:  # a traceback's last line: the time of its rank's last stamped line
+            time = next((t for x in reversed(self.recent) if x.rank == line.rank
+                         and (t := stamp(x.raw or x.text))), None)
+        return {"source": line.source, "number": line.number, "seq": self.lines, "time": time}
 
     def nccl_line(self, text: str) -> None:
         self._batch.append(text)

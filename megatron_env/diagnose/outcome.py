@@ -73,6 +73,14 @@ def _who(items: list[dict]) -> str:
     return out
 
 
+def _placed(x: dict) -> str:
+    """An evidence line with who printed it and when, where the log said."""
+    who = " on ".join(w for w in (f"rank {x['rank']}" if x.get("rank") is not None else "",
+                                  x.get("host") or "") if w)
+    head = ", ".join(w for w in (who, x.get("time") or "") if w)
+    return f"{head}: {x['line']}" if head else x["line"]
+
+
 def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
     """One finding per id of the table's hits: what happened first (in time) first."""
     by_id: dict[str, list[dict]] = defaultdict(list)
@@ -90,7 +98,7 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
         out.append(Finding(
             fid, "fail", f"{whats[0]}" + (f" ({who})" if who else "")
             + (f"; also: {'; '.join(whats[1:3])}" if len(whats) > 1 else ""),
-            [h["line"] for h in hs[:4]], fix, h0["kind"]))
+            [_placed(h) for h in hs[:4]], fix, h0["kind"]))
     return out
 
 
