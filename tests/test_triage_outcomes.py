@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_env.diagnose import families, jobs, joblog, triage
+from megatron_env.diagnose import families, joblog, jobs, triage
 
 from .conftest import FIXTURES
 

@@ -15,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron_env.diagnose import events as events_mod
-from megatron_env.diagnose import model
-from megatron_env.diagnose import joblog, jobs, launch, logfiles, triage
+from megatron_env.diagnose import joblog, jobs, launch, logfiles, model, triage
 
 from .conftest import FIXTURES, user_error
 
