@@ -245,6 +245,80 @@ TUNE = {
         "re:(?m)^job\\.(scheduler|oom_killer) fail ",
         "re:(?i)low on resource: memory|evict",
     ],
+    'port-in-use-eaddrinuse-code98-msswift3988.log': [
+        "id:job.rendezvous",
+        "29500",
+        "EADDRINUSE",
+    ],
+    'port-in-use-eaddrinuse-second-run-vlmr1-289.log': [
+        "id:job.rendezvous",
+        "29500",
+    ],
+    'heartbeat-keepalive-timer-thread-exception-pytorch62029.log': [
+        "id:job.rendezvous",
+        "re:(?i)keep.?alive",
+    ],
+    'store-get-unique-id-socket-timeout-title-nccl845.log': [
+        "id:job.rendezvous",
+        "rank 3",
+        "not:rank 1 ",
+    ],
+    'store-get-unique-id-backtrace-test-plan-pytorch68597.log': [
+        "id:job.rendezvous",
+        "rank 3",
+        "not:rank 4",
+    ],
+    'store-recvvalue-reset-rank-prefix-k8s-sglang20859.log': [
+        "id:job.rendezvous",
+        "sglang-0.default.pod.transwarp.local",
+        "20000",
+        "re:ranks? [^|\\n]*8",
+    ],
+    'store-connection-reset-init-sequence-number-pytorch74146.log': [
+        "id:job.rendezvous",
+        "192.168.1.2",
+        "re:(?i)connection reset",
+    ],
+    'numerics-grad-norm-nan-megatron-iterations-megatrondeepspeed396.log': [
+        "id:job.numerics",
+        "re:(?i)grad norm: nan|nan",
+        "5426",
+    ],
+    'numerics-overflow-scale-falling-progress-llamaalpaca534.log': [
+        "id:job.numerics",
+        "re:(?i)loss scale|overflow",
+    ],
+    'numerics-loss-scale-stuck-at-1-zero2-transformers14531.log': [
+        "id:job.numerics",
+        "re:(?i)loss scale",
+    ],
+    'numerics-anomaly-solvebackward-nan-pytorch37712.log': [
+        "id:job.numerics",
+        "SolveBackward",
+    ],
+    'framework-deepspeed-batch-assert-rich-box-starcoder77.log': [
+        "re:(?m)^job\\.\\w+ fail .*(?i:batch|assert)",
+        "64",
+    ],
+    'data-unidentified-image-worker-0-translatingmaps27.log': [
+        "id:job.data",
+        "re:(?i)cannot identify image",
+    ],
+    'mpirun-exited-on-signal-9-dashes-relion112.log': [
+        "id:job.signal",
+        "rank 4",
+    ],
+    'mpiexec-signal-6-aborted-total-killed-adda151.log': [
+        "id:job.signal",
+        "rank 0",
+        "proton",
+        "re:SIGABRT|signal 6|Aborted",
+    ],
+    'mpirun-primary-job-rank1-signal-9-redacted-awareofhistory2.log': [
+        "id:job.signal",
+        "rank 1",
+        "not:clean",
+    ],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -404,11 +478,86 @@ HELDOUT = {
         "0000:03:00.0",
         "cn-234",
     ],
+    'rendezvous-host-not-found-tcpstore-examples540.log': [
+        "id:job.rendezvous",
+        "re:(?i)name or service not known|host not found",
+    ],
+    'rendezvous-gai-temporary-failure-name-resolution-grendelgs9.log': [
+        "id:job.rendezvous",
+        "53821",
+        "re:(?i)name resolution",
+    ],
+    'rendezvous-gloo-unable-to-find-address-pipedream32.log': [
+        "id:job.rendezvous",
+        "dgx-1.ai",
+    ],
+    'mpirun-ssh-could-not-resolve-orte-torchpack24.log': [
+        "id:job.rendezvous",
+        "localhost:3",
+    ],
+    'port-in-use-errno98-one-line-tuneavideo90.log': [
+        "id:job.rendezvous",
+        "29500",
+        "re:(?i)address already in use|EADDRINUSE",
+    ],
+    'heartbeat-keep-alive-failed-python-logging-colossalai2748.log': [
+        "id:job.rendezvous",
+        "colossalai-default-job",
+        "re:(?i)heartbeat|keep-alive",
+    ],
+    'heartbeat-keep-alive-sigterm-quoted-pytorch67742.log': [
+        "id:job.rendezvous",
+        "docker.b_3427_0",
+        "first:job.rendezvous",
+    ],
+    'numerics-mulbackward-nan-reversed-frames-pointnerf91.log': [
+        "id:job.numerics",
+        "MulBackward0",
+    ],
+    'framework-megatron-assert-vocab-divisible-paimegatron103.log': [
+        "re:(?m)^job\\.\\w+ fail .*(?i:assert|divisible)",
+        "151851",
+        "not:job.unknown",
+    ],
+    'framework-deepspeed-batch-assert-rank-prefix-deepspeed6914.log': [
+        "re:(?m)^job\\.\\w+ fail .*(?i:batch|assert)",
+        "rank 0",
+        "8 != 2 * 1 * 1",
+    ],
+    'data-caught-oserror-worker-mpirun-timestamp-deit76.log': [
+        "id:job.data",
+        "rank 0",
+        "not:rank 3",
+    ],
+    'mpirun-exited-on-signal-9-echo-137-ompi2661.log': [
+        "id:job.signal",
+        "rank 0",
+        "host01",
+        "re:SIGKILL|signal 9",
+    ],
+    'mpich-bad-termination-exit-code-9-hydra-cbiocluster256.log': [
+        "id:job.signal",
+        "re:(?i)exit code:? 9|SIGKILL",
+        "cpu-6-2.local",
+    ],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 
 # held-out logs of the third batch (issue 35), not triaged until their one measurement
 NOT_YET_MEASURED = {
+    'mpich-bad-termination-exit-code-9-hydra-cbiocluster256.log',
+    'mpirun-exited-on-signal-9-echo-137-ompi2661.log',
+    'data-caught-oserror-worker-mpirun-timestamp-deit76.log',
+    'framework-deepspeed-batch-assert-rank-prefix-deepspeed6914.log',
+    'framework-megatron-assert-vocab-divisible-paimegatron103.log',
+    'numerics-mulbackward-nan-reversed-frames-pointnerf91.log',
+    'heartbeat-keep-alive-sigterm-quoted-pytorch67742.log',
+    'heartbeat-keep-alive-failed-python-logging-colossalai2748.log',
+    'port-in-use-errno98-one-line-tuneavideo90.log',
+    'mpirun-ssh-could-not-resolve-orte-torchpack24.log',
+    'rendezvous-gloo-unable-to-find-address-pipedream32.log',
+    'rendezvous-gai-temporary-failure-name-resolution-grendelgs9.log',
+    'rendezvous-host-not-found-tcpstore-examples540.log',
     'gpu-pcie-aer-nvidia-smi-unknown-error-returnn1486.log',
     'killed-bare-after-iterations-fastmaskrcnn172.log',
     'numerics-loss-scale-minimum-one-line-firefly68.log',

@@ -36,6 +36,22 @@ def test_every_log_has_its_source_and_split():
 # change this half exists for makes them pass, and strict xfail makes a passing one fail until it
 # is taken off this list.
 NOT_YET_TUNED = {
+    "mpirun-primary-job-rank1-signal-9-redacted-awareofhistory2.log",
+    "mpiexec-signal-6-aborted-total-killed-adda151.log",
+    "mpirun-exited-on-signal-9-dashes-relion112.log",
+    "data-unidentified-image-worker-0-translatingmaps27.log",
+    "framework-deepspeed-batch-assert-rich-box-starcoder77.log",
+    "numerics-anomaly-solvebackward-nan-pytorch37712.log",
+    "numerics-loss-scale-stuck-at-1-zero2-transformers14531.log",
+    "numerics-overflow-scale-falling-progress-llamaalpaca534.log",
+    "numerics-grad-norm-nan-megatron-iterations-megatrondeepspeed396.log",
+    "store-connection-reset-init-sequence-number-pytorch74146.log",
+    "store-recvvalue-reset-rank-prefix-k8s-sglang20859.log",
+    "store-get-unique-id-backtrace-test-plan-pytorch68597.log",
+    "store-get-unique-id-socket-timeout-title-nccl845.log",
+    "heartbeat-keepalive-timer-thread-exception-pytorch62029.log",
+    "port-in-use-eaddrinuse-second-run-vlmr1-289.log",
+    "port-in-use-eaddrinuse-code98-msswift3988.log",
     "k8s-eviction-node-low-memory-kubeflow1261.log",
     "killed-bash-job-control-line-argo8981.log",
     "k8s-exit-137-kubectl-exec-jupyter736.log",
