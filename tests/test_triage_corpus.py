@@ -36,6 +36,13 @@ def test_every_log_has_its_source_and_split():
 # change this half exists for makes them pass, and strict xfail makes a passing one fail until it
 # is taken off this list.
 NOT_YET_TUNED = {
+    "srun-task-0-killed-force-terminated-arjuna48.log",
+    "ray-raylet-workers-killed-memory-pressure-wrapped-wmpo3.log",
+    "accelerate-calledprocesserror-exit-1-macos-sdscripts1354.log",
+    "user-code-nameerror-deepspeed-launcher-rc0-deepspeed618.log",
+    "stop-fsdp-fingerprint-then-nccl-init-hang-nccl1160.log",
+    "stop-megatron-nccl-init-info-then-nothing-nccl997.log",
+    "hw-ib-async-event-port-error-nccl905.log",
     "mpirun-primary-job-rank1-signal-9-redacted-awareofhistory2.log",
     "mpiexec-signal-6-aborted-total-killed-adda151.log",
     "mpirun-exited-on-signal-9-dashes-relion112.log",
