@@ -358,6 +358,40 @@ TUNE = {
         "c002",
         "not:rank 0",
     ],
+    'lightning-slurm-time-limit-sigterm-bypassed-lightning20542.log': [
+        "first:job.scheduler",
+        "55595933",
+        "maestro-3017",
+    ],
+    'k8s-get-pods-crashloopbackoff-katib1112.log': [
+        "not:clean",
+        "re:(?i)CrashLoopBackOff",
+    ],
+    'sigill-illegal-instruction-after-pretrained-load-hrnet150.log': [
+        "not:clean",
+        "re:(?i)illegal instruction|SIGILL",
+    ],
+    'torchrun-table-sigabrt-odd-ranks-ec2-vlmevalkit1131.log': [
+        "id:job.signal",
+        "SIGABRT",
+        "re:ranks? [^|\\n]*1[^|\\n]*3[^|\\n]*5[^|\\n]*7",
+        "ip-172-31-21-134.ec2.internal",
+    ],
+    'torchrun-python-logging-exitcode-6-colossalai1400.log': [
+        "id:job.signal",
+        "local rank 0",
+        "SIGABRT",
+        "not:job.cuda_oom",
+    ],
+    'deepspeed-launcher-kills-four-local-rank-3-cut-llamafactory2061.log': [
+        "not:clean",
+        "local rank 3",
+        "not:job.unknown",
+    ],
+    'data-tokenizer-textencodeinput-title-happytransformer323.log': [
+        "not:clean",
+        "TextEncodeInput",
+    ],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -649,11 +683,61 @@ HELDOUT = {
         "not:clean",
         "re:(?i)job step aborted|timed out waiting",
     ],
+    'k8s-operator-error-pod-exitcode-1-kubeflowtrainer2008.log': [
+        "not:clean",
+        "pytorch-simple-worker-0",
+    ],
+    'sigfpe-zsh-floating-point-exception-pytorch44547.log': [
+        "not:clean",
+        "re:(?i)floating point exception|SIGFPE",
+        "not:rank 20121",
+    ],
+    'comm-nccl-socket-reset-k8s-timestamps-nccl1920.log': [
+        "re:(?m)^\\S+ fail .*(?i:connection reset|socket)",
+        "10.44.137.149",
+        "gpu-server320",
+    ],
+    'comm-watchdog-quoted-reduce-scatter-four-ranks-nccl1111.log': [
+        "id:job.timeout",
+        "_REDUCE_SCATTER_BASE",
+        "SeqNum 1559",
+        "re:ranks? [^|\\n]*64",
+    ],
+    'torchrun-table-sigabrt-ranks-1-2-root-0-mmseg3106.log': [
+        "id:job.signal",
+        "rank 0",
+        "SIGABRT",
+        "neptun.informatik.uni-kl.de",
+    ],
+    'user-code-keyerror-two-ranks-interleaved-doctamper87.log': [
+        "not:clean",
+        "KeyError",
+        "local rank 0",
+        "not:job.unknown",
+    ],
+    'user-code-keyerror-rank-env-animatediff306.log': [
+        "not:clean",
+        "re:KeyError: .RANK.",
+        "not:job.rendezvous",
+    ],
+    'deepspeed-launcher-after-see-memory-usage-cut-deepspeed3160.log': [
+        "not:clean",
+        "local rank 0",
+        "not:job.cuda_oom",
+    ],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 
 # held-out logs of the third batch (issue 35), not triaged until their one measurement
 NOT_YET_MEASURED = {
+    'deepspeed-launcher-after-see-memory-usage-cut-deepspeed3160.log',
+    'user-code-keyerror-rank-env-animatediff306.log',
+    'user-code-keyerror-two-ranks-interleaved-doctamper87.log',
+    'torchrun-table-sigabrt-ranks-1-2-root-0-mmseg3106.log',
+    'comm-watchdog-quoted-reduce-scatter-four-ranks-nccl1111.log',
+    'comm-nccl-socket-reset-k8s-timestamps-nccl1920.log',
+    'sigfpe-zsh-floating-point-exception-pytorch44547.log',
+    'k8s-operator-error-pod-exitcode-1-kubeflowtrainer2008.log',
     'srun-timed-out-waiting-for-step-glued-prompt-pyscenic456.log',
     'srun-job-credential-expired-trixie58.log',
     'slurm-cgroup-oom-kill-events-batch-pybnf118.log',

@@ -36,6 +36,13 @@ def test_every_log_has_its_source_and_split():
 # change this half exists for makes them pass, and strict xfail makes a passing one fail until it
 # is taken off this list.
 NOT_YET_TUNED = {
+    "data-tokenizer-textencodeinput-title-happytransformer323.log",
+    "deepspeed-launcher-kills-four-local-rank-3-cut-llamafactory2061.log",
+    "torchrun-python-logging-exitcode-6-colossalai1400.log",
+    "torchrun-table-sigabrt-odd-ranks-ec2-vlmevalkit1131.log",
+    "sigill-illegal-instruction-after-pretrained-load-hrnet150.log",
+    "k8s-get-pods-crashloopbackoff-katib1112.log",
+    "lightning-slurm-time-limit-sigterm-bypassed-lightning20542.log",
     "srun-task-0-killed-force-terminated-arjuna48.log",
     "ray-raylet-workers-killed-memory-pressure-wrapped-wmpo3.log",
     "accelerate-calledprocesserror-exit-1-macos-sdscripts1354.log",
