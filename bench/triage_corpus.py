@@ -392,6 +392,14 @@ TUNE = {
         "not:clean",
         "TextEncodeInput",
     ],
+    'hw-nvlink-uncorrectable-terminate-two-whats-pytorch58155.log': [
+        "id:job.hardware",
+        "re:(?i)NVLink",
+    ],
+    'stop-waveglow-slurm-64gpu-nvlog-epoch-434-waveglow160.log': [
+        "id:job.stopped",
+        "re:434",
+    ],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -725,11 +733,21 @@ HELDOUT = {
         "local rank 0",
         "not:job.cuda_oom",
     ],
+    'clean-training-finished-costs-seconds-deepsignal41.log': [
+        "clean",
+        "not:job.stopped",
+    ],
+    'clean-lightning-rich-bar-max-epochs-title-anomalib2141.log': [
+        "clean",
+        "not:job.stopped",
+    ],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 
 # held-out logs of the third batch (issue 35), not triaged until their one measurement
 NOT_YET_MEASURED = {
+    'clean-lightning-rich-bar-max-epochs-title-anomalib2141.log',
+    'clean-training-finished-costs-seconds-deepsignal41.log',
     'deepspeed-launcher-after-see-memory-usage-cut-deepspeed3160.log',
     'user-code-keyerror-rank-env-animatediff306.log',
     'user-code-keyerror-two-ranks-interleaved-doctamper87.log',
