@@ -400,6 +400,14 @@ TUNE = {
         "id:job.stopped",
         "re:434",
     ],
+    'k8s-describe-last-state-oomkilled-137-gimlet649.log': [
+        "id:job.oom_killer",
+        "OOMKilled",
+    ],
+    'k8s-describe-oomkilled-exit-code-0-kubernetes131530.log': [
+        "id:job.oom_killer",
+        "not:clean",
+    ],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -741,11 +749,22 @@ HELDOUT = {
         "clean",
         "not:job.stopped",
     ],
+    'k8s-describe-last-state-exit-137-reason-error-fontbakery100.log': [
+        "id:job.signal",
+        "137",
+    ],
+    'scheduler-preempt-requested-terminate-exit-zero-determined4114.log': [
+        "not:job.signal",
+        "not:job.oom_killer",
+        "not:job.unknown",
+    ],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 
 # held-out logs of the third batch (issue 35), not triaged until their one measurement
 NOT_YET_MEASURED = {
+    'scheduler-preempt-requested-terminate-exit-zero-determined4114.log',
+    'k8s-describe-last-state-exit-137-reason-error-fontbakery100.log',
     'clean-lightning-rich-bar-max-epochs-title-anomalib2141.log',
     'clean-training-finished-costs-seconds-deepsignal41.log',
     'deepspeed-launcher-after-see-memory-usage-cut-deepspeed3160.log',
