@@ -758,11 +758,22 @@ HELDOUT = {
         "not:job.oom_killer",
         "not:job.unknown",
     ],
+    'deepspeed-launcher-rc-minus-9-local-rank-1-one-line-chatglmft67.log': [
+        "id:job.signal",
+        "local rank 1",
+        "SIGKILL",
+    ],
+    'sigterm-fatal-signal-handler-then-exit-success-dd4hep1468.log': [
+        "not:clean",
+        "SIGTERM",
+    ],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
 
 # held-out logs of the third batch (issue 35), not triaged until their one measurement
 NOT_YET_MEASURED = {
+    'sigterm-fatal-signal-handler-then-exit-success-dd4hep1468.log',
+    'deepspeed-launcher-rc-minus-9-local-rank-1-one-line-chatglmft67.log',
     'scheduler-preempt-requested-terminate-exit-zero-determined4114.log',
     'k8s-describe-last-state-exit-137-reason-error-fontbakery100.log',
     'clean-lightning-rich-bar-max-epochs-title-anomalib2141.log',
