@@ -4,10 +4,10 @@
 The facts are tests/fixtures/job-logs/EXPECT.md's, written here as checks on the findings'
 text (`id status summary | evidence...`): `id:X` asks for a failing finding X, a plain string
 or `re:` pattern must appear, a `not:` one must not; `clean` asks for no failing finding at all
-(a log of a run that ended normally: a triage that calls every log a failure misses it). The checks of the held-out logs were
-written from EXPECT.md before the tool was run on those logs; they are not to be changed to
-fit what it prints. NOT_YET_MEASURED names the held-out logs whose one measurement has not
-been taken yet: the tests leave them alone until then.
+(a log of a run that ended normally: a triage that calls every log a failure misses it). The
+checks of the held-out logs were written from EXPECT.md before the tool was run on those logs;
+they are not to be changed to fit what it prints. NOT_YET_MEASURED names the held-out logs
+whose one measurement has not been taken yet: the tests leave them alone until then.
 
     python bench/triage_corpus.py --split heldout     # per-log hits and misses, then a score
 """
