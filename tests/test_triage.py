@@ -144,7 +144,7 @@ def test_torchrun_root_cause_exit_code_and_host():
     _, f = run("torchrun-root-cause-minigpt4-237.log")
     r = f["job.root_cause"]
     assert r.summary == ("torchrun's first observed failure: rank 0 (local rank 0) on host "
-                         "n136-117-136.byted.org (pid 78970), exit code 1")
+                         "n136-117-136.byted.org (pid 78970), exit code 1; failed: ranks 0 and 1")
     assert "also failed: rank 1 on n136-117-136.byted.org, exit code 1" in r.evidence
 
 

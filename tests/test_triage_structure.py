@@ -83,7 +83,7 @@ def test_torchrun_table_sigbus_root_cause_with_pid():
     _, f = run("sigbus-torchrun-table-openocr71.log")
     r = f["job.root_cause"]
     assert r.summary == ("torchrun's first observed failure: rank 0 (local rank 0) on host "
-                         "server (pid 467397), killed by signal SIGBUS (exit code -7)")
+                         "server (pid 467397), killed by signal SIGBUS (exit code -7); failed: ranks 0 and 1")
     assert "/dev/shm" in r.fix
 
 

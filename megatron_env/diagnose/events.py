@@ -138,7 +138,7 @@ class _Reader:
         """One process of torchrun's failure table, read."""
         if self.entry is not None and len(self.entry) > 1:
             f = failure(self.entry)
-            self.ev.add("failures", f)
+            sig_proc.failed(self.ev, f)
             if f["rank"] is not None:
                 self.ev.job.note(f["rank"], f["host"], f["pid"])
         self.entry = None

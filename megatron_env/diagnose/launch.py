@@ -49,7 +49,7 @@ def rendezvous(ev: Events) -> list[Finding]:
         return []
     items = in_time_order(ev.rendezvous + hits)
     r = first(items)
-    store = next((x["store"] for x in ev.rendezvous if x["store"]), None) or next(
+    store = next((x["store"] for x in items if x.get("store")), None) or next(
         iter(ev.stores), None)
     failed = [x for x in items if x.get("rank") is not None or x.get("host")]
     rs = sorted({x["rank"] for x in failed if x.get("rank") is not None})
@@ -174,7 +174,8 @@ def signals(ev: Events) -> list[Finding]:
             "job.signal", "fail",
             f"{_subject(ev, ss)} killed by {name}" + (f" ({what})" if what != name else "")
             + (f", exit code {code}" if code is not None else ""),
-            [s["line"] for s in ss[:4]], fix, "agent" if agent else name))
+            [s["line"] for s in ss[:4]], fix,
+            "agent" if agent else "launcher" if any(s.get("table") for s in ss) else name))
     return out
 
 

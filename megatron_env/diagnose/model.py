@@ -148,7 +148,9 @@ class Events:
         if key is not None:
             self._seen.add((kind, *key))
         if isinstance(item, dict) and "seq" not in item and self.current is not None:
-            item.update(self.at(self.current))
+            for k, v in self.at(self.current).items():
+                if item.get(k) is None:
+                    item[k] = v
         items.append(item)
 
     def at(self, line: Line) -> dict:

@@ -81,6 +81,15 @@ def _placed(x: dict) -> str:
     return f"{head}: {x['line']}" if head else x["line"]
 
 
+def _own_errors(ev: Events, what: str) -> list[str]:
+    """The exception a finding names, as its own traceback ended (a DataLoader worker's
+    "Caught X in DataLoader worker" is followed by the worker's traceback, whose last line
+    says which sample and why)."""
+    return list(dict.fromkeys(
+        x["line"] for x in ev.failing if x["kind"] == "exception" and x["name"] in what
+        and "Caught " not in x["line"]))[:2]
+
+
 def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
     """One finding per id of the table's hits: what happened first (in time) first."""
     by_id: dict[str, list[dict]] = defaultdict(list)
@@ -98,7 +107,7 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
         out.append(Finding(
             fid, "fail", f"{whats[0]}" + (f" ({who})" if who else "")
             + (f"; also: {'; '.join(whats[1:3])}" if len(whats) > 1 else ""),
-            [_placed(h) for h in hs[:4]], fix, h0["kind"]))
+            [_placed(h) for h in hs[:4]] + _own_errors(ev, whats[0]), fix, h0["kind"]))
     return out
 
 

@@ -67,7 +67,18 @@ def _endpoint(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None
 
 
 
+_INIT_METHOD = re.compile(r"tcp://\[?([\w.:-]+?)\]?:(\d{2,5})\b")
+
+
+def _init_method(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    """init_process_group's `tcp://host:port`: where the store is."""
+    if (m := _INIT_METHOD.search(t)) and (s := f"{m.group(1)}:{m.group(2)}") not in ev.stores \
+            and len(ev.stores) < 16:
+        ev.stores.append(s)
+
+
 READERS = [
+    ("tcp://", _init_method),
     ("Dist", _rendezvous), ("Rendezvous", _rendezvous), ("connect to", _store_line),
     ("Connection to", _store_line), ("TCPStore(", _store_line), ("the rendezvous", _rdzv_node),
     ("rdzv_endpoint", _endpoint),

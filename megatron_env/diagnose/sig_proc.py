@@ -42,12 +42,43 @@ _SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) ([\w.]+) ON (\S+) CANCELLED AT (\
                            r"([A-Z ]+?))? \*\*\*")
 _SIGNAL_NAMES = {"Bus error": 7, "Segmentation fault": 11, "Aborted": 6, "Killed": 9,
                  "Floating point exception": 8}
+def failed(ev: Events, f: dict, key: tuple | None = None, line: str = "") -> None:
+    """A launcher's failed child: a failure, and a signal when its exit code says one."""
+    ev.add("failures", f, key=key)
+    code = f.get("exitcode")
+    if code is not None and code < 0:
+        name = SIGNALS.get(-code, f"signal {-code}")
+        ev.add("signals", {"signal": name, "what": name, "number": -code, "rank": f["rank"],
+                           "host": f["host"], "pid": f["pid"], "local": f["local_rank"],
+                           "code": code, "worker": False, "agent": False, "table": True,
+                           "line": line or f"{f.get('launcher', 'torchrun')}: "
+                           + (f"rank {f['rank']}" if f["rank"] is not None else
+                              f"local rank {f['local_rank']}") + f" exit code {code}"},
+               key=(name, f["rank"], f["host"], f["pid"], f["local_rank"]))
+
+
 def _elastic(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
     if m := _ELASTIC.search(t):
-        ev.add("failures", {"root": False, "rank": None, "local_rank": int(m.group(2)),
-                            "host": line.host, "exitcode": int(m.group(1)),
-                            "pid": m.group(3), "source": "elastic"},
-               key=(m.group(2), m.group(3)))
+        failed(ev, {"root": False, "rank": None, "local_rank": int(m.group(2)),
+                    "host": line.host, "exitcode": int(m.group(1)),
+                    "pid": m.group(3), "source": "elastic"},
+               key=(m.group(2), m.group(3)), line=t.strip())
+
+
+# DeepSpeed's launcher (deepspeed/launcher/launch.py, sigkill_handler): one child failed, it
+# kills the others ("Killing subprocess N") and logs the failed command, with its local rank,
+# "exits with return code = N" at its end (a paste may cut it off)
+_DS_FAILED = re.compile(r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*?"
+                        r"(?:exits with return code = (?P<code>-?\d+)|$)")
+
+
+def _deepspeed(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    if m := _DS_FAILED.search(t):
+        code = int(m.group("code")) if m.group("code") else None
+        failed(ev, {"root": True, "rank": None, "local_rank": int(m.group("local")),
+                    "host": line.host, "exitcode": code, "pid": None,
+                    "launcher": "DeepSpeed's launcher", "traceback": ""},
+               key=("deepspeed", m.group("local")), line=t.strip())
 
 
 def _ray(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
@@ -95,7 +126,8 @@ def failure(e: dict) -> dict:
     return {"root": e["root"], "rank": int(rank.group(1)) if rank else None,
             "local_rank": int(rank.group(2)) if rank and rank.group(2) else None,
             "host": e.get("host"), "exitcode": int(code.group(1)) if code else None,
-            "pid": code.group(2) if code else None, "time": e.get("time"),
+            "pid": code.group(2) if code else None,
+            "time": (e.get("time") or "").replace("_", " ") or None,
             "traceback": e.get("traceback", "")}
 
 
@@ -109,10 +141,10 @@ _EXITS = [((trigger,) if isinstance(trigger, str) else trigger, re.compile(rx))
           for trigger, rx in [
     # DeepSpeed's launcher: "[launch.py:..:sigkill_handler] ['python', ..., '--local_rank=1']
     # exits with return code = -9"
-    ("return code =", r"(?:--local_rank=(?P<local>\d+)\D.*?)?exits with return code = "
+    ("return code =", r"^(?!.*sigkill_handler\] \[.*--local_rank).*?exits with return code = "
                       r"(?P<code>-?\d+)"),
     # Open MPI's mpirun / prterun
-    ("exited on signal", r"process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node "
+    ("exited on", r"process rank (?P<rank>\d+) with PID (?P<pid>\S+) on node "
                          r"(?P<host>\S+) exited on signal (?P<sig>\d+)"),
     # srun, for the tasks of one node: "srun: error: nid01: tasks 2,4-5: Terminated"
     ("srun: error:", r"srun: error: (?P<host>[\w.-]+): tasks? (?P<tasks>[\d,-]+): "
@@ -149,6 +181,8 @@ def tasks(text: str) -> list[int]:
 def _exit(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
     """A child's end as its launcher printed it: a signal (negative code, 128+N, a shell's
     word) goes to `signals`, a host OOM kill to `hits`, another non-zero code to `failing`."""
+    if t.endswith("exited on") and ahead:  # mpirun's message wrapped before "signal N"
+        t = t + " " + ahead[0].text.strip()
     for triggers, rx in _EXITS:
         if any(w in t for w in triggers) and (m := rx.search(t)):
             break
@@ -192,6 +226,7 @@ def _pod(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
 
 
 READERS = [
+    ("sigkill_handler] [", _deepspeed),
     *((w, _pod) for w in ("Running", "CrashLoopBackOff", "OOMKilled", "Completed", "Evicted")),
     ("exitcode", _elastic), ("worker died", _ray), ("RayTaskError", _ray_actor),
     ("CANCELLED", _cancelled), ("ignal", _signal), ("Fatal Python", _signal),

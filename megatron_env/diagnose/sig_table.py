@@ -60,6 +60,9 @@ TABLE: list[Sig] = [
          "at {pci}"),
     _sig("job.hardware", "host memory", "Hardware Error",
          r"(?P<what>(?:\[Hardware Error\]|mce: \[Hardware Error\]).*)", "{what}"),
+    _sig("job.hardware", "NIC", "async event",
+         r"NET/IB ?: Got async event ?: (?P<what>port error|.*?(?:error|fatal)[^.]*)",
+         "an InfiniBand {what} (the HCA or its link)"),
     _sig("job.hardware", "NIC", "link down",
          r"(?P<dev>mlx\d_\d+|mlx5_core [\w:.]+|ib\d|eth\d+|bond\d)[: ].*?(?i:link (?:is )?down)",
          "network link {dev} went down"),
@@ -77,6 +80,9 @@ TABLE: list[Sig] = [
          "Slurm saw {what} OOM-kill event(s) in {step}: the job's memory limit"),
     _sig("job.oom_killer", "cgroup", "OOMKilled", r"(?P<what>OOMKilled)",
          "the container was OOMKilled (its memory limit)"),
+    _sig("job.oom_killer", "ray", "killed due to memory pressure",
+         r"(?P<what>\d+ Workers \(tasks / actors\) killed due to memory pressure \(OOM\))"
+         r"(?:.*?IP: (?P<host>[\w.:-]+)\))?", "Ray's memory monitor: {what}"),
     _sig("job.oom_killer", "ray", "low on memory",
          r"(?P<what>Task was killed due to the node running low on memory)", "{what}"),
     # -- host resources: disks and file systems, by their errno (glibc's strings)
@@ -127,14 +133,28 @@ TABLE: list[Sig] = [
     _sig("job.rendezvous", "name resolution", "getaddrinfo",
          r"getaddrinfo\(?\)? (?:failed|error)[^:]*:? ?(?P<what>.*)", "getaddrinfo failed: {what}"),
     _sig("job.rendezvous", "store", "store->get",
-         r"(?P<what>store->get\([^)]*\).*)", "a rank could not get the NCCL unique id from the "
-         "store: {what}"),
+         r"(?:\[(?P<rank>\d+)\] is setting up NCCL communicator and \w+ ncclUniqueId from "
+         r"\[(?P<root>\d+)\].*?)?(?P<what>store->get\([^)]*\).*)",
+         "a rank could not get the NCCL unique id from the store: {what}"),
+    _sig("job.rendezvous", "port in use", ("EADDRINUSE", "ddress already in use"),
+         r"(?P<what>(?:failed to listen on any local network address|[Aa]ddress already in use)"
+         r".*?)(?:\.|$)", "the store could not listen: {what}"),
+    _sig("job.rendezvous", "store", "Connection reset by peer",
+         r"^\s*(?:[\w.]+\.)?\w*Error: (?P<what>Connection reset by peer)",
+         "the store connection was reset by its peer"),
+    _sig("job.rendezvous", "heartbeat", "KeepAlive",
+         r"(?P<what>Exception in thread (?P<thread>RendezvousKeepAliveTimer\w*))",
+         "the rendezvous' keep-alive heartbeat thread failed ({thread})"),
     _sig("job.rendezvous", "store", "Timed out after",
          r"(?P<what>Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined)",
          "the store waited for its clients: {what}"),
-    _sig("job.rendezvous", "store", "recvBytes",
-         r"(?P<what>(?:recvBytes|sendBytes|recvValue)[^.]*(?:Connection reset by peer|"
-         r"failed|Broken pipe)[^.]*)", "the store connection broke: {what}"),
+    _sig("job.rendezvous", "store", ("recvBytes", "sendBytes", "recvValue"),
+         r"(?P<what>(?:recvBytes|sendBytes|recvValue) failed)(?: on SocketImpl\(.*?"
+         r"remote=\[?(?P<addr>[\w.:-]+?)\]?:(?P<port>\d+)\))?(?:: (?P<why>[^.]+))?",
+         "the store connection broke: {what}: {why}"),
+    _sig("job.rendezvous", "store", "should dump",
+         r"(?P<what>Failed to check the \"should dump\" flag on TCPStore)[^:]*: (?P<why>.*)",
+         "the store went away: {what}: {why}"),
     _sig("job.rendezvous", "store", "RendezvousTimeoutError",
          r"(?P<what>RendezvousTimeoutError.*)", "{what}"),
     _sig("job.rendezvous", "store", "RendezvousClosedError",
@@ -154,6 +174,14 @@ TABLE: list[Sig] = [
                                  "nan values", "inf values"),
          r"(?P<what>(?:[Ll]oss (?:is|became|=) (?:nan|inf)|nan loss|returned in `training_step`"
          r" is nan|detected (?:inf|nan) values)[^.]*)", "{what}"),
+    _sig("job.numerics", "NaN", (": nan", "=nan", "= nan", ": inf", "=inf", ": -inf"),
+         r"(?P<what>(?:grad[ _]norm|lm loss|loss)[:=] ?(?:nan|inf|-inf)\b)",
+         "the trainer printed {what}"),
+    _sig("job.numerics", "NaN", "nan values",
+         r"(?P<what>Function '\w+' returned nan values in its \d+\w* output)", "{what}"),
+    _sig("job.numerics", "loss scale", "OVERFLOW!",
+         r"(?P<what>Attempted loss scale: (?P<scale>(?:[1-9]|1[0-6])(?:\.0)?), reducing to "
+         r"\S+)", "fp16 overflow at a loss scale of {scale} (collapsed): {what}"),
     _sig("job.numerics", "NaN", "non-finite",
          r"(?P<what>[^.]*(?:non-finite|not finite)[^.]*(?:loss|grad)[^.]*)", "{what}"),
     # -- the data pipeline: torch.utils.data's worker watchdog, its re-raise of a worker error
@@ -185,12 +213,13 @@ def _hit(sig: Sig, ev: Events, line: Line, t: str) -> bool:
         return False
     g = {k: v.strip() for k, v in m.groupdict().items() if v}
     host = g.get("host") or line.host
+    store = f"{g['addr']}:{g['port']}" if g.get("addr") and g.get("port") else None
     if host is None and (o := NCCL_ORIGIN.search(t)) and o.group(1) and o.start():
         host = t[:o.start()].split()[-1].split("|")[-1] or None
     rank = int(g["rank"]) if g.get("rank") and sig.finding != "job.data" else rank_of(line)
     says = " ".join(sig.says.format_map(_Blank(g)).split())
     ev.add("hits", {"id": sig.finding, "kind": sig.kind, "what": says, "rank": rank,
-                    "host": host, "pid": g.get("pid"), "pci": g.get("pci"),
+                    "host": host, "pid": g.get("pid"), "pci": g.get("pci"), "store": store,
                     "line": t.strip()}, key=(sig.finding, says, rank, host))
     return True
 
@@ -249,7 +278,8 @@ _ENDS = re.compile(
     r"Training completed|[Tt]raining (?:is )?(?:finished|complete|done)\b|"
     r"`Trainer\.fit` stopped: `max_\w+=\d+` reached|\[after training is done\]|"
     r"exiting program at iteration|'train_runtime'|[Ff]inished training|"
-    r"Job '[\w-]+' succeeded|Exited with exit code 0\b|All done|Done training")
+    r"Job '[\w-]+' succeeded|Exited with exit code 0\b|All done|Done training|"
+    r"torchelastic\.worker\.status\.SUCCEEDED")
 
 
 def _end(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from megatron_env.diagnose import families, launch, nccl_log, outcome
 from megatron_env.diagnose.events import SIGNALS, XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
+from megatron_env.diagnose.model import first
 from megatron_env.findings import Finding
 
 NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
@@ -298,7 +299,8 @@ def _stuck(ev: Events) -> list[Finding]:
 def _root_cause(ev: Events) -> list[Finding]:
     if not ev.failures:
         return []
-    root = next((f for f in ev.failures if f["root"]), ev.failures[0])
+    roots = [f for f in ev.failures if f["root"]]
+    root = first(roots or ev.failures)  # each node's agent prints its own: the first in time
     code = root["exitcode"]
     how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
            if code is not None and code < 0 else f"exit code {code}" if code is not None
@@ -324,9 +326,11 @@ def _root_cause(ev: Events) -> list[Finding]:
                     "`@record` on the entry point (torch.distributed.elastic.multiprocessing."
                     "errors) so torchrun prints it here")
     others = [f for f in ev.failures if f is not root]
+    failed = sorted({f["rank"] for f in ev.failures if f["rank"] is not None})
     return [Finding(
         "job.root_cause", "fail",
-        f"torchrun's first observed failure: {who}, {how}",
+        f"{root.get('launcher', 'torchrun')}'s first observed failure: {who}, {how}"
+        + (f"; failed: {ranks(failed)}" if len(failed) > 1 else ""),
         [f"{'root cause' if f['root'] else 'also failed'}: "
          + _proc(f)
          + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
@@ -408,6 +412,8 @@ def _rank_of(f: Finding) -> tuple[int, int]:
     rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
     if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
         rank = ORDER.index("job.timeout") + 1
+    if f.id == "job.signal" and f.kind == "launcher":  # the root cause's exit code, again
+        rank = ORDER.index("job.root_cause") + 1
     if f.id == "job.signal" and f.kind in ("agent", "SIGTERM"):  # sent from outside
         rank = ORDER.index("job.scheduler") + 1
     return (f.status != "fail", rank)
