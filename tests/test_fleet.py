@@ -187,8 +187,11 @@ def test_cli_bad_threshold_is_one_line(planted, args, words):
 
 def test_fingerprint_kernel_keys_are_the_build_plan_keys():
     """The fingerprint takes torch's facts from its one probe; the keys must still be exactly
-    the cache keys `invoke build` computes for this interpreter."""
+    the cache keys `invoke build` computes for this interpreter (one with torch: the keys are
+    made of torch's facts; CI installs it, so there the skip fails the run)."""
     from pathlib import Path
+
+    pytest.importorskip("torch")
 
     from megatron_env.fleet import fingerprint
     from megatron_env.kernels import build

@@ -57,6 +57,10 @@ GIT_EXT = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "protocol.ext.allow",
            "GIT_CONFIG_VALUE_0": "always"}
 
 
+def _descendants(pid: int) -> list[str]:
+    return proc.run(["pgrep", "-P", str(pid)]).stdout.split()
+
+
 def test_sigint_during_a_git_fetch_is_an_interrupt_not_an_unreachable_mirror(tmp_path):
     """Ctrl-C reaches the whole foreground group, git too. Before: git's failure was read as the mirror's ("protocol error ... hint: set
     MEGATRON_ENV_MIRROR_MEGATRON"), exit 2."""
@@ -69,12 +73,27 @@ def test_sigint_during_a_git_fetch_is_an_interrupt_not_an_unreachable_mirror(tmp
     while not (proc.run(["pgrep", "-P", str(p.pid), "git"]).stdout.split()):
         assert time.monotonic() < end and p.poll() is None, p.communicate()
         time.sleep(0.1)
-    time.sleep(0.3)
+    # git has started its remote helper (ext:: runs `sh -c sleep 60` under it): the fetch is
+    # under way when the interrupt comes
+    git = proc.run(["pgrep", "-P", str(p.pid), "git"]).stdout.split()[0]
+    while not _descendants(int(git)):
+        assert time.monotonic() < end and p.poll() is None, p.communicate()
+        time.sleep(0.01)
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
     assert err.strip().splitlines()[-1] == "error: interrupted", err
     assert "MIRROR" not in err and "hint" not in err
+
+
+def _catches_sigint(pid: int) -> bool:
+    """The process has a handler for SIGINT (/proc/PID/status SigCgt: a bit per signal)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # it ended
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (signal.SIGINT - 1)))
 
 
 def test_sigint_inherited_as_ignored_still_interrupts():
@@ -90,7 +109,12 @@ def test_sigint_inherited_as_ignored_still_interrupts():
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    time.sleep(3)  # reading stdin (or refused it): either way SIGINT must not be ignored
+    # once the front door has taken SIGINT back (caught, no longer ignored), send it: while it
+    # reads stdin, or after it refused `-`, either way SIGINT must not be ignored
+    end = time.monotonic() + 60
+    while p.poll() is None and not _catches_sigint(p.pid):
+        assert time.monotonic() < end, "SIGINT still ignored after 60 s"
+        time.sleep(0.01)
     if p.poll() is None:
         os.kill(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=30)
