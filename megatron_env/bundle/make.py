@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from megatron_env import REPO_ROOT, __version__, digest, disk, output, proc
 from megatron_env.bundle import tool
@@ -27,11 +28,12 @@ from megatron_env.bundle.layout import (
     repo_path,
     role,
 )
-from megatron_env.bundle.manifest import FORMAT
+from megatron_env.bundle.manifest import FORMAT, Manifest
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
+from megatron_env.recipes.recipe import Package
 from megatron_env.sources import patches, repos, resources
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
@@ -52,7 +54,7 @@ class Entry:
 @dataclass
 class Made:
     out: Path
-    manifest: dict
+    manifest: dict[str, Any]
     written: int  # files in this archive
     reused: int  # files a --since base already holds
     size: int
@@ -72,7 +74,7 @@ def _source_tree(prof: Profile, dest: Path) -> None:
     shutil.copytree(prof.dir, dest / "envs" / prof.name, ignore=ignore)
 
 
-def _env_wheels(prof: Profile, echo) -> list[Path]:
+def _env_wheels(prof: Profile, echo: output.Echo) -> list[Path]:
     """The lock's files, downloaded once into the cache and each checked against the lock."""
     lockfile = prof.lock_file
     text = lockfile.read_text()
@@ -119,7 +121,7 @@ def _env_wheels(prof: Profile, echo) -> list[Path]:
     return chosen
 
 
-def conda_packages(prof: Profile) -> list[dict]:
+def conda_packages(prof: Profile) -> list[dict[str, Any]]:
     """The linux-64 conda packages of the profile's conda-lock.yml (none without one): name,
     url, the file's place in a bundle (`conda/<subdir>/<file>`) and the lock's hashes."""
     f = prof.conda_lock_file
@@ -148,7 +150,7 @@ def conda_packages(prof: Profile) -> list[dict]:
     return out
 
 
-def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
+def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo) -> list[Path]:
     """Each conda package downloaded once into the cache and checked against the lock's sha256
     (md5 where the lock has none), as the lock's wheels are."""
     import urllib.request
@@ -184,7 +186,8 @@ def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
     return out
 
 
-def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, echo) -> None:
+def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path,
+               echo: output.Echo) -> None:
     """A fresh bare repository holding only `commit` (and `tag`, checked to point at it)."""
     url = repos.repo_url(name, url)
     echo(f"{name}: fetching {tag or commit[:12]} (depth 1) from {url}")
@@ -218,7 +221,7 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, ec
 
 
 def git_pins(prof: Profile, without: Iterable[str] = (),
-             kernels: Mapping[str, build.Package] | None = None
+             kernels: Mapping[str, Package] | None = None
              ) -> list[tuple[str, str, str, str | None]]:
     """(name, repository, commit, tag) of every git source the profile's setup checks out:
     Megatron-LM, each git-sourced kernel package (but those `without` names) and each submodule
@@ -231,7 +234,7 @@ def git_pins(prof: Profile, without: Iterable[str] = (),
               for name, url, commit, tag, _path in build.git_sources(k))]
 
 
-def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, build.Package]
+def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, Package]
               ) -> list[str]:
     """The kernel packages a bundle leaves out, each checked against the profile's recipes."""
     known = sorted(kernels)
@@ -243,9 +246,9 @@ def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, build
 
 
 def _builds(prof: Profile, without: Iterable[str] = (),
-            kernels: Mapping[str, build.Package] | None = None) -> list[tuple[str, Path]]:
+            kernels: Mapping[str, Package] | None = None) -> list[tuple[str, Path]]:
     """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
-    out = []
+    out: list[tuple[str, Path]] = []
     kernels = build.packages(prof) if kernels is None else kernels
     for k in kernels.values():
         if k.name in without:
@@ -290,8 +293,8 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
             for p in sorted(root.rglob("*")) if p.is_file()]
 
 
-def _sdists(kernels: Mapping[str, build.Package], without: Iterable[str], entries: list[Entry],
-            echo) -> list[dict]:
+def _sdists(kernels: Mapping[str, Package], without: Iterable[str], entries: list[Entry],
+            echo: output.Echo) -> list[dict[str, Any]]:
     """Each sdist-sourced kernel's source, fetched once into the cache (sha256 checked)."""
     sdists = []
     for k in kernels.values():
@@ -305,8 +308,8 @@ def _sdists(kernels: Mapping[str, build.Package], without: Iterable[str], entrie
     return sdists
 
 
-def _resources(kernels: Mapping[str, build.Package], without: Iterable[str], stage: Path,
-               entries: list[Entry], echo) -> list[dict]:
+def _resources(kernels: Mapping[str, Package], without: Iterable[str], stage: Path,
+               entries: list[Entry], echo: output.Echo) -> list[dict[str, Any]]:
     """Each recipe resource the kept kernels use, as one file checked against its pin (the
     wheel by sha256, a tar.gz of the paths by git tree id): what builds them offline."""
     carried = []
@@ -323,8 +326,9 @@ def _resources(kernels: Mapping[str, build.Package], without: Iterable[str], sta
     return carried
 
 
-def _git(prof: Profile, without: Iterable[str], kernels: Mapping[str, build.Package],
-         base: dict | None, stage: Path, entries: list[Entry], echo) -> list[dict]:
+def _git(prof: Profile, without: Iterable[str], kernels: Mapping[str, Package],
+         base: Manifest | None, stage: Path, entries: list[Entry],
+         echo: output.Echo) -> list[dict[str, Any]]:
     """A bare repository of each git pin, but those a --since base already holds."""
     bares = []
     for name, url, commit, tag in git_pins(prof, without, kernels):
@@ -338,11 +342,11 @@ def _git(prof: Profile, without: Iterable[str], kernels: Mapping[str, build.Pack
     return bares
 
 
-def _hashed(entries: list[Entry], base: dict | None, bares: list[dict]
-            ) -> tuple[dict[str, dict], list[Entry]]:
+def _hashed(entries: list[Entry], base: Manifest | None, bares: list[dict[str, Any]]
+            ) -> tuple[dict[str, dict[str, Any]], list[Entry]]:
     """The manifest's files (sha256, size, role) and the entries this archive writes: those a
     --since base does not hold already."""
-    files: dict[str, dict] = {}
+    files: dict[str, dict[str, Any]] = {}
     for e in entries:
         e.role = role(e.arcname)
         e.sha256, e.size = digest.file_hex(e.path), e.path.stat().st_size
@@ -364,7 +368,8 @@ def _hashed(entries: list[Entry], base: dict | None, bares: list[dict]
 
 
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
-         since: Path | None = None, without: Iterable[str] = (), echo=output.status) -> Made:
+         since: Path | None = None, without: Iterable[str] = (),
+         echo: output.Echo = output.status) -> Made:
     """Write the bundle of `prof` to `out` (a .tar); with `since`, only what that bundle lacks.
 
     `without` leaves kernel packages out (their sources and builds): a smaller archive for nodes
