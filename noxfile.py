@@ -86,9 +86,9 @@ def lock_check(session):
 
 
 def _verify(session, name):
-    from megatron_env import commands
+    from megatron_env.commands import setup
 
-    code = commands.verify(name, session.posargs)
+    code = setup.verify(name, session.posargs)
     if code:
         session.error(f"{name} failed (exit {code})")
 
@@ -114,9 +114,9 @@ def smoke_train(session):
 @nox.session(venv_backend="none")
 def build_check(session):
     """The compiled modules of the profile's kernel recipes import in its environment."""
-    from megatron_env import commands
+    from megatron_env.commands import pyenv
 
     args = dict(zip(session.posargs[::2], session.posargs[1::2], strict=False))
-    code = commands.build_check(profile=args.get("--profile"), python=args.get("--python"))
+    code = pyenv.build_check(profile=args.get("--profile"), python=args.get("--python"))
     if code:
         session.error("compiled kernels are missing")

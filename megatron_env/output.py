@@ -19,7 +19,7 @@ from typing import TextIO
 from megatron_env import redact
 
 #: Where a function says what it is doing: `status` (stderr), or a caller's collector.
-Echo = Callable[[str], None]
+Echo = Callable[[str], object]
 
 _ANSI = {"green": "32", "yellow": "33", "red": "1;31", "cyan": "36", "dim": "2", "bold": "1"}
 # The words that carry a meaning, and the colour that says it.

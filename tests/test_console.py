@@ -1,5 +1,5 @@
 """The `megatron-env` console command: one project root in a stated order, the argparse front
-door made from `cli.COMMANDS`, completion, --version, --json on errors, and the wheel a user
+door made from `commands.registry()`, completion, --version, --json on errors, and the wheel a user
 installs (its shipped project copy, runnable from any directory, never written into)."""
 
 import inspect
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import cli, commands, main, project
+from megatron_env import commands, project
+from megatron_env.commands import main, pyenv
 
 from .conftest import FIXTURES, user_error
 
@@ -97,15 +98,15 @@ def test_python_dash_m_help_lists_every_command():
     r = subprocess.run([sys.executable, "-m", "megatron_env", "--help"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    for name in (*cli.COMMANDS, "completion"):
+    for name in (*commands.registry(), "completion"):
         assert re.search(rf"^\s+{re.escape(name)}\s", r.stdout, re.M), name
 
 
 def test_every_command_and_option_of_the_declaration_is_in_the_front_door():
     top = main.parser()
     subs = next(a for a in top._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert set(subs.choices) == {*cli.COMMANDS, "completion"}
-    for name, cmd in cli.COMMANDS.items():
+    assert set(subs.choices) == {*commands.registry(), "completion"}
+    for name, cmd in commands.registry().items():
         flags = {o for a in subs.choices[name]._actions for o in a.option_strings}
         dests = {a.dest for a in subs.choices[name]._actions if a.option_strings}
         params = inspect.signature(cmd.fn).parameters
@@ -131,7 +132,7 @@ def test_bash_completion(tmp_path):
                             text=True)
     assert syntax.returncode == 0, syntax.stderr
     assert _complete(r.stdout, "megatron-env", "prof") == ["profiles"]
-    assert set(_complete(r.stdout, "megatron-env", "")) >= set(cli.COMMANDS)
+    assert set(_complete(r.stdout, "megatron-env", "")) >= set(commands.registry())
     assert _complete(r.stdout, "megatron-env", "--project", "x", "setup", "--dry") == ["--dry-run"]
     assert _complete(r.stdout, "megatron-env", "--project", "") == []  # a directory's name
     assert _complete(r.stdout, "megatron-env", "completion", "z") == ["zsh"]
@@ -243,4 +244,4 @@ def test_lock_refuses_the_shipped_copy(monkeypatch):
     monkeypatch.setattr(project, "_root", (project.SHIPPED, "shipped"))
     for options in ({}, {"refresh": True}):
         with user_error("project.read-only"):
-            commands.lock.__wrapped__(**options)
+            pyenv.lock.fn.__wrapped__(**options)

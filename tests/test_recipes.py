@@ -5,7 +5,8 @@ import re
 import zipfile
 from pathlib import Path
 
-from megatron_env import commands, profile, recipes
+from megatron_env import profile, recipes
+from megatron_env.commands import host
 from megatron_env.findings import Finding
 from megatron_env.kernels import build, compiler
 from megatron_env.recipes import recipe
@@ -183,7 +184,7 @@ def test_variants_default_and_build_options():
 
 
 def test_listing_shows_every_recipe_with_each_profiles_pins(capsys):
-    assert commands.kernels() == 0
+    assert host.kernels() == 0
     out = capsys.readouterr().out
     lines = [" ".join(line.split()) for line in out.splitlines()]
     assert "apex git NVIDIA apex fused kernels (layer norm, amp_C, masked softmax, " \

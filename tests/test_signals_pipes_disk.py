@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import cli, disk, proc
+from megatron_env import disk, proc
+from megatron_env.commands import cli
 from megatron_env.sources import repos
 
 from .conftest import FIXTURES, user_error
@@ -48,7 +49,7 @@ def _wait_for(p: subprocess.Popen, path: Path, text: str, limit: float = 60) -> 
 FETCH = """
 import sys
 from pathlib import Path
-from megatron_env import cli
+from megatron_env.commands import cli
 from megatron_env.sources import repos
 Path(sys.argv[1]).write_text("fetching")
 sys.exit(cli.guarded(lambda: repos.mirror("megatron", "ext::sh -c sleep% 60") and 0)())
@@ -101,7 +102,7 @@ def test_sigint_inherited_as_ignored_still_interrupts():
     (before: the signal was swallowed, a complete bundle and exit 0)."""
     code = """
     import sys, time
-    from megatron_env import main
+    from megatron_env.commands import main
     sys.argv = ["megatron-env", "triage", "-"]
     sys.exit(main.main())
     """

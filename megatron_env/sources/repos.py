@@ -51,7 +51,7 @@ def repo_url(name: str, url: str, given: Given | None = None) -> str:
     return value if value is not None else url
 
 
-def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
+def _git(*args: str | Path, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
     r = proc.run(["git", *map(str, args)], cwd=cwd, timeout=timeout,
                  env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
     if r.missing:

@@ -1,5 +1,5 @@
 """The `megatron-env` console command (and `python -m megatron_env`): an argparse front door
-made from the same `cli.COMMANDS` as the invoke tasks, so a command and its options are
+made from the same `commands.registry()` as the invoke tasks, so a command and its options are
 declared once (megatron_env.commands). Global options: `--project DIR` (where envs/, patches/
 and scripts/ are: megatron_env.project), `--version`; `completion bash|zsh` prints a script."""
 
@@ -10,7 +10,8 @@ import inspect
 import sys
 from collections.abc import Sequence
 
-from megatron_env import __version__, cli, project
+from megatron_env import __version__, project
+from megatron_env.commands import cli
 
 _PROG = "megatron-env"
 
@@ -49,7 +50,7 @@ def _add_option(sub: argparse.ArgumentParser, p: inspect.Parameter, help_: str,
 
 
 def parser() -> argparse.ArgumentParser:
-    from megatron_env import cli, commands  # noqa: F401 (importing commands declares them)
+    from megatron_env import commands
 
     top = argparse.ArgumentParser(
         prog=_PROG, description="Reproducible, verified Megatron-LM training environments.")
@@ -59,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("-V", "--version", action="store_true",
                      help="print the tool's version (and git commit in a checkout)")
     subs = top.add_subparsers(dest="command", metavar="COMMAND")
-    for cmd in cli.COMMANDS.values():
+    for cmd in commands.registry().values():
         sub = subs.add_parser(cmd.name, help=cmd.summary, description=cmd.summary)
         shorts = {"-h"}
         for p in inspect.signature(cmd.fn).parameters.values():
@@ -137,7 +138,7 @@ def _main(argv: list[str]) -> int:
     if args.command is None:
         top.print_help()
         return 2
-    cmd = args._cmd
+    cmd: cli.Command = args._cmd
     options = {}
     for name in inspect.signature(cmd.fn).parameters:
         value = getattr(args, name)
