@@ -35,6 +35,7 @@ from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
 from megatron_env.recipes.recipe import Package
 from megatron_env.sources import patches, repos, resources
+from megatron_env.units import MIB
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
 SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
@@ -425,9 +426,9 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         part = out.with_name(out.name + f".part-{os.getpid()}")
         # the archive's size is known before it is written: a full disk is said up front
-        disk.ensure(out.parent, sum(e.size for e in written) + 2**20, f"bundle {out.name}")
+        disk.ensure(out.parent, sum(e.size for e in written) + MIB, f"bundle {out.name}")
         echo(f"writing {out.name}: {len(written)} files, "
-             f"{sum(e.size for e in written) / 2**20:.1f} MiB")
+             f"{sum(e.size for e in written) / MIB:.1f} MiB")
         try:
             with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
                 tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan

@@ -15,6 +15,7 @@ from megatron_env.commands import pyenv
 from megatron_env.commands.cli import command, guarded
 from megatron_env.errors import UserError
 from megatron_env.profile import load as load_profile
+from megatron_env.units import MIB
 
 if TYPE_CHECKING:
     from megatron_env.setup import pipeline
@@ -144,11 +145,11 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
             "signature": str(sig) if sig else None, "seconds": round(made.seconds, 3)},
             indent=1) + "\n")
         return 0
-    output.table([(role, f"{size / 2**20:.1f} MiB") for role, size
+    output.table([(role, f"{size / MIB:.1f} MiB") for role, size
                   in sorted(made.by_role.items(), key=lambda x: -x[1])], indent="  ")
     delta = f", {made.reused} files left to its base" if since else ""
     output.summary(f"bundle {made.out}: {prof.name} ({made.manifest['mode']}), "
-                   f"{made.written} files{delta}, {made.size / 2**20:.1f} MiB, "
+                   f"{made.written} files{delta}, {made.size / MIB:.1f} MiB, "
                    f"{made.seconds:.1f} s; sha256 {sha} (in {prov.sum_file(made.out).name}"
                    + (f", signed: {sig.name}" if sig else ", unsigned") + ")")
     return 0

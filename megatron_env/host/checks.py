@@ -21,6 +21,7 @@ from megatron_env.host import parsers
 from megatron_env.host.parsers import ParseError
 from megatron_env.host.snapshot import Snapshot, collect
 from megatron_env.profile import Profile
+from megatron_env.units import GIB, MIB
 
 Check = Callable[[Snapshot, Profile], Finding]
 CHECKS: list[tuple[str, Check]] = []
@@ -28,7 +29,6 @@ CHECKS: list[tuple[str, Check]] = []
 # Oldest driver that runs a CUDA major release through minor-version compatibility
 # (CUDA compatibility guide, "Minor Version Compatibility").
 MINOR_COMPAT_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
-GIB = 1024**3
 T = TypeVar("T")
 
 
@@ -368,7 +368,7 @@ def sys_shm(snap: Snapshot, profile: Profile) -> Finding:
     evidence = [f"/dev/shm: {size / GIB:.2f} GiB"]
     fix = "give the container --shm-size=64g (or --ipc=host); on bare metal remount /dev/shm larger"
     if size < 1 * GIB:
-        return Finding(cid, "fail", f"/dev/shm is only {size / 2**20:.0f} MiB: NCCL's SHM "
+        return Finding(cid, "fail", f"/dev/shm is only {size / MIB:.0f} MiB: NCCL's SHM "
                        "transport and data-loader workers will fail", evidence, fix)
     if size < 8 * GIB:
         return Finding(cid, "warn", f"/dev/shm is {size / GIB:.1f} GiB: tight for 8 ranks of "

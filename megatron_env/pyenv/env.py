@@ -35,6 +35,7 @@ from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, lock, manifest, uv
 from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
 from megatron_env.pyenv.probe import probe
+from megatron_env.units import GIB
 
 ENV_ROOT = project.state_root() / ".megatron-env"
 STAMP = ".megatron-env.json"
@@ -77,7 +78,7 @@ class Summary:
         return (f"{self.profile}: {self.action} at {self.prefix} ({self.mode}); Python "
                 f"{f.get('python')}, torch {f.get('torch')}, CUDA {f.get('torch_cuda')}, "
                 f"NCCL {f.get('nccl', '?')}, {len(f.get('dists', {}))} packages"
-                + (f", {size / 2**30:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
+                + (f", {size / GIB:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
 
 
 def min_free_gb() -> float:
@@ -97,7 +98,7 @@ def min_free_gb() -> float:
 
 def check_free_space(where: Path, echo: output.Echo = output.status) -> None:
     need_gb = min_free_gb()
-    free_gb = shutil.disk_usage(where).free / 2**30
+    free_gb = shutil.disk_usage(where).free / GIB
     if free_gb < need_gb:
         raise UserError(
             f"only {free_gb:.1f} GiB free under {where}; building an environment needs about "
