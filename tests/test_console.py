@@ -11,6 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -71,6 +72,25 @@ def _cli(*args, cwd=ROOT, env=None):
     e.update(env or {})
     return subprocess.run([str(EXE), *args], cwd=cwd, env=e, capture_output=True, text=True,
                           timeout=120)
+
+
+def test_project_counts_when_the_modules_that_read_it_were_imported_first(tmp_path):
+    """Nothing reads the project root at import: a program that imports the profile, patch and
+    environment modules before calling the front door still gets the --project it gives
+    (before: profile.ENVS_DIR settled the root on import, and `--project` was ignored)."""
+    shutil.copytree(ROOT / "envs" / "core_v0.4.0-cu121", tmp_path / "envs" / "only-here")
+    code = textwrap.dedent(f"""
+        import sys
+        from megatron_env import profile
+        from megatron_env.pyenv import env
+        from megatron_env.sources import patches
+        from megatron_env.commands import main
+        sys.exit(main.main(["--project", {str(tmp_path)!r}, "profiles"]))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items() if k != project.ENV})
+    assert r.returncode == 0, r.stderr
+    assert "only-here" in r.stdout and "core_v0.19.0-cu130" not in r.stdout, r.stdout
 
 
 def test_front_door_takes_project_then_variable(tmp_path):

@@ -154,7 +154,7 @@ def test_transformer_engine_plan_takes_headers_from_the_environments_wheels(tmp_
 
 
 def test_transformer_engine_table_must_pin_every_submodule(tmp_path):
-    src = (profile.ENVS_DIR / "core_v0.19.0-cu130" / "profile.toml").read_text()
+    src = (profile.envs_root() / "core_v0.19.0-cu130" / "profile.toml").read_text()
     (tmp_path / "p").mkdir()
     path = tmp_path / "p" / "profile.toml"
     line = f'"3rdparty/cudnn-frontend" = "{TE_SUBMODULES["3rdparty/cudnn-frontend"]}"'
@@ -236,7 +236,7 @@ def test_submodule_pins_are_validated(tmp_path, monkeypatch):
     r = recipe.Recipe("withsub", "a test recipe", "git", repo="/x",
                       submodules={"3rdparty/cutlass": "/y"})
     monkeypatch.setitem(recipes.declared(), "withsub", r)
-    src = (profile.ENVS_DIR / "core_v0.4.0-cu121" / "profile.toml").read_text()
+    src = (profile.envs_root() / "core_v0.4.0-cu121" / "profile.toml").read_text()
     (tmp_path / "p").mkdir()
     path = tmp_path / "p" / "profile.toml"
     path.write_text(src + f'\n[kernels.withsub]\ncommit = "{"b" * 40}"\n')

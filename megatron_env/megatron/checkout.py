@@ -38,7 +38,7 @@ def key(profile: Profile) -> str:
 
 
 def source_dir(profile: Profile) -> Path:
-    return env.ENV_ROOT / f"{profile.name}.megatron" / key(profile)
+    return env.env_root() / f"{profile.name}.megatron" / key(profile)
 
 
 def prepare(profile: Profile, echo: output.Echo = output.status,

@@ -37,7 +37,6 @@ from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, ve
 from megatron_env.pyenv.probe import probe
 from megatron_env.units import GIB
 
-ENV_ROOT = project.state_root() / ".megatron-env"
 STAMP = ".megatron-env.json"
 MANIFEST = ".megatron-env-manifest.json"  # every installed file; see megatron_env.pyenv.manifest
 MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"
@@ -46,7 +45,13 @@ DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: 
 
 # Installed by the venv or conda machinery, not by the lock; never counted as "extra".
 def default_prefix(profile: Profile) -> Path:
-    return ENV_ROOT / profile.name
+    return env_root() / profile.name
+
+
+def env_root() -> Path:
+    """Where environments live by default (.megatron-env under the project, or under the
+    working directory for the wheel's read-only copy); read when asked, never at import."""
+    return project.state_root() / ".megatron-env"
 
 
 def python_of(prefix: Path) -> Path:
