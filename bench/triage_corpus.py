@@ -3,9 +3,11 @@
 
 The facts are tests/fixtures/job-logs/EXPECT.md's, written here as checks on the findings'
 text (`id status summary | evidence...`): `id:X` asks for a failing finding X, a plain string
-or `re:` pattern must appear, a `not:` one must not. The checks of the held-out logs were
+or `re:` pattern must appear, a `not:` one must not; `clean` asks for no failing finding at all
+(a log of a run that ended normally: a triage that calls every log a failure misses it). The checks of the held-out logs were
 written from EXPECT.md before the tool was run on those logs; they are not to be changed to
-fit what it prints.
+fit what it prints. NOT_YET_MEASURED names the held-out logs whose one measurement has not
+been taken yet: the tests leave them alone until then.
 
     python bench/triage_corpus.py --split heldout     # per-log hits and misses, then a score
 """
@@ -172,6 +174,77 @@ TUNE = {
         "id:job.ray_worker", "1530113", "10.109.18.239"],
     "ray-node-marked-dead-heartbeats-ray45179.log": [
         FAIL + r".*(?i:dead|heartbeat|raylet)", "10.0.0.51"],
+    'disk-no-space-torch-save-metaflow-prefix-dolly139.log': [
+        "id:job.disk",
+        "No space left on device",
+        "not:job.unknown",
+    ],
+    'disk-no-space-safetensors-title-llamafactory5155.log': [
+        "id:job.disk",
+        "re:No space left on device|StorageFull",
+    ],
+    'stale-file-handle-log-write-taiyaki66.log': [
+        "id:job.disk",
+        "re:(?i)stale file handle",
+    ],
+    'stale-file-handle-rank-prefix-msswift6695.log': [
+        "id:job.disk",
+        "rank 1",
+        "re:(?i)stale file handle",
+    ],
+    'oom-killer-dmesg-terminal-wrapped-tranx41.log': [
+        "id:job.oom_killer",
+        "25315",
+        "not:job.cuda_oom",
+    ],
+    'oom-killer-dmesg-T-sacrifice-child-eris42.log': [
+        "id:job.oom_killer",
+        "89746",
+    ],
+    'dataloader-killed-python27-dcpdn12.log': [
+        "id:job.data",
+        "19597",
+    ],
+    'dataloader-segfault-one-line-db94.log': [
+        "id:job.data",
+        "25902",
+        "re:(?i)segmentation fault|SIGSEGV",
+        "not:job.oom_killer",
+    ],
+    'slurm-step-time-limit-srun-task-ranges-desitarget628.log': [
+        "id:job.scheduler",
+        "re:(?i)time limit",
+        "32233190",
+        "not:rank 8",
+    ],
+    'slurm-job-time-limit-after-progress-canu1052.log': [
+        "id:job.scheduler",
+        "3884617",
+        "node023",
+    ],
+    'slurm-job-time-limit-after-shell-trace-nextdenovo114.log': [
+        "id:job.scheduler",
+        "867816",
+        "c0700a-s1",
+    ],
+    'killed-bare-after-progress-bar-hedwig70.log': [
+        "id:job.signal",
+        "not:clean",
+    ],
+    'k8s-exit-137-kubectl-exec-jupyter736.log': [
+        "id:job.signal",
+        "137",
+        "jupyternotebook-xyd-847ff4564c-gqvn6",
+    ],
+    'killed-bash-job-control-line-argo8981.log': [
+        "id:job.signal",
+        "not:exit code 93",
+        "not:rank 93",
+    ],
+    'k8s-eviction-node-low-memory-kubeflow1261.log': [
+        "re:(?m)^job\\.(scheduler|oom_killer) fail ",
+        "re:(?i)low on resource: memory|evict",
+    ],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -301,8 +374,49 @@ HELDOUT = {
         FAIL + r".*(?i:1277|1275|mismatch|desync)", "rank 0"],
     "sigsegv-deepspeed-launcher-rc11-glued-deepspeedexamples626.log": [
         FAIL + r".*(?i:sigsegv|-11|segmentation)"],
+    'disk-quota-exceeded-triton-cache-eagle121.log': [
+        "id:job.disk",
+        "re:(?i)quota",
+    ],
+    'disk-quota-exceeded-two-tracebacks-hostg7.log': [
+        "id:job.disk",
+        "out/intermediate.ntw",
+    ],
+    'oom-killer-dmesg-then-other-oom-qaconv19.log': [
+        "id:job.oom_killer",
+        "698405",
+    ],
+    'dataloader-killed-chained-traceback-pytorch8976.log': [
+        "id:job.data",
+        "1817",
+    ],
+    'numerics-loss-scale-minimum-one-line-firefly68.log': [
+        "id:job.numerics",
+        "re:(?i)loss scale",
+    ],
+    'killed-bare-after-iterations-fastmaskrcnn172.log': [
+        "id:job.signal",
+        "re:(?i)SIGKILL|killed",
+        "not:clean",
+    ],
+    'gpu-pcie-aer-nvidia-smi-unknown-error-returnn1486.log': [
+        "id:job.hardware",
+        "0000:03:00.0",
+        "cn-234",
+    ],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
+
+# held-out logs of the third batch (issue 35), not triaged until their one measurement
+NOT_YET_MEASURED = {
+    'gpu-pcie-aer-nvidia-smi-unknown-error-returnn1486.log',
+    'killed-bare-after-iterations-fastmaskrcnn172.log',
+    'numerics-loss-scale-minimum-one-line-firefly68.log',
+    'dataloader-killed-chained-traceback-pytorch8976.log',
+    'oom-killer-dmesg-then-other-oom-qaconv19.log',
+    'disk-quota-exceeded-two-tracebacks-hostg7.log',
+    'disk-quota-exceeded-triton-cache-eagle121.log',
+}
 
 
 def blob(findings) -> str:
@@ -311,6 +425,8 @@ def blob(findings) -> str:
 
 
 def holds(check: str, findings, text: str) -> bool:
+    if check == "clean":
+        return not any(f.status == "fail" for f in findings)
     if check.startswith("not:"):
         return not holds(check[4:], findings, text)
     if check.startswith("id:"):

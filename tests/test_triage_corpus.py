@@ -36,6 +36,21 @@ def test_every_log_has_its_source_and_split():
 # change this half exists for makes them pass, and strict xfail makes a passing one fail until it
 # is taken off this list.
 NOT_YET_TUNED = {
+    "k8s-eviction-node-low-memory-kubeflow1261.log",
+    "killed-bash-job-control-line-argo8981.log",
+    "k8s-exit-137-kubectl-exec-jupyter736.log",
+    "killed-bare-after-progress-bar-hedwig70.log",
+    "slurm-job-time-limit-after-shell-trace-nextdenovo114.log",
+    "slurm-job-time-limit-after-progress-canu1052.log",
+    "slurm-step-time-limit-srun-task-ranges-desitarget628.log",
+    "dataloader-segfault-one-line-db94.log",
+    "dataloader-killed-python27-dcpdn12.log",
+    "oom-killer-dmesg-T-sacrifice-child-eris42.log",
+    "oom-killer-dmesg-terminal-wrapped-tranx41.log",
+    "stale-file-handle-rank-prefix-msswift6695.log",
+    "stale-file-handle-log-write-taiyaki66.log",
+    "disk-no-space-safetensors-title-llamafactory5155.log",
+    "disk-no-space-torch-save-metaflow-prefix-dolly139.log",
     "ofi-cq-einval-cloudwatch-table-prefix-awsofi715.log",
     "ray-node-marked-dead-heartbeats-ray45179.log",
 }
@@ -165,7 +180,8 @@ HELDOUT_MISSES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(corpus.HELDOUT))
+# held-out logs not yet measured are not triaged here: their first triage is the measurement
+@pytest.mark.parametrize("name", sorted(set(corpus.HELDOUT) - corpus.NOT_YET_MEASURED))
 def test_heldout_logs_keep_what_they_got_right(name):
     findings, _, _ = jobs.run([corpus.LOGS / name])
     text = corpus.blob(findings)
