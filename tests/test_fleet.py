@@ -259,3 +259,15 @@ def test_a_node_with_fewer_active_ib_ports_than_its_peers_fails(tmp_path):
     assert "n3" in rep.exclude
     for host in ("n1", "n2"):
         assert _finding(rep, host, "fleet.ib").status == "pass"
+
+
+def test_a_node_finding_keeps_its_kind_in_the_fleet_report(tmp_path):
+    """Code decides by a finding's kind, never its text: the fleet report puts the host in
+    front of the summary and keeps the kind (a node without a driver: driver.version, absent)."""
+    root = tmp_path / "f"
+    for i in range(1, 3):
+        d = fb.node(root, f"n{i}", i)
+    for name in ("nvml.json", "nvidia-smi.txt", "nvidia-smi-q.txt"):
+        (d / name).unlink()
+    f = _finding(analyse(root), "n2", "driver.version")
+    assert f.status == "fail" and f.kind == "absent" and f.summary.startswith("n2: no NVIDIA")
