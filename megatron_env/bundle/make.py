@@ -75,13 +75,13 @@ def _source_tree(prof: Profile, dest: Path) -> None:
     shutil.copytree(prof.dir, dest / "envs" / prof.name, ignore=ignore)
 
 
-def _env_wheels(prof: Profile, echo: output.Echo) -> list[Path]:
+def _env_wheels(prof: Profile, echo: output.Echo, *, cache: Path | None = None) -> list[Path]:
     """The lock's files, downloaded once into the cache and each checked against the lock."""
     lockfile = prof.lock_file
     text = lockfile.read_text()
     allowed = lock.parse_hashes(text)
     total = len(allowed)
-    house = repos.cache_dir() / "bundle-wheels"
+    house = (cache or repos.cache_dir()) / "bundle-wheels"
     house.mkdir(parents=True, exist_ok=True)
     seen = [0]
 
@@ -151,12 +151,13 @@ def conda_packages(prof: Profile) -> list[dict[str, Any]]:
     return out
 
 
-def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo) -> list[Path]:
+def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo, *,
+                 cache: Path | None = None) -> list[Path]:
     """Each conda package downloaded once into the cache and checked against the lock's sha256
     (md5 where the lock has none), as the lock's wheels are."""
     import urllib.request
 
-    cache = repos.cache_dir() / "conda-pkgs"
+    cache = (cache or repos.cache_dir()) / "conda-pkgs"
     cache.mkdir(parents=True, exist_ok=True)
     out = []
     for i, p in enumerate(pkgs, 1):
@@ -247,7 +248,8 @@ def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, Packa
 
 
 def _builds(prof: Profile, without: Iterable[str] = (),
-            kernels: Mapping[str, Package] | None = None) -> list[tuple[str, Path]]:
+            kernels: Mapping[str, Package] | None = None, *,
+            cache: Path | None = None) -> list[tuple[str, Path]]:
     """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
     out: list[tuple[str, Path]] = []
     kernels = build.packages(prof) if kernels is None else kernels
@@ -259,7 +261,8 @@ def _builds(prof: Profile, without: Iterable[str] = (),
                 "python": py_tag(prof.python), "cuda": prof.cuda,
                 "archs": sorted(prof.archs) if k.cuda else [],
                 "switches": k.switches, "build_options": list(k.build_options)}
-        for meta in sorted((build.cache_dir() / "wheels").glob(f"{k.name}-*/meta.json")):
+        wheels = (cache or build.cache_dir()) / "wheels"
+        for meta in sorted(wheels.glob(f"{k.name}-*/meta.json")):
             try:
                 doc = json.loads(meta.read_text()).get("key") or {}
             except (OSError, json.JSONDecodeError):
@@ -295,16 +298,17 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
 
 
 def _sdists(kernels: Mapping[str, Package], without: Iterable[str], entries: list[Entry],
-            echo: output.Echo) -> list[dict[str, Any]]:
+            echo: output.Echo, cache: Path) -> list[dict[str, Any]]:
     """Each sdist-sourced kernel's source, fetched once into the cache (sha256 checked)."""
     sdists = []
     for k in kernels.values():
         if k.source.repo or k.name in without:  # a repository (git pins), or left out
             continue
         echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
-        build.fetch(k, echo)  # downloads once by file name, checks the sha256; runs nothing
+        # downloads once by file name, checks the sha256; runs nothing
+        build.fetch(k, echo, cache=cache)
         name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
-        entries.append(Entry(name, build.sdist_archive(k), ""))
+        entries.append(Entry(name, build.sdist_archive(k, cache), ""))
         sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
     return sdists
 
@@ -378,6 +382,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
     side refuses to build them by name instead of reaching for the network."""
     t0 = time.monotonic()
     kernels = build.packages(prof)  # resolved once for the whole bundle
+    cache = repos.cache_dir()  # and the cache root read once
     without = _left_out(prof, without, kernels)
     if problems := lock.stale(prof):
         raise UserError("; ".join(problems),
@@ -398,14 +403,15 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         tool.requirements(stage / "tool")
         entries += _tree(stage / "tool", "tool")
         if not adopt:
-            entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
-        entries += [Entry(c["path"], f, "") for c, f in zip(conda, _conda_fetch(conda, echo),
-                                                            strict=True)]
-        sdists = _sdists(kernels, without, entries, echo)
+            entries += [Entry(f"wheels/{w.name}", w, "")
+                        for w in _env_wheels(prof, echo, cache=cache)]
+        entries += [Entry(c["path"], f, "")
+                    for c, f in zip(conda, _conda_fetch(conda, echo, cache=cache), strict=True)]
+        sdists = _sdists(kernels, without, entries, echo, cache)
         carried = _resources(kernels, without, stage, entries, echo)
         bares = _git(prof, without, kernels, base, stage, entries, echo)
         if with_builds:
-            found = _builds(prof, without, kernels)
+            found = _builds(prof, without, kernels, cache=cache)
             echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]
