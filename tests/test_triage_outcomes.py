@@ -183,3 +183,10 @@ def test_every_finding_has_a_family_with_advice_and_an_exit_meaning():
 def test_every_tune_log_is_a_failure_in_a_family(name):
     fs = jobs.run([LOGS / name])[0]
     assert fs[0].status in ("fail", "pass") and all(f.kind in families.FAMILIES for f in fs)
+
+
+def test_the_collective_of_a_native_stack_is_named():
+    """UCX's backtrace of a SIGSEGV inside NCCL (NeMo, nccl 1050): the collective is only in
+    the native frames (pncclReduceScatter)."""
+    fs = jobs.run([LOGS / "sigsegv-reduce-scatter-backtrace-nemo-nccl1050.log"])[0]
+    assert fs[0].id == "job.signal" and fs[0].summary.endswith("in ReduceScatter")

@@ -170,9 +170,12 @@ def signals(ev: Events) -> list[Finding]:
         if name == "SIGKILL" and oom:
             fix = "the host's OOM killer sent it (see job.oom_killer): " + fix
         agent = all(s["agent"] for s in ss)
+        op = next((ev.collective[s["rank"]] for s in ss if s.get("rank") in ev.collective),
+                  None) or ev.collective.get(None)
         out.append(Finding(
             "job.signal", "fail",
             f"{_subject(ev, ss)} killed by {name}" + (f" ({what})" if what != name else "")
+            + (f" in {op}" if op else "")
             + (f", exit code {code}" if code is not None else ""),
             [s["line"] for s in ss[:4]], fix,
             "agent" if agent else "launcher" if any(s.get("table") for s in ss) else name))

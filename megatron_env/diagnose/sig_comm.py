@@ -47,8 +47,15 @@ _ERRNO_NUMS = {12: "ENOMEM", 22: "EINVAL", 14: "EFAULT", 1: "EPERM", 19: "ENODEV
                95: "EOPNOTSUPP", 111: "ECONNREFUSED", 110: "ETIMEDOUT"}
 # the collective a traceback was in: distributed_c10d's public function, or the call on the
 # process group inside it (`work = group.allgather_into_tensor_coalesced(...)`)
-_TB_COLL = re.compile(r"distributed_c10d\.py\", line \d+, in ([a-z]\w+)"
+# (faulthandler prints `File "...distributed_c10d.py", line 2430 in all_reduce`, no comma)
+_TB_COLL = re.compile(r"distributed_c10d\.py\", line \d+,? in ([a-z]\w+)"
                       r"|work = \w+\.(\w+)\(")
+# the collective in a native stack (gdb, UCX, c10d's C++ traceback: innermost first), as NCCL's
+# API or ProcessGroupNCCL's method names it
+_NATIVE_COLL = re.compile(r"\bp?nccl(AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|AllToAll|"
+                          r"Send|Recv)\b|ProcessGroupNCCL::(allreduce\w*|allgather\w*|"
+                          r"_allgather_base|broadcast|reduce_scatter\w*|_reduce_scatter_base|"
+                          r"barrier|alltoall\w*|send|recv|reduce)\b")
 _NOT_COLL = frozenset({"wrapper", "new_group", "init_process_group", "destroy_process_group",
                        "get_rank", "get_world_size", "new_subgroups"})
 _INIT = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nranks \d+ cudaDev (\d+)")
@@ -158,6 +165,13 @@ def _collective(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> No
             ev.collective[rank_of(line)] = name
 
 
+def _native(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+    """The collective of a native stack: its innermost frame is printed first, so the first
+    one seen of a rank stays."""
+    if (m := _NATIVE_COLL.search(t)) and len(ev.collective) < CAP:
+        ev.collective.setdefault(rank_of(line), m.group(1) or m.group(2))
+
+
 # (trigger word, reader): a reader runs only on lines holding its word
 
 
@@ -166,5 +180,7 @@ READERS = [
     ("stuck for", _stuck), ("rror", _nccl_error), ("failed:", _nccl_error),
     ("Last error", _last_error), ("issing ranks", _stall), ("ready ranks", _stall),
     ("ibv_", _ibv), ("checked in", _bootstrap), ("distributed_c10d", _collective),
-    ("work = ", _collective),
+    ("work = ", _collective), ("ProcessGroupNCCL::", _native),
+    *((f"nccl{op}", _native) for op in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast",
+                                         "AllToAll", "Send", "Recv")),
 ]
