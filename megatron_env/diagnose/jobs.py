@@ -115,7 +115,7 @@ def read(path: Path) -> Events | None:
     return ev
 
 
-def _tails(tails: list[dict]) -> dict:
+def _tails(tails: list[dict[str, Any]]) -> dict[str, Any]:
     """How several files of one job end, together: the ranks printing at the end of any, the
     latest time, the progress and last line of the last file."""
     tails = [t for t in tails if t]

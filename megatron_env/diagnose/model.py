@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from megatron_env.diagnose import nccl_log
 from megatron_env.diagnose.joblog import Line
@@ -47,9 +48,9 @@ class Job:
     line kind that names two of them (NCCL's `host:pid:tid [gpu]` origin, a `[rankN]` tag, NCCL's
     `comm ... rank N ... cudaDev G` init line, torchrun's failure table, UCX's `[host:pid]`)."""
 
-    by_rank: dict[int, dict] = field(default_factory=dict)
-    by_pid: dict[str, dict] = field(default_factory=dict)
-    _noted: set = field(default_factory=set)
+    by_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
+    by_pid: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _noted: set[Any] = field(default_factory=set)
 
     def note(self, rank: int | None = None, host: str | None = None, pid: str | None = None,
              gpu: int | None = None) -> None:
@@ -68,9 +69,9 @@ class Job:
             _fill(self.by_rank.setdefault(rank, {}), host=host, pid=pid, gpu=gpu)
 
     def who(self, rank: int | None = None, host: str | None = None,
-            pid: str | None = None) -> dict:
+            pid: str | None = None) -> dict[str, Any]:
         """All that is known of one process from any one or two of rank, host and pid."""
-        out = {"rank": rank, "host": host, "pid": pid, "gpu": None}
+        out: dict[str, Any] = {"rank": rank, "host": host, "pid": pid, "gpu": None}
         p = self.by_pid.get(pid) if pid is not None else None
         if p and (host is None or p.get("host") in (None, host)):
             _fill(out, **p)
@@ -86,13 +87,13 @@ class Job:
             self.note(rank, r.get("host"), r.get("pid"), r.get("gpu"))
 
 
-def _fill(d: dict, **kw) -> None:
+def _fill(d: dict[str, Any], **kw: Any) -> None:
     for k, v in kw.items():
         if v is not None and d.get(k) is None:
             d[k] = v
 
 
-def describe(p: dict) -> str:
+def describe(p: dict[str, Any]) -> str:
     """'rank 3 on node5 (GPU 3, pid 240)': what a finding says of one process."""
     head = " on ".join(x for x in (f"rank {p['rank']}" if p.get("rank") is not None else "",
                                    p.get("host") or "") if x) or "a process"
@@ -103,44 +104,51 @@ def describe(p: dict) -> str:
 
 @dataclass
 class Events:
-    timeouts: list[dict] = field(default_factory=list)
+    timeouts: list[dict[str, Any]] = field(default_factory=list)
     work: dict[int, str] = field(default_factory=dict)  # rank -> watchdog's work status
     first_timeout: set[int] = field(default_factory=set)  # "dump signal ... from rank N"
     dump_seen_by: set[int] = field(default_factory=set)  # ranks that received that signal
-    stuck: list[dict] = field(default_factory=list)  # the heartbeat monitor's verdict
+    stuck: list[dict[str, Any]] = field(default_factory=list)  # the heartbeat monitor's verdict
     desync: list[str] = field(default_factory=list)
     desync_lagging: list[tuple[list[int], str]] = field(default_factory=list)
-    nccl_errors: list[dict] = field(default_factory=list)
-    last_errors: list[dict] = field(default_factory=list)  # NCCL's "Last error:" on its own
-    cuda_errors: list[dict] = field(default_factory=list)
-    ooms: list[dict] = field(default_factory=list)
-    xids: list[dict] = field(default_factory=list)
-    failures: list[dict] = field(default_factory=list)  # torchrun's failure table
-    rendezvous: list[dict] = field(default_factory=list)
+    nccl_errors: list[dict[str, Any]] = field(default_factory=list)
+    # NCCL's "Last error:" on its own
+    last_errors: list[dict[str, Any]] = field(default_factory=list)
+    cuda_errors: list[dict[str, Any]] = field(default_factory=list)
+    ooms: list[dict[str, Any]] = field(default_factory=list)
+    xids: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # torchrun's failure table
+    rendezvous: list[dict[str, Any]] = field(default_factory=list)
     stores: list[str] = field(default_factory=list)  # store addresses a client failed to reach
-    ray_deaths: list[dict] = field(default_factory=list)
-    bootstrap: list[dict] = field(default_factory=list)  # NCCL's root: a rank checked in twice
-    cancelled: list[dict] = field(default_factory=list)  # Slurm cancelled the step or job
-    signals: list[dict] = field(default_factory=list)  # processes a signal killed
-    stalls: list[dict] = field(default_factory=list)  # Horovod's stall inspector
-    ibv: list[dict] = field(default_factory=list)  # failed ibv_* calls, by errno
+    ray_deaths: list[dict[str, Any]] = field(default_factory=list)
+    # NCCL's root: a rank checked in twice
+    bootstrap: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: list[dict[str, Any]] = field(default_factory=list)  # Slurm cancelled the step or job
+    signals: list[dict[str, Any]] = field(default_factory=list)  # processes a signal killed
+    stalls: list[dict[str, Any]] = field(default_factory=list)  # Horovod's stall inspector
+    ibv: list[dict[str, Any]] = field(default_factory=list)  # failed ibv_* calls, by errno
     collective: dict[int | None, str] = field(default_factory=dict)  # rank -> traceback's op
     job: Job = field(default_factory=Job)
     ranks_seen: set[int] = field(default_factory=set)
-    nccl: dict | None = None  # verify_nccl.py's analysis of the NCCL lines, batches merged
-    sources: dict[str, dict] = field(default_factory=dict)  # file -> what says which job it is
-    hits: list[dict] = field(default_factory=list)  # the families' table signatures (sig_table)
-    failing: list[dict] = field(default_factory=list)  # failure-looking lines, no signature yet
-    ends: list[dict] = field(default_factory=list)  # normal ends (launchers, trainers)
+    # verify_nccl.py's analysis of the NCCL lines, batches merged
+    nccl: dict[str, Any] | None = None
+    # file -> what says which job it is
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the families' table signatures (sig_table)
+    hits: list[dict[str, Any]] = field(default_factory=list)
+    # failure-looking lines, no signature yet
+    failing: list[dict[str, Any]] = field(default_factory=list)
+    ends: list[dict[str, Any]] = field(default_factory=list)  # normal ends (launchers, trainers)
     pods: list[str] = field(default_factory=list)  # kubectl's pod rows: the pods named
-    tail: dict = field(default_factory=dict)  # the logs' last lines (jobs.read: `end_state`)
+    # the logs' last lines (jobs.read: `end_state`)
+    tail: dict[str, Any] = field(default_factory=dict)
     lines: int = 0
     current: Line | None = None  # the line being read (`add` places its events there)
     recent: deque[Line] = field(default_factory=lambda: deque(maxlen=RECENT))
     _batch: list[str] = field(default_factory=list)
-    _seen: set = field(default_factory=set)
+    _seen: set[Any] = field(default_factory=set)
 
-    def add(self, kind: str, item: dict, key: tuple | None = None) -> None:
+    def add(self, kind: str, item: dict[str, Any], key: tuple[Any, ...] | None = None) -> None:
         """Keep an event unless `CAP` of its kind are kept or the same one was (by `key`)."""
         items = getattr(self, kind)
         if len(items) >= CAP or (key is not None and (kind, *key) in self._seen):
@@ -153,7 +161,7 @@ class Events:
                     item[k] = v
         items.append(item)
 
-    def at(self, line: Line) -> dict:
+    def at(self, line: Line) -> dict[str, Any]:
         """Where an event stands: its file, line number, order of reading and own time."""
         time = stamp(line.raw or line.text)
         if time is None:  # a traceback's last line: the time of its rank's last stamped line
@@ -171,7 +179,7 @@ class Events:
             self.nccl = nccl_log.merge(self.nccl, nccl_log.analyze("\n".join(self._batch)))
             self._batch = []
 
-    def who(self, e: dict) -> dict:
+    def who(self, e: dict[str, Any]) -> dict[str, Any]:
         """An event's process with all the job model adds to it (and the host, when every
         process the logs name ran on one)."""
         p = self.job.who(e.get("rank"), e.get("host"), e.get("pid"))
@@ -182,7 +190,7 @@ class Events:
         return p
 
 
-def new_facts() -> dict:
+def new_facts() -> dict[str, Any]:
     """What tells one file's job from another's (see `jobs`)."""
     return {"ranks": set(), "timeout_ms": set(), "dates": set()}
 
@@ -226,7 +234,7 @@ def stamp(text: str) -> str | None:
     return None
 
 
-def first(items: list[dict]) -> dict:
+def first(items: list[dict[str, Any]]) -> dict[str, Any]:
     """The event that happened first: by the lines' own time when every one has a time of the
     same form, else the first read (the order a log was printed in)."""
     times = [x.get("time") for x in items]
@@ -235,7 +243,7 @@ def first(items: list[dict]) -> dict:
     return min(items, key=lambda x: x.get("seq", 0))
 
 
-def in_time_order(items: list[dict]) -> list[dict]:
+def in_time_order(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The events, first in time first (see `first`)."""
     times = [x.get("time") for x in items]
     if all(times) and len({len(t.split(" ")[0]) for t in times if t}) == 1:

@@ -10,6 +10,7 @@ had its say, and exit 0 must mean exactly that (DESIGN: triage outcomes). Pure f
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from megatron_env.diagnose import families, launch
 from megatron_env.diagnose.model import Events, first, in_time_order
@@ -60,7 +61,7 @@ _FIX = {
 }
 
 
-def _who(items: list[dict]) -> str:
+def _who(items: list[dict[str, Any]]) -> str:
     rs = sorted({x["rank"] for x in items if x.get("rank") is not None})
     hosts = list(dict.fromkeys(x["host"] for x in items if x.get("host")))
     tasks = sorted({t for x in items for t in x.get("tasks") or []})
@@ -73,7 +74,7 @@ def _who(items: list[dict]) -> str:
     return out
 
 
-def _placed(x: dict) -> str:
+def _placed(x: dict[str, Any]) -> str:
     """An evidence line with who printed it and when, where the log said."""
     who = " on ".join(w for w in (f"rank {x['rank']}" if x.get("rank") is not None else "",
                                   x.get("host") or "") if w)
@@ -92,7 +93,7 @@ def _own_errors(ev: Events, what: str) -> list[str]:
 
 def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
     """One finding per id of the table's hits: what happened first (in time) first."""
-    by_id: dict[str, list[dict]] = defaultdict(list)
+    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for h in ev.hits:
         if h["id"] not in skip:
             by_id[h["id"]].append(h)
@@ -111,7 +112,7 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
     return out
 
 
-def _failing_lines(items: list[dict]) -> list[dict]:
+def _failing_lines(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The failure-looking lines to quote: exceptions first (first in time first), then exit
     codes, then error lines."""
     order = {"exception": 0, "exit": 1, "error": 2}
@@ -134,7 +135,7 @@ def outcome(ev: Events, failed: bool) -> list[Finding]:
     return [_stopped(ev)]
 
 
-def _unrecognised(ev: Events, fails: list[dict]) -> Finding:
+def _unrecognised(ev: Events, fails: list[dict[str, Any]]) -> Finding:
     shown = _failing_lines(fails)
     x0 = shown[0]
     who = _who(fails)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from itertools import islice
+from typing import Any
 
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import CAP, NCCL_ORIGIN, Events, from_origin, rank_of
@@ -61,7 +62,7 @@ _NOT_COLL = frozenset({"wrapper", "new_group", "init_process_group", "destroy_pr
 _INIT = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nranks \d+ cudaDev (\d+)")
 _BOOTSTRAP = re.compile(r"Bootstrap Root : rank (\d+) of (\d+) ranks has already checked in")
 _LAST_ERROR = re.compile(r"^\s*Last error:\s*(.*)")
-def _watchdog(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _watchdog(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _WATCHDOG.search(t):
         rank = rank_of(line)
         pg = int(m.group(1))
@@ -74,13 +75,13 @@ def _watchdog(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None
             key=(rank if rank is not None else pg, int(m.group(2)), m.group(3)))
 
 
-def _work(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _work(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if (m := _WORK.search(t)) and (r := rank_of(line)) is not None and len(ev.work) < CAP:
         ev.work[r] = (f"failed at work {m.group(1)}, last enqueued {m.group(2)}, last "
                       f"completed {m.group(3)}")
 
 
-def _dump(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _dump(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if "by watchdog" not in t and (m := _DUMP_WORK.search(t)) and (
             r := rank_of(line)) is not None and len(ev.work) < CAP:
         ev.work.setdefault(r, f"last enqueued {m.group(1)}, last completed {m.group(2)}")
@@ -90,13 +91,13 @@ def _dump(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
             ev.dump_seen_by.add(r)
 
 
-def _stuck(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _stuck(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _STUCK.search(t):
         ev.add("stuck", {"rank": rank_of(line), "host": line.host, "seconds": int(m.group(1))},
                key=(rank_of(line), line.host))
 
 
-def _nccl_error(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _nccl_error(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if "failed:" not in t and "rror" not in t:
         return
     if not (m := _NCCL_ERROR.search(t)):
@@ -113,7 +114,7 @@ def _nccl_error(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> No
            key=(kind, rank_of(line), line.host))
 
 
-def _last_error(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _last_error(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """NCCL's `Last error:` pasted without the error above it: the line after it says what."""
     if not (m := _LAST_ERROR.match(t)):
         return
@@ -124,7 +125,7 @@ def _last_error(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> No
            key=(what[:80], rank_of(line)))
 
 
-def _bootstrap(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _bootstrap(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _BOOTSTRAP.search(t):
         o = NCCL_ORIGIN.search(t)
         host = line.host or (t[:o.start()].split()[-1] if o and o.group(1) and o.start() else None)
@@ -132,7 +133,7 @@ def _bootstrap(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> Non
                key=(m.group(1), host))
 
 
-def _stall(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _stall(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """Horovod's stall inspector names, per tensor, the ranks missing (newer) or the ranks ready
     (older: the missing ones are the rest)."""
     for m in _STALL.finditer(t):
@@ -144,7 +145,7 @@ def _stall(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
                key=(m.group(3), m.group(1)))
 
 
-def _ibv(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _ibv(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if not (m := _IBV.search(t)):
         return
     text = m.group(2).strip().rstrip(".")
@@ -157,7 +158,7 @@ def _ibv(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
            key=(m.group(1), name, rank_of(line), line.host))
 
 
-def _collective(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _collective(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """The collective a rank's traceback was in (the innermost named frame wins)."""
     if (m := _TB_COLL.search(t)) and len(ev.collective) < CAP:
         name = m.group(1) or m.group(2)
@@ -165,7 +166,7 @@ def _collective(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> No
             ev.collective[rank_of(line)] = name
 
 
-def _native(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _native(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """The collective of a native stack: its innermost frame is printed first, so the first
     one seen of a rank stays."""
     if (m := _NATIVE_COLL.search(t)) and len(ev.collective) < CAP:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from typing import Any
 
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import Events, rank_of
@@ -17,14 +18,14 @@ _OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]iB)(?: 
 _XID = re.compile(r"NVRM: Xid \((PCI:[\w:.]+)\): (\d+)(?:, pid=(\d+))?(?:, name=([^,\s]+))?"
                   r"(?:.*caused by previous Xid (\d+))?")
 _SYSLOG_HOST = re.compile(r"\b\w{3}\s+\d+ [\d:]+ (\S+) kernel:")
-def _oom(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _oom(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _OOM.search(t):
         ev.add("ooms", {"rank": rank_of(line), "host": line.host, "size": m.group(1),
                         "gpu": m.group(2) or m.group(4), "total": m.group(3) or m.group(5),
                         "line": t.strip()}, key=(rank_of(line), line.host, m.group(0)))
 
 
-def _cuda(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _cuda(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if "out of memory" in t and _OOM.search(t):
         return
     if ("CUDA error" in t or "cuda runtime" in t) and (m := _CUDA_ERROR.search(t)) and (
@@ -34,7 +35,7 @@ def _cuda(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
                                "line": t.strip()}, key=(what, rank_of(line), line.host))
 
 
-def _xid(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _xid(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _XID.search(t):
         h = _SYSLOG_HOST.search(t) if "kernel:" in t else None
         host = (h.group(1) if h else None) or line.host

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from itertools import islice
+from typing import Any
 
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import Events, rank_of
@@ -26,7 +27,7 @@ _RAY_ACTOR = re.compile(r"RayTaskError\((\w+)\): \S+ \(pid=(\d+), ip=([\w.-]+)")
 _RDZV_NODE = re.compile(r"The node '([\w.-]+?)_(\d+)_\d+' has failed to (\w+) the rendezvous "
                         r"'[^']*' due to an error of type (\w+)")
 _RAISED = re.compile(r"^\w*(?:Error|Exception): (.+)")
-def _rendezvous(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _rendezvous(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _RENDEZVOUS.search(t):
         store = _store(m.group(2)) or next(
             (s for x in islice(ahead, 4) if _STORE_LINE.search(x.text)
@@ -42,14 +43,14 @@ def _store(text: str) -> str | None:
     return None
 
 
-def _store_line(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _store_line(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """A c10d client that could not reach the store: its address, for the rendezvous finding."""
-    if _STORE_LINE.search(t) and (s := _store(t[_STORE_LINE.search(t).start():])) and (
+    if (m := _STORE_LINE.search(t)) and (s := _store(t[m.start():])) and (
             s not in ev.stores and len(ev.stores) < 16):
         ev.stores.append(s)
 
 
-def _rdzv_node(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _rdzv_node(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """Dynamic rendezvous failing on a node; the exception it names follows a few lines on."""
     if m := _RDZV_NODE.search(t):
         why = next((r.group(1) for x in ahead if (r := _RAISED.match(x.text))), "")
@@ -59,7 +60,7 @@ def _rdzv_node(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> Non
                key=(m.group(4), m.group(1)))
 
 
-def _endpoint(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _endpoint(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """torchrun's --rdzv_endpoint, as its launch configuration prints it: where the store is."""
     if (m := _ENDPOINT.search(t)) and m.group(1) not in ev.stores and len(ev.stores) < 16:
         ev.stores.append(m.group(1))
@@ -70,7 +71,7 @@ def _endpoint(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None
 _INIT_METHOD = re.compile(r"tcp://\[?([\w.:-]+?)\]?:(\d{2,5})\b")
 
 
-def _init_method(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _init_method(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """init_process_group's `tcp://host:port`: where the store is."""
     if (m := _INIT_METHOD.search(t)) and (s := f"{m.group(1)}:{m.group(2)}") not in ev.stores \
             and len(ev.stores) < 16:

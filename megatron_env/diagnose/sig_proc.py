@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from typing import Any
 
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import SIGNALS, Events, rank_of
@@ -42,7 +43,10 @@ _SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) ([\w.]+) ON (\S+) CANCELLED AT (\
                            r"([A-Z ]+?))? \*\*\*")
 _SIGNAL_NAMES = {"Bus error": 7, "Segmentation fault": 11, "Aborted": 6, "Killed": 9,
                  "Floating point exception": 8}
-def failed(ev: Events, f: dict, key: tuple | None = None, line: str = "") -> None:
+
+
+def failed(ev: Events, f: dict[str, Any], key: tuple[Any, ...] | None = None,
+           line: str = "") -> None:
     """A launcher's failed child: a failure, and a signal when its exit code says one."""
     ev.add("failures", f, key=key)
     code = f.get("exitcode")
@@ -57,7 +61,7 @@ def failed(ev: Events, f: dict, key: tuple | None = None, line: str = "") -> Non
                key=(name, f["rank"], f["host"], f["pid"], f["local_rank"]))
 
 
-def _elastic(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _elastic(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _ELASTIC.search(t):
         failed(ev, {"root": False, "rank": None, "local_rank": int(m.group(2)),
                     "host": line.host, "exitcode": int(m.group(1)),
@@ -72,7 +76,7 @@ _DS_FAILED = re.compile(r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*
                         r"(?:exits with return code = (?P<code>-?\d+)|$)")
 
 
-def _deepspeed(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _deepspeed(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _DS_FAILED.search(t):
         code = int(m.group("code")) if m.group("code") else None
         failed(ev, {"root": True, "rank": None, "local_rank": int(m.group("local")),
@@ -81,31 +85,32 @@ def _deepspeed(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> Non
                key=("deepspeed", m.group("local")), line=t.strip())
 
 
-def _ray(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _ray(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _RAY_DIED.search(t):
         ev.add("ray_deaths", {"ip": m.group(1), "pid": m.group(2), "exit": m.group(3)},
                key=(m.group(2),))
 
 
-def _ray_actor(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _ray_actor(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _RAY_ACTOR.search(t):
         ev.add("ray_deaths", {"ip": m.group(3), "pid": m.group(2), "exit": m.group(1)},
                key=(m.group(2),))
 
 
-def _cancelled(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _cancelled(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _SLURM_CANCEL.search(t):
         ev.add("cancelled", {"what": m.group(1).lower(), "id": m.group(2), "host": m.group(3),
                              "at": m.group(4), "why": (m.group(5) or "").lower()},
                key=(m.group(2),))
 
 
-def _signal(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _signal(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     m, groups = next(((m, g) for rx, g in _SIGNAL_FORMS if (m := rx.search(t))), (None, None))
-    if m is None:
+    if m is None or groups is None:
         return
     gnum, gname, ghost, gpid = groups
-    what = m.group(gname).strip() if gname else SIGNALS.get(int(m.group(gnum)), "signal")
+    what = (m.group(gname).strip() if gname else
+            SIGNALS.get(int(m.group(gnum)), "signal") if gnum else "signal")
     num = int(m.group(gnum)) if gnum else _SIGNAL_NAMES.get(what) or next(
         (n for n, s in SIGNALS.items() if s == what), None)
     host = (m.group(ghost) if ghost else None) or line.host
@@ -120,7 +125,7 @@ def _signal(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
         ev.job.note(rank_of(line), host, pid)
 
 
-def failure(e: dict) -> dict:
+def failure(e: dict[str, Any]) -> dict[str, Any]:
     rank = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", e.get("rank", ""))
     code = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", e.get("exitcode", ""))
     return {"root": e["root"], "rank": int(rank.group(1)) if rank else None,
@@ -178,7 +183,7 @@ def tasks(text: str) -> list[int]:
     return out[:4096]
 
 
-def _exit(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _exit(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """A child's end as its launcher printed it: a signal (negative code, 128+N, a shell's
     word) goes to `signals`, a host OOM kill to `hits`, another non-zero code to `failing`."""
     if t.endswith("exited on") and ahead:  # mpirun's message wrapped before "signal N"
@@ -219,7 +224,7 @@ _POD = re.compile(r"^\s*(?P<pod>[a-z0-9][a-z0-9.-]{2,252})\s+\d+/\d+\s+(?P<statu
                   r"CrashLoopBackOff|OOMKilled|Completed|Terminating|Evicted)\s+\d+")
 
 
-def _pod(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _pod(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """The pods a `kubectl get pods` table names: where an exit code of `kubectl` came from."""
     if (m := _POD.match(t)) and m.group("pod") not in ev.pods and len(ev.pods) < 16:
         ev.pods.append(m.group("pod"))

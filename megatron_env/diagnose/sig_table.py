@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import NCCL_ORIGIN, Events, rank_of
@@ -202,7 +204,7 @@ for _s in TABLE:
         _TRIGGERS.setdefault(_w, []).append(_s)
 
 
-class _Blank(dict):  # str.format_map with the groups that did not take part left empty
+class _Blank(dict[str, str]):  # str.format_map with the groups that did not take part left empty
     def __missing__(self, key: str) -> str:
         return ""
 
@@ -224,8 +226,8 @@ def _hit(sig: Sig, ev: Events, line: Line, t: str) -> bool:
     return True
 
 
-def reader(sigs: list[Sig]):  # noqa: ANN201 - a reader, as events.READERS wants
-    def read(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def reader(sigs: list[Sig]) -> Callable[[Events, Line, str, deque[Line], dict[str, Any]], None]:
+    def read(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
         for sig in sigs:
             if _hit(sig, ev, line, t):
                 return
@@ -244,7 +246,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>
 _PACKAGES = ("site-packages", "dist-packages", "/lib/python", "<frozen")
 
 
-def _failing(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _failing(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """A line that looks like a failure: kept (the first few) for `job.unrecognised`."""
     if len(ev.failing) >= 64:
         return
@@ -261,7 +263,7 @@ def _failing(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
                            "line": t.strip()}, key=("error", t.strip()[:200], rank_of(line)))
 
 
-def _frame(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _frame(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     """The innermost frame of a traceback so far: where its exception was raised."""
     if m := _FRAME.match(t):
         facts["frame"] = (m.group("file"), m.group("line"))
@@ -282,7 +284,7 @@ _ENDS = re.compile(
     r"torchelastic\.worker\.status\.SUCCEEDED")
 
 
-def _end(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
+def _end(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if _ENDS.search(t) and len(ev.ends) < 64:
         ev.ends.append({"line": t.strip(), "seq": ev.lines, "rank": rank_of(line)})
 
@@ -305,14 +307,14 @@ READERS = [
 _LAST_RANKS = 50  # lines at the end of a log whose ranks are "still printing"
 
 
-def end_state(tail: list[str], source: str = "-") -> dict:
+def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
     """How a log ends, from its last lines: the last time and progress printed, the ranks
     printing in its last lines, its last line, and whether progress followed a normal end."""
     from megatron_env.diagnose import joblog
     from megatron_env.diagnose.model import stamp
 
     lines = [x for x in joblog.lines(list(tail), source) if x.text.strip()]
-    out: dict = {"time": None, "iteration": None, "ranks": [], "last": "",
+    out: dict[str, Any] = {"time": None, "iteration": None, "ranks": [], "last": "",
                  "progress_after_end": False}
     if not lines:
         return out
