@@ -190,3 +190,24 @@ def test_the_collective_of_a_native_stack_is_named():
     the native frames (pncclReduceScatter)."""
     fs = jobs.run([LOGS / "sigsegv-reduce-scatter-backtrace-nemo-nccl1050.log"])[0]
     assert fs[0].id == "job.signal" and fs[0].summary.endswith("in ReduceScatter")
+
+
+@pytest.mark.parametrize("line, fid, words", [
+    # https://github.com/ofsoundof/GRL-Image-Restoration/issues/27 (torch c10d socket.cpp)
+    ("[W socket.cpp:558] [c10d] The client socket has failed to connect to [::ffff:0.0.0.5]:40323 "
+     "(errno: 110 - Connection timed out).", "job.rendezvous",
+     ["::ffff:0.0.0.5:40323", "Connection timed out"]),
+    # https://github.com/lzhxmu/CPPO/issues/6
+    ("[E521 15:43:02.707733876 socket.cpp:1023] [c10d] The client socket has timed out after "
+     "600000ms while trying to connect to (172.18.21.4, 37907).", "job.rendezvous",
+     ["172.18.21.4:37907", "600000ms"]),
+    # https://github.com/HRNet/HigherHRNet-Human-Pose-Estimation/issues/47 (torch.multiprocessing)
+    ("Exception: process 1 terminated with signal SIGKILL", "job.signal",
+     ["local rank 1", "SIGKILL"]),
+])
+def test_messages_of_the_sources_land_in_their_family(line, fid, words):
+    """One line each, as public threads quote them: the c10d store client and spawn's exit."""
+    fs = triage.findings(_merged(joblog.normalise(line + "\n")))
+    assert fs[0].id == fid and fs[0].status == "fail", fs
+    for w in words:
+        assert w in fs[0].summary, fs[0].summary

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from itertools import islice
 from typing import Any
 
 from megatron_env.diagnose.joblog import Line
@@ -91,6 +92,19 @@ def _ray(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, An
                key=(m.group(2),))
 
 
+_ACTOR_FIELD = re.compile(r"^\s*(pid|ip|class_name): (\S+)")
+
+
+def _actor_died(ev: Events, line: Line, t: str, ahead: deque[Line],
+                facts: dict[str, Any]) -> None:
+    """Ray's ActorDiedError: `The actor died unexpectedly before finishing this task.`, its
+    class_name, pid and ip on the lines that follow (ray/exceptions.py)."""
+    f = {m.group(1): m.group(2) for x in islice(ahead, 12) if (m := _ACTOR_FIELD.match(x.text))}
+    if f.get("pid"):
+        ev.add("ray_deaths", {"ip": f.get("ip") or line.host or "an unknown node",
+                              "pid": f["pid"], "exit": f.get("class_name")}, key=(f["pid"],))
+
+
 def _ray_actor(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _RAY_ACTOR.search(t):
         ev.add("ray_deaths", {"ip": m.group(3), "pid": m.group(2), "exit": m.group(1)},
@@ -138,7 +152,8 @@ def failure(e: dict[str, Any]) -> dict[str, Any]:
 
 
 
-_SHELL = ("Killed", "fault", "Bus error", "Aborted", "Terminated")
+_SHELL = ("Killed", "fault", "Bus error", "Aborted", "Terminated", "Illegal instruction",
+          "Floating point exception")
 # how launchers, shells and schedulers print the end of a child they started; named groups:
 # code (an exit status, negative for a signal, 128+N from a shell), sig (a signal's number),
 # sname (a signal as the shell words it), pid, host, rank, local (local rank), tasks (srun's)
@@ -159,17 +174,23 @@ _EXITS = [((trigger,) if isinstance(trigger, str) else trigger, re.compile(rx))
     ("exit with status", r"Process (?P<rank>\d+) exit with status code (?P<code>-?\d+)"),
     # a shell reporting its child: bash's job control ("script: line 10:   93 Killed   cmd")
     (_SHELL, r"line \d+:\s+(?P<pid>\d+) (?P<sname>Killed|Segmentation fault|Bus error|Aborted|"
-              r"Terminated)\b"),
+              r"Terminated|Illegal instruction|Floating point exception)\b"),
     # ... and a bare line: "Killed", "Segmentation fault (core dumped)"
-    (_SHELL, r"^\s*(?P<sname>Killed|Segmentation fault|Bus error|Terminated)(?: \(core dumped\))?"
+    (_SHELL, r"^\s*(?P<sname>Killed|Segmentation fault|Bus error|Terminated|Illegal instruction|"
+             r"Floating point exception)(?: \(core dumped\))?"
            r"\s*$"),
     (("Aborted",), r"^\s*(?P<sname>Aborted) \(core dumped\)\s*$"),
     ("Received SIG", r"Received (?:SIG[A-Z]+): (?P<sig>\d+)"),  # Lightning's signal handler
+    # torch.multiprocessing.spawn: "ProcessExitedException: process 0 terminated with signal
+    # SIGKILL" / "... terminated with exit code 1"
+    ("terminated with", r"process (?P<local>\d+) terminated with (?:signal (?P<sigword>SIG[A-Z]+)|"
+                        r"exit code (?P<code>\d+))"),
     ("exit status", r"returned non-zero exit status (?P<code>-?\d+)"),  # CalledProcessError
     ("non-zero status", r"Command exited with non-zero status (?P<code>\d+)"),  # /usr/bin/time
     ("xit", r"\b[Ee]xit(?:ed)?(?: with)? (?:code|status)[ :=]+(?P<code>-?\d+)"),
 ]]
 _SHELL_WORDS = {"Killed": 9, "Segmentation fault": 11, "Bus error": 7, "Aborted": 6,
+                "Illegal instruction": 4, "Floating point exception": 8,
                 "Terminated": 15}
 
 
@@ -196,6 +217,7 @@ def _exit(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, A
     g = m.groupdict()
     code = int(g["code"]) if g.get("code") else None
     num = (int(g["sig"]) if g.get("sig") else _SHELL_WORDS.get(g.get("sname") or "")
+           or next((n for n, s in SIGNALS.items() if s == g.get("sigword")), None)
            or (-code if code is not None and code < 0 else None)
            or (code - 128 if code is not None and code - 128 in SIGNALS else None))
     host = g.get("host") or line.host
@@ -234,6 +256,7 @@ READERS = [
     ("sigkill_handler] [", _deepspeed),
     *((w, _pod) for w in ("Running", "CrashLoopBackOff", "OOMKilled", "Completed", "Evicted")),
     ("exitcode", _elastic), ("worker died", _ray), ("RayTaskError", _ray_actor),
+    ("actor died unexpectedly", _actor_died),
     ("CANCELLED", _cancelled), ("ignal", _signal), ("Fatal Python", _signal),
     *((trigger, _exit) for trigger in dict.fromkeys(w for ws, _ in _EXITS for w in ws)),
 ]

@@ -54,6 +54,8 @@ TABLE: list[Sig] = [
     _sig("job.hardware", "GPU lost", "Unable to determine the device handle",
          r"Unable to determine the device handle for GPU (?P<pci>[\w:.]+): (?P<what>.+)",
          "nvidia-smi cannot reach GPU {pci}: {what}"),
+    _sig("job.hardware", "GPU lost", "GPU is lost",
+         r"(?:GPU (?P<pci>[\w:.]+) )?(?P<what>GPU is lost)", "the GPU is lost {pci}"),
     _sig("job.hardware", "GPU lost", "RmInitAdapter failed",
          r"NVRM: (?:GPU (?P<pci>[\w:.]+): )?RmInitAdapter failed", "the driver could not "
          "initialise GPU {pci}"),
@@ -75,10 +77,13 @@ TABLE: list[Sig] = [
     _sig("job.oom_killer", "kernel", "oom-kill:",
          r"oom-kill:.*?task=(?P<proc>[^,]+),pid=(?P<pid>\d+)",
          "the kernel's OOM killer killed {proc} (pid {pid})"),
+    _sig("job.oom_killer", "kernel", "Killed process",
+         r"Killed process (?P<pid>\d+) \((?P<proc>[^)]*)\) total-vm",
+         "the kernel's OOM killer killed {proc} (pid {pid})"),
     _sig("job.oom_killer", "kernel", "invoked oom-killer",
          r"(?P<proc>\S+) invoked oom-killer", "{proc} invoked the kernel's OOM killer"),
     _sig("job.oom_killer", "cgroup", "oom_kill event",
-         r"Detected (?P<what>\d+) oom[-_]kill events? in (?P<step>[\w.]+)",
+         r"Detected (?P<what>\d+) oom[-_]kill events? in (?:StepId=)?(?P<step>[\w.]+)",
          "Slurm saw {what} OOM-kill event(s) in {step}: the job's memory limit"),
     _sig("job.oom_killer", "cgroup", "OOMKilled", r"(?P<what>OOMKilled)",
          "the container was OOMKilled (its memory limit)"),
@@ -90,6 +95,9 @@ TABLE: list[Sig] = [
     # -- host resources: disks and file systems, by their errno (glibc's strings)
     _sig("job.disk", "no space", "No space left",
          _ERRNO + r"No space left on device" + _PATH, "no space left on device {path}"),
+    _sig("job.disk", "write failed", "file write failed",
+         r"(?P<what>PytorchStreamWriter failed writing file \S+: file write failed)",
+         "torch.save could not write (a full disk or quota, most often): {what}"),
     _sig("job.disk", "no space", "StorageFull", r"kind: (?P<what>StorageFull)",
          "no space left on device"),
     _sig("job.disk", "quota", "quota exceeded",
@@ -116,6 +124,8 @@ TABLE: list[Sig] = [
          "Kubernetes evicted the pod"),
     _sig("job.scheduler", "preemption", ("reempted", "PREEMPTED", "reemption"),
          r"(?P<what>(?:[Pp]reempted|PREEMPTED|Preemption)\b.*)", "{what}"),
+    _sig("job.scheduler", "node failure", "Node failure",
+         r"(?P<what>[Nn]ode failure on (?P<host>[\w.-]+))", "Slurm: {what}"),
     _sig("job.scheduler", "srun", "Force Terminated",
          r"srun: Force Terminated (?:job|step) (?P<what>[\w.]+)", "srun force-terminated "
          "{what}"),
@@ -134,6 +144,15 @@ TABLE: list[Sig] = [
          "a host name could not be resolved {addr}: {what}"),
     _sig("job.rendezvous", "name resolution", "getaddrinfo",
          r"getaddrinfo\(?\)? (?:failed|error)[^:]*:? ?(?P<what>.*)", "getaddrinfo failed: {what}"),
+    _sig("job.rendezvous", "store", "failed to connect to",
+         r"client socket has failed to connect to (?:\[(?P<addr>[^\]]+)\]|(?P<addr2>[\w.-]+))"
+         r":(?P<port>\d+)"
+         r"(?: \(errno: (?P<code>\d+) - (?P<why>[^)]+)\))?",
+         "a client could not connect to the store: {why}"),
+    _sig("job.rendezvous", "store", "has timed out after",
+         r"client socket has timed out after (?P<what>\d+ ?m?s) while trying to connect to "
+         r"\(?(?P<addr>[\w.:-]+?), (?P<port>\d+)\)?",
+         "a client timed out connecting to the store after {what}"),
     _sig("job.rendezvous", "store", "store->get",
          r"(?:\[(?P<rank>\d+)\] is setting up NCCL communicator and \w+ ncclUniqueId from "
          r"\[(?P<root>\d+)\].*?)?(?P<what>store->get\([^)]*\).*)",
@@ -184,8 +203,18 @@ TABLE: list[Sig] = [
     _sig("job.numerics", "loss scale", "OVERFLOW!",
          r"(?P<what>Attempted loss scale: (?P<scale>(?:[1-9]|1[0-6])(?:\.0)?), reducing to "
          r"\S+)", "fp16 overflow at a loss scale of {scale} (collapsed): {what}"),
+    _sig("job.numerics", "loss scale", "reducing loss scale to",
+         r"(?P<what>reducing loss scale to (?P<scale>(?:[1-9]|1[0-6])(?:\.0+)?)\b(?![\d.]))",
+         "fp16 overflow at a loss scale of {scale} (collapsed): {what}"),
     _sig("job.numerics", "NaN", "non-finite",
          r"(?P<what>[^.]*(?:non-finite|not finite)[^.]*(?:loss|grad)[^.]*)", "{what}"),
+    # -- communication: ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) comparing ranks
+    _sig("job.desync", "mismatch", "mismatch between collectives",
+         r"Detected mismatch between collectives on ranks\. Rank (?P<rank>\d+) is running "
+         r"collective: (?P<what>CollectiveFingerPrint\([^)]*\))(?:, but Rank (?P<other>\d+) "
+         r"is running collective: (?P<theirs>CollectiveFingerPrint\([^)]*\)))?",
+         "the ranks disagree on the collective (a desync): rank {rank} runs {what}, rank "
+         "{other} runs {theirs}"),
     # -- the data pipeline: torch.utils.data's worker watchdog, its re-raise of a worker error
     _sig("job.data", "worker killed", "DataLoader worker",
          r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<what>[\w ]+)",
@@ -193,6 +222,8 @@ TABLE: list[Sig] = [
     _sig("job.data", "worker exited", "DataLoader worker",
          r"DataLoader worker \(pid\(s\) (?P<pid>[\d, ]+)\) exited unexpectedly",
          "DataLoader worker(s) (pid {pid}) exited unexpectedly"),
+    _sig("job.data", "dataset", "DatasetGenerationError",
+         r"(?P<what>DatasetGenerationError: .*)", "the dataset could not be built: {what}"),
     _sig("job.data", "worker error", "in DataLoader worker",
          r"Caught (?P<what>\w+) in DataLoader worker process (?P<rank>\d+)",
          "a DataLoader worker raised {what}"),
@@ -215,7 +246,8 @@ def _hit(sig: Sig, ev: Events, line: Line, t: str) -> bool:
         return False
     g = {k: v.strip() for k, v in m.groupdict().items() if v}
     host = g.get("host") or line.host
-    store = f"{g['addr']}:{g['port']}" if g.get("addr") and g.get("port") else None
+    addr = g.get("addr") or g.get("addr2")
+    store = f"{addr}:{g['port']}" if addr and g.get("port") else None
     if host is None and (o := NCCL_ORIGIN.search(t)) and o.group(1) and o.start():
         host = t[:o.start()].split()[-1].split("|")[-1] or None
     rank = int(g["rank"]) if g.get("rank") and sig.finding != "job.data" else rank_of(line)
