@@ -211,3 +211,12 @@ def test_messages_of_the_sources_land_in_their_family(line, fid, words):
     assert fs[0].id == fid and fs[0].status == "fail", fs
     for w in words:
         assert w in fs[0].summary, fs[0].summary
+
+
+@given(st.integers(0, 7))
+def test_a_role_tag_is_a_local_rank_not_a_global_one(local):
+    """torchrun --tee's `[default3]:` numbers the processes of one node: local rank 3 of any
+    node, not global rank 3."""
+    fs = triage.findings(_merged(joblog.normalise(f"[default{local}]:{STALE}\n")))
+    (f,) = [x for x in fs if x.id == "job.disk"]
+    assert f"(local rank {local})" in f.summary and f"(rank {local})" not in f.summary

@@ -40,6 +40,7 @@ _BRACKET_TAG = re.compile(
     r"|\[\d+,(\d+)\]<std(?:out|err)>:"                         # mpirun --tag-output
     r"|\[([A-Za-z][\w.-]*?\d[\w.-]*|[A-Za-z][\w.-]*):(\d+)\]:"  # accelerate/deepspeed host:rank
     r"|\[(?:default|[a-z]+_?)(\d+)\]:")                        # torchrun role+local rank
+_ROLE_TAG = re.compile(r"\[(?:default|[a-z]+_?)(\d+)\]:")
 # what a prefix before a tag may say about the host: Ray's `ip=`, an aggregator's `job.host [std..]`
 _PREFIX_IP = re.compile(r"\bip=((?:\d{1,3}\.){3}\d{1,3})")
 # Ray's `(Actor pid=123, ip=10.0.0.1) ` in front of every line a worker printed
@@ -207,7 +208,15 @@ def _bracket(m: re.Match[str], rank: int | None, host: str | None) -> tuple[int 
         return int(m.group(2)), host
     if m.group(3) is not None:
         return int(m.group(4)), m.group(3)
-    return (int(m.group(5)) if rank is None else rank), host
+    return rank, host  # a role's tag (`[default3]:`) is a local rank: `local_rank` reads it
+
+
+def local_rank(raw: str) -> int | None:
+    """The local rank a torchrun role tag (`[default3]:`, `[trainer1]:`) names in a physical
+    line: kept apart from the global rank (rank 3 of node 2 is not global rank 3)."""
+    if "]:" in raw and (m := _ROLE_TAG.search(raw)):
+        return int(m.group(1))
+    return None
 
 
 def _host_of(prefix: str) -> str | None:

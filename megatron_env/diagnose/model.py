@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron_env.diagnose import nccl_log
-from megatron_env.diagnose.joblog import Line
+from megatron_env.diagnose.joblog import Line, local_rank
 
 SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
            9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
@@ -167,7 +167,8 @@ class Events:
         if time is None:  # a traceback's last line: the time of its rank's last stamped line
             time = next((t for x in reversed(self.recent) if x.rank == line.rank
                          and (t := stamp(x.raw or x.text))), None)
-        return {"source": line.source, "number": line.number, "seq": self.lines, "time": time}
+        return {"source": line.source, "number": line.number, "seq": self.lines, "time": time,
+                "local": local_rank(line.raw) if line.raw else None}
 
     def nccl_line(self, text: str) -> None:
         self._batch.append(text)

@@ -65,7 +65,9 @@ def _who(items: list[dict[str, Any]]) -> str:
     rs = sorted({x["rank"] for x in items if x.get("rank") is not None})
     hosts = list(dict.fromkeys(x["host"] for x in items if x.get("host")))
     tasks = sorted({t for x in items for t in x.get("tasks") or []})
-    out = launch.ranks(rs) if rs else ""
+    local = sorted({x["local"] for x in items if x.get("local") is not None})
+    out = (launch.ranks(rs) if rs else
+           launch.ranks(local).replace("rank", "local rank") if local else "")
     if tasks:
         out = (out + "; " if out else "") + "srun " + launch.ranks(tasks).replace("rank", "task")
     if hosts:

@@ -39,8 +39,11 @@ def _where(rank: int | None, host: str | None) -> str:
 def _who(items: list[dict]) -> str:
     """'rank 1 on gpu187', 'ranks 0 and 3', 'a rank': who printed these events."""
     rs = sorted({e["rank"] for e in items if e.get("rank") is not None})
+    local = sorted({e["local"] for e in items if e.get("local") is not None})
     hosts = sorted({e["host"] for e in items if e.get("host")})
-    return (ranks(rs) if rs else "a rank") + (f" on {', '.join(hosts)}" if hosts else "")
+    who = (ranks(rs) if rs else ranks(local).replace("rank", "local rank") if local
+           else "a rank")
+    return who + (f" on {', '.join(hosts)}" if hosts else "")
 
 
 def _seconds(ms: int) -> str:
