@@ -40,6 +40,9 @@ _BRACKET_TAG = re.compile(
     r"|\[\d+,(\d+)\]<std(?:out|err)>:"                         # mpirun --tag-output
     r"|\[([A-Za-z][\w.-]*?\d[\w.-]*|[A-Za-z][\w.-]*):(\d+)\]:"  # accelerate/deepspeed host:rank
     r"|\[(?:default|[a-z]+_?)(\d+)\]:")                        # torchrun role+local rank
+# a row of a table printed in columns (`kubectl get pods`, `squeue`): its own record even when
+# the rows are as wide as the terminal
+_TABLE_ROW = re.compile(r"\S+ {3,}\S+ {3,}\S")
 _ROLE_TAG = re.compile(r"\[(?:default|[a-z]+_?)(\d+)\]:")
 # what a prefix before a tag may say about the host: Ray's `ip=`, an aggregator's `job.host [std..]`
 _PREFIX_IP = re.compile(r"\bip=((?:\d{1,3}\.){3}\d{1,3})")
@@ -152,7 +155,7 @@ def _continues(cur: list, body: str, rank: int | None, host: str | None,
     text = cur[0]
     if not prev_full and "NCCL" not in text and "atchdog" not in text:
         return False
-    if _RECORD.match(body):
+    if _RECORD.match(body) or _TABLE_ROW.match(body):
         return False
     if prev_full or text.count("(") > text.count(")"):
         return True

@@ -117,7 +117,7 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
 def _failing_lines(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The failure-looking lines to quote: exceptions first (first in time first), then exit
     codes, then error lines."""
-    order = {"exception": 0, "exit": 1, "error": 2}
+    order = {"exception": 0, "exit": 1, "pod": 2, "error": 3}
     return sorted(in_time_order(items), key=lambda x: order.get(x["kind"], 3))
 
 
@@ -144,7 +144,9 @@ def _unrecognised(ev: Events, fails: list[dict[str, Any]]) -> Finding:
     where = {"user": "raised in the training code", "framework": "raised inside an installed "
              "package"}.get(x0.get("where", ""), "")
     what = (f"{x0['name']}" if x0["kind"] == "exception" else
-            f"exit code {x0['code']}" if x0["kind"] == "exit" else "an error line")
+            f"exit code {x0['code']}" if x0["kind"] == "exit" else
+            "a pod that keeps failing (`kubectl logs --previous POD` shows why)"
+            if x0["kind"] == "pod" else "an error line")
     return Finding(
         "job.unrecognised", "fail",
         f"the log shows a failure no signature names: {what}"

@@ -250,6 +250,9 @@ def _pod(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, An
     """The pods a `kubectl get pods` table names: where an exit code of `kubectl` came from."""
     if (m := _POD.match(t)) and m.group("pod") not in ev.pods and len(ev.pods) < 16:
         ev.pods.append(m.group("pod"))
+    if m and m.group("status") in ("CrashLoopBackOff", "Error"):  # it failed; its log says why
+        ev.add("failing", {"kind": "pod", "rank": None, "host": m.group("pod"),
+                           "line": t.strip()}, key=("pod", m.group("pod")))
 
 
 READERS = [
