@@ -220,3 +220,11 @@ def test_a_role_tag_is_a_local_rank_not_a_global_one(local):
     fs = triage.findings(_merged(joblog.normalise(f"[default{local}]:{STALE}\n")))
     (f,) = [x for x in fs if x.id == "job.disk"]
     assert f"(local rank {local})" in f.summary and f"(rank {local})" not in f.summary
+
+
+def test_the_host_of_a_pasted_shell_prompt_names_where_it_happened():
+    """A user's paste: the prompt (ray 45179's) then a kernel line without a host (eris 42's)."""
+    prompt = (LOGS / "ray-node-marked-dead-heartbeats-ray45179.log").read_text().splitlines()[0]
+    oom = (LOGS / "oom-killer-dmesg-T-sacrifice-child-eris42.log").read_text().splitlines()[0]
+    (f,) = triage.findings(_merged(joblog.normalise(f"{prompt}\n{oom}\n")))
+    assert f.id == "job.oom_killer" and "on ol8ray-1" in f.summary, f.summary

@@ -139,6 +139,7 @@ class Events:
     # failure-looking lines, no signature yet
     failing: list[dict[str, Any]] = field(default_factory=list)
     ends: list[dict[str, Any]] = field(default_factory=list)  # normal ends (launchers, trainers)
+    prompts: list[str] = field(default_factory=list)  # hosts of shell prompts in the log
     pods: list[str] = field(default_factory=list)  # kubectl's pod rows: the pods named
     # the logs' last lines (jobs.read: `end_state`)
     tail: dict[str, Any] = field(default_factory=dict)

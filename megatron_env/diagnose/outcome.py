@@ -61,9 +61,12 @@ _FIX = {
 }
 
 
-def _who(items: list[dict[str, Any]]) -> str:
+def _who(items: list[dict[str, Any]], prompts: list[str] | None = None) -> str:
+    """Who printed these events: ranks as ranges, srun task ids, hosts (or, when no line
+    names one, the host of the one shell prompt pasted with them)."""
+    prompts = prompts if prompts and len(prompts) == 1 else []
     rs = sorted({x["rank"] for x in items if x.get("rank") is not None})
-    hosts = list(dict.fromkeys(x["host"] for x in items if x.get("host")))
+    hosts = list(dict.fromkeys(x["host"] for x in items if x.get("host"))) or prompts
     tasks = sorted({t for x in items for t in x.get("tasks") or []})
     local = sorted({x["local"] for x in items if x.get("local") is not None})
     out = (launch.ranks(rs) if rs else
@@ -71,7 +74,7 @@ def _who(items: list[dict[str, Any]]) -> str:
     if tasks:
         out = (out + "; " if out else "") + "srun " + launch.ranks(tasks).replace("rank", "task")
     if hosts:
-        out = (out + " on " if out else "") + ", ".join(hosts[:4]) + (
+        out = (out + " on " if out else "on ") + ", ".join(hosts[:4]) + (
             f" and {len(hosts) - 4} more" if len(hosts) > 4 else "")
     return out
 
@@ -104,7 +107,7 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
         hs = in_time_order(hs)
         h0 = first(hs)
         whats = list(dict.fromkeys(h["what"] for h in hs))
-        who = _who(hs)
+        who = _who(hs, ev.prompts)
         fam = families.family(fid)
         fix = _FIX.get((fid, h0["kind"]), fam.advice)
         out.append(Finding(

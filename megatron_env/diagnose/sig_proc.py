@@ -255,7 +255,18 @@ def _pod(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, An
                            "line": t.strip()}, key=("pod", m.group("pod")))
 
 
+# a shell prompt a user pasted with the output: `[user@host dir]$ cmd`, `user@host:~$ cmd`
+_PROMPT = re.compile(r"^\s*(?:\([\w.-]+\)\s*)*\[?[\w.-]+@(?P<host>[\w.-]+)[ :][^$#\n]{0,80}[$#] ")
+
+
+def _prompt(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
+    """The host a pasted shell prompt names: where the output below it was printed."""
+    if (m := _PROMPT.match(t)) and m.group("host") not in ev.prompts and len(ev.prompts) < 8:
+        ev.prompts.append(m.group("host"))
+
+
 READERS = [
+    *((w, _prompt) for w in ("]$ ", "~$ ", "]# ", "~# ")),
     ("sigkill_handler] [", _deepspeed),
     *((w, _pod) for w in ("Running", "CrashLoopBackOff", "OOMKilled", "Completed", "Evicted")),
     ("exitcode", _elastic), ("worker died", _ray), ("RayTaskError", _ray_actor),

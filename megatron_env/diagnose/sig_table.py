@@ -62,6 +62,9 @@ TABLE: list[Sig] = [
     _sig("job.hardware", "PCIe", "AER:", r"(?:pcieport|nvidia) (?P<pci>[\w:.]+): AER: "
          r"(?P<what>(?:Uncorrected|Multiple Uncorrected) \(\w+\) error[^,]*)", "PCIe {what} "
          "at {pci}"),
+    _sig("job.hardware", "PCIe", "PCIe Bus Error",
+         r"(?P<pci>[\w:.]+): (?:AER: )?PCIe Bus Error: (?P<what>severity=Uncorrected[^,]*"
+         r"(?:, type=[^,]+)?)", "PCIe bus error ({what}) at {pci}"),
     _sig("job.hardware", "host memory", "Hardware Error",
          r"(?P<what>(?:\[Hardware Error\]|mce: \[Hardware Error\]).*)", "{what}"),
     _sig("job.hardware", "NIC", "async event",
@@ -229,6 +232,7 @@ TABLE: list[Sig] = [
          "a DataLoader worker raised {what}"),
 ]
 
+_SYSLOG_HOST = re.compile(r"\b\w{3}\s+\d+ [\d:]+ (\S+) kernel:")
 _TRIGGERS: dict[str, list[Sig]] = {}
 for _s in TABLE:
     for _w in _s.triggers:
@@ -246,6 +250,8 @@ def _hit(sig: Sig, ev: Events, line: Line, t: str) -> bool:
         return False
     g = {k: v.strip() for k, v in m.groupdict().items() if v}
     host = g.get("host") or line.host
+    if host is None and "kernel:" in t and (h := _SYSLOG_HOST.search(t)):
+        host = h.group(1)
     addr = g.get("addr") or g.get("addr2")
     store = f"{addr}:{g['port']}" if addr and g.get("port") else None
     if host is None and (o := NCCL_ORIGIN.search(t)) and o.group(1) and o.start():
