@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from megatron_env.diagnose import families, launch, nccl_log, outcome
 from megatron_env.diagnose.events import SIGNALS, XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import first
+from megatron_env.diagnose.model import first, in_time_order
 from megatron_env.findings import Finding
 
 NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
@@ -185,7 +185,7 @@ _NCCL_FIX = {
 def _nccl_errors(ev: Events) -> list[Finding]:
     out = []
     by_kind: dict[str, list[dict]] = defaultdict(list)
-    for e in ev.nccl_errors:
+    for e in in_time_order(ev.nccl_errors):
         by_kind[e["kind"]].append(e)
     for kind, es in by_kind.items():
         where = sorted({describe(ev.who(e)) for e in es} - {"a process"})
@@ -236,7 +236,7 @@ _HARDWARE = re.compile(r"ECC|NVLink|hardware|fallen off|GPU is lost|uncorrectabl
 def _cuda(ev: Events) -> list[Finding]:
     out = []
     by_what: dict[str, list[dict]] = defaultdict(list)
-    for e in ev.cuda_errors:
+    for e in in_time_order(ev.cuda_errors):
         by_what[e["what"]].append(e)
     for what, es in by_what.items():
         if "ECC" in what:
@@ -254,7 +254,7 @@ def _cuda(ev: Events) -> list[Finding]:
                            + (" (a GPU hardware fault, not the code's)" if hardware else ""),
                            [e["line"] for e in es[:4]], fix, "hardware" if hardware else ""))
     if ev.ooms:
-        o = ev.ooms[0]
+        o = first(ev.ooms)
         out.append(Finding(
             "job.cuda_oom", "fail",
             f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o['size']}"
