@@ -201,6 +201,15 @@ def test_the_collective_of_a_native_stack_is_named():
     ("[E521 15:43:02.707733876 socket.cpp:1023] [c10d] The client socket has timed out after "
      "600000ms while trying to connect to (172.18.21.4, 37907).", "job.rendezvous",
      ["172.18.21.4:37907", "600000ms"]),
+    # https://github.com/chrisknewman/tusas/issues/149 (slurmstepd, Slurm 23)
+    ("slurmstepd: error: Detected 1 oom_kill event in StepId=440575.0. Some of the step tasks "
+     "have been OOM Killed.\nsrun: error: nid001277: tasks 1-3: Out Of Memory\nslurmstepd: error: "
+     "*** STEP 440575.0 ON nid001277 CANCELLED AT 2023-12-05T07:16:01 ***", "job.oom_killer",
+     ["in 440575.0:", "srun tasks 1, 2 and 3 on nid001277"]),
+    # https://github.com/hafs-community/HAFS/issues/101 (older slurmstepd wording)
+    ("slurmstepd: error: Detected 1 oom-kill event(s) in step 3495064.0 cgroup. Some of your "
+     "processes may have been killed by the cgroup out-of-memory handler.\nsrun: error: "
+     "Orion-01-01: task 4: Out Of Memory", "job.oom_killer", ["3495064.0", "srun task 4"]),
     # https://github.com/HRNet/HigherHRNet-Human-Pose-Estimation/issues/47 (torch.multiprocessing)
     ("Exception: process 1 terminated with signal SIGKILL", "job.signal",
      ["local rank 1", "SIGKILL"]),

@@ -85,8 +85,9 @@ TABLE: list[Sig] = [
          "the kernel's OOM killer killed {proc} (pid {pid})"),
     _sig("job.oom_killer", "kernel", "invoked oom-killer",
          r"(?P<proc>\S+) invoked oom-killer", "{proc} invoked the kernel's OOM killer"),
-    _sig("job.oom_killer", "cgroup", "oom_kill event",
-         r"Detected (?P<what>\d+) oom[-_]kill events? in (?:StepId=)?(?P<step>[\w.]+)",
+    _sig("job.oom_killer", "cgroup", ("oom_kill event", "oom-kill event"),
+         r"Detected (?P<what>\d+) oom[-_]kill events?(?:\(s\))? in (?:StepId=|step )?"
+         r"(?P<step>\w+(?:\.\w+)*)",
          "Slurm saw {what} OOM-kill event(s) in {step}: the job's memory limit"),
     _sig("job.oom_killer", "cgroup", "OOMKilled", r"(?P<what>OOMKilled)",
          "the container was OOMKilled (its memory limit)"),
