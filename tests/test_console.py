@@ -21,6 +21,7 @@ from megatron_env import commands, project
 from megatron_env.commands import main, pyenv
 
 from .conftest import FIXTURES, user_error
+from .gitrepo import project_files
 
 ROOT = FIXTURES.parent.parent
 EXE = Path(sys.executable).with_name("megatron-env")
@@ -190,9 +191,7 @@ def wheel(tmp_path_factory) -> Path:
     """The wheel built (uv build, about 3 s) from a copy of the files git tracks: what a
     release builds, without the build's leftovers in this checkout."""
     tmp = tmp_path_factory.mktemp("wheel")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for f in filter(None, files):
+    for f in project_files(ROOT, untracked=False):
         if (ROOT / f).is_file():
             (tmp / "src" / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, tmp / "src" / f)

@@ -25,6 +25,8 @@ from megatron_env.errors import UserError
 from megatron_env.pyenv import lockdiff
 from megatron_env.sources import index as sources_index
 
+from .gitrepo import project_files
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 GIT = ["git", "-c", "user.name=bot", "-c", "user.email=bot@example.invalid",
@@ -167,10 +169,7 @@ def repo_with_remote(tmp_path: Path, profile_text: str, extra: dict[str, str] | 
                      ) -> Path:
     """This checkout's code plus envs/tiny in a work tree whose origin is a bare repository."""
     work = tmp_path / "work"
-    files = subprocess.run(["git", "-C", ROOT, "ls-files", "--cached", "--others",
-                            "--exclude-standard"], capture_output=True, text=True,
-                           check=True).stdout.split()
-    for rel in files:
+    for rel in project_files(ROOT):
         if rel.startswith("megatron_env/") or rel in ("tasks.py", "pyproject.toml"):
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / rel, work / rel)
