@@ -397,6 +397,20 @@ def test_a_node_fetches_the_best_wheel_the_lock_allows():
     assert lockdiff.pick(files, {"b"}, "3.12") is None
 
 
+def test_a_wheel_with_several_tags_ranks_by_its_best_one():
+    """numpy's real compressed tag set (manylinux_2_17 and manylinux2014): pip ranks a wheel by
+    the best tag it carries, so it beats a manylinux_2_12-only wheel whatever the order; a wheel
+    ranked by its worst tag would lose to it."""
+    def f(name, sha):
+        return sources_index.IndexFile(name, "u", sha, size=1)
+
+    both = f("numpy-1.21.6-cp310-cp310-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "a")
+    older = f("numpy-1.21.6-cp310-cp310-manylinux_2_12_x86_64.whl", "b")
+    for files in ([both, older], [older, both]):
+        assert lockdiff.pick(files, {"a", "b"}, "3.10") is both
+    assert lockdiff.pick([older, f("numpy-1.21.6.zip", "c")], {"b", "c"}, "3.10") is older
+
+
 def test_added_profile_is_one_line_and_shallow_or_no_git_say_what_to_do(tmp_path, index):
     index.publish("torch", "2.1.0")
     index.publish("tinytop", "1.0", ("tinydep>=1.0",))
