@@ -18,8 +18,10 @@ from __future__ import annotations
 import base64
 import json
 import random
+import shlex
 import string
 from collections.abc import Callable
+from urllib.parse import quote
 
 B62 = string.ascii_letters + string.digits
 B64 = B62 + "+/"
@@ -165,7 +167,7 @@ _PREFIXED: dict[str, tuple[str, str, int, int]] = {
     "slack-app": ("xapp-1-A0123456789-1234567890123-", HEX, 64, 64),
     "stripe-secret": ("sk_live_", B62, 24, 99), "stripe-restricted": ("rk_live_", B62, 24, 99),
     "stripe-webhook": ("whsec_", B62, 32, 32), "twilio-api-key": ("SK", HEX, 32, 32),
-    "sendgrid": ("SG.", B64URL, 22, 22), "mailgun": ("key-", HEX, 32, 32),
+"mailgun": ("key-", HEX, 32, 32),
     "openai": ("sk-", B62, 48, 48), "openai-project": ("sk-proj-", B64URL, 120, 156),
     "anthropic": ("sk-ant-api03-", B64URL, 93, 93), "huggingface": ("hf_", string.ascii_letters,
                                                                      34, 34),
@@ -182,7 +184,7 @@ _PREFIXED: dict[str, tuple[str, str, int, int]] = {
     "linear": ("lin_api_", B62, 40, 40), "notion": ("ntn_", B62, 46, 46),
     "grafana-service-account": ("glsa_", B62, 32, 32), "cloudflare": ("", B64URL, 40, 40),
     "newrelic": ("NRAK-", UPPER_DIGITS, 27, 27), "doppler": ("dp.st.", B62, 43, 43),
-    "pulumi": ("pul-", HEX, 40, 40), "terraform-cloud": ("", B62, 14, 14),
+    "pulumi": ("pul-", HEX, 40, 40),
     "postman": ("PMAK-", HEX, 24, 24), "replicate": ("r8_", B62, 37, 37),
     "groq": ("gsk_", B62, 52, 52), "mistral": ("", B62, 32, 32),
     "fernet": ("", B64URL, 43, 43),
@@ -262,13 +264,16 @@ SURROUNDINGS: dict[str, tuple[Wrap, bool]] = {
                                             ("x-request-id", "17")]), True),
     "argv-list": (lambda g, x, n: repr(["curl", "--oauth2-bearer", x, "https://h/x"]), True),
     "argv-any-flag": (lambda g, x, n: repr(["tool", "--" + _name(g, n).lower(), x]), True),
-    "cmdline": (lambda g, x, n: f"+ srun python pretrain_gpt.py --lr 1e-4 --{_name(g, n)} {x}",
-                True),
-    "wandb-login": (lambda g, x, n: f"$ wandb login --relogin {x}", True),
-    "url-userinfo": (lambda g, x, n: f"pip install -i https://alice:{x}@{_host(g)}/simple pkg",
-                     True),
+    # as `set -x` prints a command: quoted where the shell needs it
+    "cmdline": (lambda g, x, n: "+ srun python pretrain_gpt.py --lr 1e-4 "
+                f"--{_name(g, n)} {shlex.quote(x)}", True),
+    "wandb-login": (lambda g, x, n: f"$ wandb login --relogin {shlex.quote(x)}", True),
+    # percent-encoded as a URL must be, but a raw `@` as people write it
+    "url-userinfo": (lambda g, x, n: "pip install -i https://alice:"
+                     f"{quote(x, safe='@')}@{_host(g)}/simple pkg", True),
     "url-path": (lambda g, x, n: f"GET https://{_host(g)}/v1/{x}/status 200", False),
-    "url-query": (lambda g, x, n: f"fetch https://{_host(g)}/p?{_name(g, n)}={x}&page=2", True),
+    "url-query": (lambda g, x, n: f"fetch https://{_host(g)}/p?{_name(g, n)}={quote(x, safe='')}"
+                  "&page=2", True),
     "url-fragment": (lambda g, x, n: f"redirect to https://{_host(g)}/cb#{x}", False),
     "base64": (lambda g, x, n: "payload " + _b64(f"{_name(g, True)}={x}"), False),
     "base64-json": (lambda g, x, n: _b64(json.dumps({_name(g, True): x})), False),

@@ -28,6 +28,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable
+from urllib.parse import unquote
 
 REDACTED = "<redacted>"
 MIN_RANDOM = 10  # characters: a shorter run says too little; a 12-character secret is masked
@@ -53,12 +54,19 @@ _BIGRAM_TEXT = (
 _BIGRAMS = frozenset(_BIGRAM_TEXT[i:i + 2] for i in range(0, len(_BIGRAM_TEXT), 2))
 # a host name: lower-case labels joined by dots, the last one a word (`svc.cluster.local`)
 _HOST = re.compile(r"(?:[\w-]+=)?[a-z0-9-]+(?:\.[a-z0-9-]+)+\.[a-z]{2,}(?::\d+)?")
+_NIC = re.compile(r"(?:en|ib|eth|wl|ww|bond)[a-z]?\d+(?:[a-z]{1,3}\d+)*")
+# a C++ symbol as a backtrace prints it, mangled (`_ZN6c10...`)
+_MANGLED = re.compile(r"_Z[A-Za-z0-9_]+(?:\+0x[0-9a-f]+)?")
+# NCCL's line prefix, `host:pid:tid`: the host as the scheduler named it
+_NCCL_PREFIX = re.compile(r"[\w.-]+:\d+:\d+")
+_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _B64 = re.compile(r"(?:[A-Za-z0-9+/]{12,}|[A-Za-z0-9_-]{12,})={0,2}")
 
 
 def _harmless_piece(p: str) -> bool:
-    """A piece that is a recognised harmless form: hex, a number, a size or version part."""
-    if not p or _HEX.fullmatch(p):
+    """A piece that is a recognised harmless form: hex, a number, a size or version part, a
+    network interface's name (`enp220s0np0`, `ib0`)."""
+    if not p or _HEX.fullmatch(p) or _NIC.fullmatch(p):
         return True
     digits = sum(c.isdigit() for c in p)
     return digits * 2 >= len(p) and _NUMBERISH.fullmatch(p) is not None
@@ -66,18 +74,21 @@ def _harmless_piece(p: str) -> bool:
 
 def _unexplained(p: str) -> int:
     """Characters of `p` that no word explains: letters outside the common letter pairs of
-    written English and code (`_BIGRAMS`), single letters between other classes (`Kq8Pz`: K,
-    8, P, z), digits inside letters (`a8x`; `python3` and `5ms` keep theirs). A piece of one
+    written English and code (`_BIGRAMS`), units of one or two letters between others (`Kq8Pz`:
+    Kq, 8, Pz), digits inside letters (`a8x`; `python3` and `5ms` keep theirs). A piece of one
     short word or acronym and a number is explained whole."""
     units = _UNITS.findall(p)
-    if len(units) <= 2 and max(map(len, units), default=0) <= 5:
+    letters = [u for u in units if not u.isdigit()]
+    if len(letters) <= 1 and len(units) <= 2 and len(p) <= 8:
         return 0  # an acronym or a short word, with its number: `nvcc`, `mlp`, `cx3`, `16gpu`
     junk = 0
     for i, u in enumerate(units):
         if u.isdigit():
             junk += len(u) if 0 < i < len(units) - 1 else 0
-        elif len(u) == 1:
-            junk += 1
+        elif 0 < i < len(units) - 1 and units[i - 1].isdigit() and units[i + 1].isdigit():
+            junk += len(u)  # letters between digits: `7qpk7`
+        elif len(u) <= 2:
+            junk += len(u)
         else:
             low = u.lower()
             misses = sum(low[j:j + 2] not in _BIGRAMS for j in range(len(low) - 1))
@@ -100,7 +111,7 @@ def random_segment(seg: str) -> bool:
     """Whether `seg` (no spaces, no joining characters) looks generated (module docstring): at
     least MIN_RANDOM characters no word explains, and they are RANDOM_SHARE of what is judged."""
     junk, size = _score(seg)
-    return junk >= MIN_RANDOM and junk >= RANDOM_SHARE * size
+    return junk >= MIN_RANDOM and junk >= RANDOM_SHARE * size or junk >= 8 and junk >= 0.6 * size
 
 
 def _short_random(seg: str) -> bool:
@@ -142,9 +153,10 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
     `>` end one). Neighbouring segments that read as generated are one run: masked together
     when one of them is random, or when they are random joined (`Xk9@Lm2p`, base64 cut by `/`);
     a short clean segment inside a run (`GNVO`) neither breaks nor joins it."""
-    if _HOST.fullmatch(chunk):
+    if _HOST.fullmatch(chunk) or _MANGLED.fullmatch(chunk) or _NCCL_PREFIX.fullmatch(chunk):
         return chunk
-    if _decoded_secret(chunk, redact):
+    if _decoded_secret(chunk, redact) or "%" in chunk and _PERCENT.search(chunk) and redact(
+            unquote(chunk)) != unquote(chunk):  # percent-encoded: judged as it decodes
         return REDACTED
     parts = _SEGMENT_SEP.split(chunk)  # segment, sep, segment, ...
     segs = parts[0::2]
@@ -162,13 +174,17 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
             j += 1
         if "random" in (marks[k] for k in members) or random_segment(
                 "-".join(segs[k] for k in members)):
-            for k in members:
-                masked[k] = True
+            for k in range(i, j):  # and the short mixed ones between (`EZqy`, not `status`)
+                masked[k] = k in members or not _plain(segs[k])
         i = j
     if not any(masked):
         return chunk
     return "".join(REDACTED if i % 2 == 0 and masked[i // 2] else part
                    for i, part in enumerate(parts))
+
+
+def _plain(seg: str) -> bool:
+    return not seg or seg.islower() or seg.isupper() or seg.isdigit()
 
 
 def _mark(seg: str) -> str:
@@ -178,7 +194,7 @@ def _mark(seg: str) -> str:
         return "random"
     if _short_random(seg):
         return "junky"
-    return "neutral" if len(seg) <= 5 else "clean"
+    return "neutral" if len(seg) <= 8 else "clean"
 
 
 def mask(s: str, redact: Callable[[str], str]) -> str:

@@ -80,7 +80,8 @@ _TOKEN_FORMATS = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(f"(?:{r})" for _, 
 _PEM = re.compile(r"(-----BEGIN ([A-Z0-9 ]{1,48})-----)([A-Za-z0-9+/=\s:,.\\-]*?)"
                   r"(-----END \2-----|(?=[^A-Za-z0-9+/=\s:,.\\-])|\Z)")
 # the userinfo ends at the last `@` before the host: a raw `@` in a password is the password's
-_URL_USERINFO = re.compile(r"(\b[a-z][\w+.-]*:/{1,2})[^/\s?#\"'<>]*@(?=[\w\[.-])", re.I)
+_URL_USERINFO = re.compile(r"(\b[a-z][\w+.-]*:/{1,2})(?:[^/\s?#\"'<>:@]*:[^\s\"'<>]*|"
+                           r"[^/\s?#\"'<>]*)@(?=[\w\[.-])", re.I)
 _URL_PAIR = re.compile(
     r"((?<=[?&#;])(?:[\w.-]*[_.-])?(?:access_token|private_token|refresh_token|id_token|token|"
     r"api_?key|apikey|key|secret|client_secret|password|passwd|pwd|auth|authorization|sig|"
@@ -96,15 +97,23 @@ _CONNECT = re.compile(r"(?<![\w/.:-])([A-Za-z_][\w.$-]*/)([^\s/@\"']+)(@(?://|[\
 _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]igest|"
           r"[Nn]egotiate|NTLM|OAuth|AWS4-HMAC-SHA256)[ \t]+)?(?P<pre>[bBrRuU]{0,2}(?=[\"']))?"
           r"(?:(?P<vq>\\{0,3}[\"'])(?P<qv>(?:(?!(?P=vq))(?:\\.|[^\n]))*)(?P<vc>(?P=vq)|$)"
-          r"|(?P<tv>[(\[][^()\[\]\n]*(?:[(\[][^()\[\]\n]*[)\]][^()\[\]\n]*)*[)\]])"
-          r"|(?P<bv><[^<>\n]*>(?=$|[\s\"'`,;&)}\]])|[^\s\"'`,;&)}\]]+))")
+          r"|(?P<tv>[(\[](?:[ \t]*[bBrRuU]{0,2}(?:'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")"
+          r"[ \t]*,?)+[ \t]*[)\]])"
+          r"|(?P<bv><[^<>\n]*>(?=$|[\s\"'`,;&)}\]])|[^\s\"'`,;&)}\]]*))")
 _KV = re.compile(
     r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|(?P<kq>\\{0,3}[\"'])?)(?P<name>[A-Za-z_][\w.-]*)"
     r"(?(kq)(?P=kq)))(?P<sep>[ \t]*[:=][ \t]*|(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
+_SPACE = re.compile(r"[\s\"'`]")
+# `NAME=value` (an env file) or `name: value` (YAML) on a line of its own: the value is the
+# rest of the line, whatever characters it holds
+_LINE = re.compile(r"(?m)^([ \t]*(?:export[ \t]+|-[ \t]+)?([A-Za-z_][\w.-]*)(?:=|[ \t]*:[ \t]+))"
+                   r"(?![\"'])([^\r\n]+)")
 _QUOTED = re.compile(r"([bBrRuU]{0,2})([\"'])((?:(?!\2)(?:\\.|[^\n]))*)\2")
 # a quoted name, a comma, a quoted value: argv lists and (name, value) tuples
 _PAIR = re.compile(r"([\"'])-{0,2}([A-Za-z_][\w.-]*)\1[ \t]*,[ \t]*(?=[bBrRuU]{0,2}([\"'])"
                    r"((?:(?!\3)(?:\\.|[^\n]))*)\3)")
+# a JSON Web Key's private members, in text that is no whole JSON document
+_JWK = re.compile(r"([\"'](?:d|p|q|dp|dq|qi|k|oth)[\"'][ \t]*:[ \t]*[\"'])([^\"'\\]+)")
 _HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api-key|"
                      r"x-auth-token|private-token|x-goog-api-key|x-[\w-]*(?:token|key|secret))"
                      r"([ \t]*:[ \t]*)((?:basic|bearer|token|digest|negotiate|ntlm|oauth)[ \t]+)?"
@@ -168,13 +177,25 @@ def _kv(s: str) -> str:
             pos = m.end("tv")
             continue
         value = m.group("qv") if m.group("vq") is not None else m.group("bv")
+        end = m.end("vc") if m.group("vq") is not None else m.end("bv")
+        if m.group("vq") is None and kind == "strong" and secret_value(kind, value or "x"):
+            # a secret's bare value ends at a space, not at `&`, `,` or `)` it may hold
+            stop = _SPACE.search(s, end)
+            end = stop.start() if stop else len(s)
+            value = s[m.end("bv") - len(value):end]
         if not secret_value(kind, value.strip()):
             continue
-        end = m.end("vc") if m.group("vq") is not None else m.end("bv")
         out += [s[pos:m.end()], m.group("scheme") or "", m.group("pre") or "",
                 m.group("vq") or "", REDACTED, m.group("vc") or ""]
         pos = end
     return "".join(out) + s[pos:] if out else s
+
+
+def _line(m: re.Match[str]) -> str:
+    value = m.group(3).rstrip()
+    if not secret_value(name_kind(m.group(2)), value):
+        return m.group(0)
+    return m.group(1) + REDACTED + m.group(3)[len(value):]
 
 
 def _pairs(s: str) -> str:
@@ -240,6 +261,7 @@ def mask_urls(text: str) -> str:
 Rule = tuple[tuple[str, ...], Callable[[str], str]]
 RULES: tuple[Rule, ...] = (
     (("-----begin",), lambda s: _PEM.sub(_pem, s)),
+    (("kty",), lambda s: _JWK.sub(lambda m: m.group(1) + REDACTED, s)),
     (("@", "="), mask_urls),
     (("/t/", "/bot", "hook", "/services/"), lambda s: _URL_PATH.sub(_url_path, s)),
     (("@",), lambda s: _CONNECT.sub(lambda m: m.group(1) + REDACTED + m.group(3), s)),
@@ -255,6 +277,7 @@ RULES: tuple[Rule, ...] = (
     (("",), lambda s: _TOKEN_FORMATS.sub(REDACTED, s)),
     (("earer", "basic", "token"), lambda s: _BEARER.sub(_bearer, s)),
     ((",",), _pairs),
+    (("=", ":"), lambda s: _LINE.sub(_line, s)),
     (("=", ":", "-"), _kv),
 )
 
