@@ -29,10 +29,10 @@ import json
 import os
 from collections.abc import Mapping
 
-from megatron_env.redact import shape
+from megatron_env.redact import shape, structure
 from megatron_env.redact.names import is_secret_name, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking
-from megatron_env.redact.structure import mask_urls, secret_value, structure
+from megatron_env.redact.structure import mask_urls, secret_value
 
 __all__ = ["REDACTED", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind",
            "random_looking", "scrub", "secret_value", "text", "variables"]
@@ -89,7 +89,7 @@ def _text(s: str, environ: Mapping[str, str]) -> str:
     as_json = _json(s, environ)
     if as_json is not None:
         return as_json
-    s = shape.mask(structure(s), lambda t: _text(t, environ))
+    s = shape.mask(structure.mask(s), lambda t: _text(t, environ))
     return _environment(s, environ)
 
 

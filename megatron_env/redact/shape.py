@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import math
 import re
 from collections import Counter
@@ -96,6 +97,7 @@ def _unexplained(p: str) -> int:
     return junk
 
 
+@functools.lru_cache(maxsize=1 << 16)  # logs repeat their words: each is judged once
 def _score(seg: str) -> tuple[int, int]:
     """(unexplained characters, judged characters) over the pieces of `seg` that are no
     harmless form."""
@@ -107,18 +109,15 @@ def _score(seg: str) -> tuple[int, int]:
     return junk, size
 
 
-def random_segment(seg: str) -> bool:
-    """Whether `seg` (no spaces, no joining characters) looks generated (module docstring): at
-    least MIN_RANDOM characters no word explains, and they are RANDOM_SHARE of what is judged."""
-    junk, size = _score(seg)
+def _random(junk: int, size: int) -> bool:
     return junk >= MIN_RANDOM and junk >= RANDOM_SHARE * size or junk >= 8 and junk >= 0.6 * size
 
 
-def _short_random(seg: str) -> bool:
-    """A segment too short to judge alone that reads as generated: part of a longer secret when
-    its neighbours do too (`Xk9@Lm2p`)."""
-    junk, size = _score(seg)
-    return junk >= 2 and junk >= RANDOM_SHARE * size
+def random_segment(seg: str) -> bool:
+    """Whether `seg` (no spaces, no joining characters) looks generated (module docstring): at
+    least MIN_RANDOM characters no word explains, and they are RANDOM_SHARE of what is judged
+    (or 8 of them, and most of it)."""
+    return _random(*_score(seg))
 
 
 def random_looking(value: str) -> bool:
@@ -190,9 +189,10 @@ def _plain(seg: str) -> bool:
 def _mark(seg: str) -> str:
     """random (masked alone), junky (reads as generated, too short alone), neutral (short and
     clean: `v1`, `GNVO`, empty), clean (words, harmless forms)."""
-    if random_segment(seg):
+    junk, size = _score(seg)
+    if _random(junk, size):
         return "random"
-    if _short_random(seg):
+    if junk >= 2 and junk >= RANDOM_SHARE * size:
         return "junky"
     return "neutral" if len(seg) <= 8 else "clean"
 

@@ -22,8 +22,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from megatron_env.redact.names import name_kind
+from megatron_env.redact.names import STEMS, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking
+
+# (words that must be in the line, the rule): a rule is scanned for only where its words are
+Rule = tuple[tuple[str, ...], Callable[[str], str]]
 
 _PLAIN = re.compile(r"(?:true|false|none|null|nil|yes|no|on|off|undefined|\*+|x{3,}|-|"
                     r"<[^<>]*>|\$\{?\w+\}?|%\w+%|\.\.\.|[0-9]{1,3})", re.I)
@@ -46,34 +49,46 @@ def secret_value(kind: str | None, value: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- vendor formats
-# (vendor, regex): a token that says what it is by its prefix. The shape pass would mask most of
-# them anyway; these are the ones whose body alone looks harmless (hex after a word) or short.
-FORMATS: tuple[tuple[str, str], ...] = (
-    ("github", r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{22,}"),
-    ("gitlab", r"gl(?:pat|rt|dt|ptt|ft|imt|oas|cbt|soat|agent)-[A-Za-z0-9_-]{16,}"),
-    ("huggingface", r"hf_[A-Za-z0-9]{16,}|api_org_[A-Za-z0-9]{16,}"),
-    ("openai/anthropic", r"sk-(?:ant-|proj-|svcacct-|admin-)?[A-Za-z0-9_-]{16,}"),
-    ("stripe", r"(?:sk|rk|pk|whsec)_(?:live|test)_[A-Za-z0-9]{12,}|whsec_[A-Za-z0-9]{16,}"),
-    ("ngc", r"nvapi-[A-Za-z0-9_-]{20,}"),
-    ("aws", r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}"),
-    ("slack", r"xox[abeprs]-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,}"),
-    ("google", r"AIza[0-9A-Za-z_-]{30,}|GOCSPX-[A-Za-z0-9_-]{16,}|ya29\.[A-Za-z0-9_-]{16,}"),
-    ("npm/pypi/docker", r"npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{30,}|dckr_pat_[A-Za-z0-9_-]{16,}"),
-    ("shopify", r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
-    ("digitalocean", r"do[opr]_v1_[a-f0-9]{64}"),
-    ("databricks", r"dapi[a-f0-9]{32}(?:-\d)?"),
-    ("mailgun/mailchimp", r"key-[a-f0-9]{32}|[a-f0-9]{32}-us\d{1,2}"),
-    ("twilio/sendgrid", r"(?:SK|AC)[a-f0-9]{32}|SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
-    ("vault", r"hv[sbr]\.[A-Za-z0-9_-]{20,}"),
-    ("age", r"AGE-SECRET-KEY-1[0-9A-Z]{50,}"),
-    ("artifactory", r"AKC[a-zA-Z0-9]{20,}|cmVmdGtuOjAx[A-Za-z0-9]{20,}"),
-    ("atlassian", r"ATATT[A-Za-z0-9_=-]{20,}"),
-    ("heroku", r"HRKU-[A-Za-z0-9_-]{20,}"),
-    ("pulumi/postman", r"pul-[a-f0-9]{40}|PMAK-[a-f0-9]{24}(?:-[a-f0-9]{34})?"),
-    ("jwt", r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*)?"),
+# (vendor, literals, regex): a token that says what it is by its prefix; the regex is scanned
+# for only in a line holding one of the literals. The shape pass would mask most of them anyway;
+# these are here for the ones whose body alone looks harmless (hex after a word) or is short.
+FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("github", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+     r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{22,}"),
+    ("gitlab", ("gl",), r"gl(?:pat|rt|dt|ptt|ft|imt|oas|cbt|soat|agent)-[A-Za-z0-9_-]{16,}"),
+    ("huggingface", ("hf_", "api_org_"), r"hf_[A-Za-z0-9]{16,}|api_org_[A-Za-z0-9]{16,}"),
+    ("openai/anthropic", ("sk-",), r"sk-(?:ant-|proj-|svcacct-|admin-)?[A-Za-z0-9_-]{16,}"),
+    ("stripe", ("_live_", "_test_", "whsec_"),
+     r"(?:sk|rk|pk|whsec)_(?:live|test)_[A-Za-z0-9]{12,}|whsec_[A-Za-z0-9]{16,}"),
+    ("ngc", ("nvapi-",), r"nvapi-[A-Za-z0-9_-]{20,}"),
+    ("aws", ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA", "ABIA", "ACCA"),
+     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}"),
+    ("slack", ("xox", "xapp-"), r"xox[abeprs]-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,}"),
+    ("google", ("AIza", "GOCSPX-", "ya29."),
+     r"AIza[0-9A-Za-z_-]{30,}|GOCSPX-[A-Za-z0-9_-]{16,}|ya29\.[A-Za-z0-9_-]{16,}"),
+    ("npm/pypi/docker", ("npm_", "pypi-", "dckr_pat_"),
+     r"npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{30,}|dckr_pat_[A-Za-z0-9_-]{16,}"),
+    ("shopify", ("shp",), r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
+    ("digitalocean", ("_v1_",), r"do[opr]_v1_[a-f0-9]{64}"),
+    ("databricks", ("dapi",), r"dapi[a-f0-9]{32}(?:-\d)?"),
+    ("mailgun/mailchimp", ("key-", "-us"), r"key-[a-f0-9]{32}|[a-f0-9]{32}-us\d{1,2}"),
+    ("twilio", ("SK", "AC"), r"(?:SK|AC)[a-f0-9]{32}"),
+    ("sendgrid", ("SG.",), r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
+    ("vault", ("hvs.", "hvb.", "hvr."), r"hv[sbr]\.[A-Za-z0-9_-]{20,}"),
+    ("age", ("AGE-SECRET-KEY-",), r"AGE-SECRET-KEY-1[0-9A-Z]{50,}"),
+    ("artifactory", ("AKC", "cmVmdGtuOjAx"), r"AKC[a-zA-Z0-9]{20,}|cmVmdGtuOjAx[A-Za-z0-9]{20,}"),
+    ("atlassian", ("ATATT",), r"ATATT[A-Za-z0-9_=-]{20,}"),
+    ("heroku", ("HRKU-",), r"HRKU-[A-Za-z0-9_-]{20,}"),
+    ("pulumi/postman/newrelic", ("pul-", "PMAK-", "NRAK-"),
+     r"pul-[a-f0-9]{40}|PMAK-[a-f0-9]{24}(?:-[a-f0-9]{34})?|NRAK-[A-Z0-9]{27}"),
+    ("jwt", ("eyJ",), r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*)?"),
 )
-_TOKEN_FORMATS = re.compile(r"(?<![A-Za-z0-9])(?:" + "|".join(f"(?:{r})" for _, r in FORMATS)
-                            + r")(?![\w-])")
+
+
+def _format_rule(literals: tuple[str, ...], regex: str) -> Rule:
+    pattern = re.compile(r"(?<![A-Za-z0-9])(?:" + regex + r")(?![\w-])")
+    return tuple(w.lower() for w in literals), lambda s: pattern.sub(REDACTED, s)
+
 
 # ----------------------------------------------------------------------------- positions
 
@@ -118,25 +133,32 @@ _HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization|cookie|set-cookie|x-api-k
                      r"x-auth-token|private-token|x-goog-api-key|x-[\w-]*(?:token|key|secret))"
                      r"([ \t]*:[ \t]*)((?:basic|bearer|token|digest|negotiate|ntlm|oauth)[ \t]+)?"
                      r"([^\r\n\"'\\]+)")
-# (command words, what precedes the secret): the secret is the next word
-_COMMANDS: tuple[tuple[str, str], ...] = (
-    ("login", r"\b(?:docker|podman|buildah|skopeo|nerdctl|helm|oras|crane|regctl|singularity|"
-              r"apptainer|cosign|notation)\b[^\n;|&]*?\blogin\b[^\n;|&]*?(?<!\S)(?:-p|--pass)"
-              r"(?:[ \t]+|=)"),
-    ("mysql", r"\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mariadb|"
-              r"mariadb-dump)\b[^\n;|&]*?(?<![^\s'\"])-p"),
-    ("sshpass", r"\bsshpass\b[^\n;|&]*?(?<!\S)-p[ \t]*"),
-    ("redis", r"\bredis-cli\b[^\n;|&]*?(?<!\S)-a[ \t]+"),
-    ("wandb", r"\bwandb[ \t]+login(?:[ \t]+--?[\w-]+)*[ \t]+"),
-    ("-u", r"(?<!\S)(?:-u|--user|--proxy-user|-U)[ \t]+[\"']?[^\s:%\"']+[:%]"),
-    ("pass:", r"\bpass:"),
-    ("mc", r"\bmc[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+\S+[ \t]+\S+[ \t]+"
-           r"(?:\S+[ \t]+)?"),
-    ("configure", r"\bconfigure[ \t]+set[ \t]+[\w.]*(?:secret|token|password|key)[\w.]*[ \t]+"),
-    ("htpasswd", r"\bhtpasswd\b[^\n;|&]*?-\w*b\w*[ \t]+\S+[ \t]+\S+[ \t]+"),
+# (words, what precedes the secret): the secret is the next word; each row is scanned for only
+# in a line holding one of its words
+_COMMANDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("login",), r"\b(?:docker|podman|buildah|skopeo|nerdctl|helm|oras|crane|regctl|singularity|"
+                 r"apptainer|cosign|notation)\b[^\n;|&]*?\blogin\b[^\n;|&]*?(?<!\S)(?:-p|--pass)"
+                 r"(?:[ \t]+|=)"),
+    (("mysql", "maria"), r"\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|"
+                         r"mariadb|mariadb-dump)\b[^\n;|&]*?(?<![^\s'\"])-p"),
+    (("sshpass",), r"\bsshpass\b[^\n;|&]*?(?<!\S)-p[ \t]*"),
+    (("redis",), r"\bredis-cli\b[^\n;|&]*?(?<!\S)-a[ \t]+"),
+    (("wandb",), r"\bwandb[ \t]+login(?:[ \t]+--?[\w-]+)*[ \t]+"),
+    (("-u ", "-u\t", "--user", "--proxy-user"),
+     r"(?<!\S)(?:-u|--user|--proxy-user|-U)[ \t]+[\"']?[^\s:%\"']+[:%]"),
+    (("pass:",), r"\bpass:"),
+    (("mc ",), r"\bmc[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+\S+[ \t]+\S+[ \t]+"
+               r"(?:\S+[ \t]+)?"),
+    (("configure",), r"\bconfigure[ \t]+set[ \t]+[\w.]*(?:secret|token|password|key)[\w.]*[ \t]+"),
+    (("htpasswd",), r"\bhtpasswd\b[^\n;|&]*?-\w*b\w*[ \t]+\S+[ \t]+\S+[ \t]+"),
 )
-_COMMAND = re.compile("(" + "|".join(f"(?:{r})" for _, r in _COMMANDS) + r")"
-                      r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+)")
+
+
+def _command_rule(words: tuple[str, ...], before: str) -> Rule:
+    pattern = re.compile("(" + before + r")(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+)")
+    return words, lambda s: pattern.sub(lambda m: m.group(1) + REDACTED, s)
+
+
 _MC_KEY = re.compile(r"(\bmc[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+\S+[ \t]+"
                      r"\S+[ \t]+)(\S+)(?=[ \t]+\S)")
 _NETRC = re.compile(r"\b(machine[ \t]+\S+|default)((?:\s+(?:login|account|password|port|macdef)"
@@ -257,8 +279,6 @@ def mask_urls(text: str) -> str:
     return _URL_PAIR.sub(r"\1***", _URL_USERINFO.sub(r"\1***@", text))
 
 
-# (words that must be in the line, the rule): a rule is scanned for only where its words are
-Rule = tuple[tuple[str, ...], Callable[[str], str]]
 RULES: tuple[Rule, ...] = (
     (("-----begin",), lambda s: _PEM.sub(_pem, s)),
     (("kty",), lambda s: _JWK.sub(lambda m: m.group(1) + REDACTED, s)),
@@ -267,22 +287,20 @@ RULES: tuple[Rule, ...] = (
     (("@",), lambda s: _CONNECT.sub(lambda m: m.group(1) + REDACTED + m.group(3), s)),
     (("auth", "cookie", "api-key", "token", "key:", "secret"), lambda s: _HEADER.sub(_header, s)),
     (("mc ",), lambda s: _MC_KEY.sub(lambda m: m.group(1) + REDACTED, s)),
-    (("login", "mysql", "maria", "sshpass", "redis", "-u", "--user", "--proxy-user", "pass:",
-      "mc ", "configure", "htpasswd"),
-     lambda s: _COMMAND.sub(lambda m: m.group(1) + REDACTED, s)),
+    *(_command_rule(words, before) for words, before in _COMMANDS),
     (("password", "account"), lambda s: _NETRC_LINE.sub(
         lambda m: m.group(1) + REDACTED, _NETRC.sub(_netrc, s))),
     ((":",), lambda s: _PGPASS.sub(lambda m: m.group(1) + REDACTED, s) if s.count(":") >= 4
      else s),
-    (("",), lambda s: _TOKEN_FORMATS.sub(REDACTED, s)),
+    *(_format_rule(literals, regex) for _, literals, regex in FORMATS),
     (("earer", "basic", "token"), lambda s: _BEARER.sub(_bearer, s)),
-    ((",",), _pairs),
-    (("=", ":"), lambda s: _LINE.sub(_line, s)),
-    (("=", ":", "-"), _kv),
+    (STEMS, _pairs),
+    (STEMS, lambda s: _LINE.sub(_line, s)),
+    (STEMS, _kv),
 )
 
 
-def structure(s: str) -> str:
+def mask(s: str) -> str:
     """Every rule of RULES, each where its words are."""
     low = s.lower()
     for words, rule in RULES:
