@@ -9,7 +9,8 @@ into the other's process):
 - redact.text on the real lines of tests/fixtures (job logs, NCCL logs, ninja and
   build-progress logs), line by line, with an empty environment and with this process's;
 - `triage` (commands.triage, its output to a buffer) on each job log of tests/fixtures.
-Best of 3, each from cold memo caches; JSON out (microseconds per line, milliseconds per triage, and this/base ratios).
+Best of 3, each from cold memo caches; JSON out (microseconds per line, milliseconds per
+triage, and this/base ratios).
 
     python bench/redact_lines.py --base cd09f9c
 """

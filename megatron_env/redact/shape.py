@@ -186,6 +186,12 @@ def _plain(seg: str) -> bool:
     return not seg or seg.islower() or seg.isupper() or seg.isdigit()
 
 
+def reads_as_words(seg: str) -> bool:
+    """Neither random nor a part of something random: written by a person or a tool's namer."""
+    junk, size = _score(seg)
+    return junk < 2 or junk < RANDOM_SHARE * size
+
+
 def _mark(seg: str) -> str:
     """random (masked alone), junky (reads as generated, too short alone), neutral (short and
     clean: `v1`, `GNVO`, empty), clean (words, harmless forms)."""

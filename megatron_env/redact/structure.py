@@ -23,29 +23,33 @@ import re
 from collections.abc import Callable
 
 from megatron_env.redact.names import STEMS, name_kind
-from megatron_env.redact.shape import REDACTED, random_looking
+from megatron_env.redact.shape import REDACTED, random_looking, reads_as_words
 
 # (words that must be in the line, the rule): a rule is scanned for only where its words are
 Rule = tuple[tuple[str, ...], Callable[[str], str]]
 
 _PLAIN = re.compile(r"(?:true|false|none|null|nil|yes|no|on|off|undefined|\*+|x{3,}|-|"
                     r"<[^<>]*>|\$\{?\w+\}?|%\w+%|\.\.\.|[0-9]{1,3})", re.I)
-# a path: at least two parts, each written as words (a password is not spelled like a path)
 PATH = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]*)*")
+# a file's path as a tool writes it: parts joined by `/`, or a name with a file's extension
+_FILE = re.compile(r"(?:~|\.{1,2})?/?[\w.@~+-]+(?:/[\w.@~+-]+)+/?|[\w.+-]+\.(?:sig|json|toml|yaml|"
+                   r"yml|txt|log|tar|gz|zst|xz|whl|pem|crt|key|pub|asc|lock|md|py|sh|cfg|ini|conf)")
+
+
+def _a_path(value: str) -> bool:
+    """A path, whatever it is called (`"signature": "out/bundle.sig"`): spelled as one, each
+    part written as words (`Tr0ub4dor/3` is a password, not a directory)."""
+    return _FILE.fullmatch(value) is not None and all(map(reads_as_words, value.split("/")))
 
 
 def secret_value(kind: str | None, value: str) -> bool:
     """Whether `value`, standing behind a name of this kind, is to be masked. A path is a path
-    whatever it is called (`"signature": "/out/bundle.sig"`); a weak name's value only when it
-    looks random."""
-    if kind is None or not value or _PLAIN.fullmatch(value):
-        return False
-    if PATH.fullmatch(value) and value.count("/") >= 2 and not random_looking(
-            value.rsplit("/", 1)[-1]):
+    whatever it is called; a weak name's value only when it looks random."""
+    if kind is None or not value or _PLAIN.fullmatch(value) or _a_path(value):
         return False
     if kind == "strong":
         return True
-    return random_looking(value) and not PATH.fullmatch(value)
+    return random_looking(value)
 
 
 # ----------------------------------------------------------------------------- vendor formats
