@@ -60,6 +60,7 @@ _NIC = re.compile(r"(?:en|ib|eth|wl|ww|bond)[a-z]?\d+(?:[a-z]{1,3}\d+)*")
 _MANGLED = re.compile(r"_Z[A-Za-z0-9_]+(?:\+0x[0-9a-f]+)?")
 # NCCL's line prefix, `host:pid:tid`: the host as the scheduler named it
 _NCCL_PREFIX = re.compile(r"[\w.-]+:\d+:\d+")
+_USER_PASS = re.compile(r"[^:\s]+:\S+")
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _B64 = re.compile(r"(?:[A-Za-z0-9+/]{12,}|[A-Za-z0-9_-]{12,})={0,2}")
 
@@ -131,20 +132,24 @@ def random_looking(value: str) -> bool:
     return bits >= min(3.0, 0.9 * math.log2(len(value))) and classes >= 2
 
 
-def _decoded_secret(seg: str, redact: Callable[[str], str]) -> bool:
-    """A base64 blob that decodes to text holding a secret (a service-account JSON, a docker
-    `auths` entry, a kubeconfig's key): masked whole even where its own shape passed."""
+def _decoded(seg: str, redact: Callable[[str], str]) -> str | None:
+    """What a base64 blob holds, judged: "secret" when the text it decodes to holds one (a
+    service-account JSON, a docker `auths` entry's `user:password`, a kubeconfig's key),
+    "harmless" when it decodes to text that holds none (DeepSpeed's `--world_info`, a JSON of
+    host names), None when it is no base64 of text (then its shape decides)."""
     if not _B64.fullmatch(seg):
-        return False
+        return None
     try:
         raw = base64.b64decode(seg + "=" * (-len(seg) % 4), altchars=b"-_" if (
             "-" in seg or "_" in seg) else None, validate=True)
         plain = raw.decode("utf-8")
     except (binascii.Error, UnicodeDecodeError, ValueError):
-        return False
-    if not plain.isprintable() and not all(c.isprintable() or c in "\n\r\t" for c in plain):
-        return False
-    return redact(plain) != plain or ":" in plain and len(plain) >= 3
+        return None
+    if not all(c.isprintable() or c in "\n\r\t" for c in plain):
+        return None
+    if redact(plain) != plain or _USER_PASS.fullmatch(plain):
+        return "secret"
+    return "harmless"
 
 
 def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
@@ -154,12 +159,18 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
     a short clean segment inside a run (`GNVO`) neither breaks nor joins it."""
     if _HOST.fullmatch(chunk) or _MANGLED.fullmatch(chunk) or _NCCL_PREFIX.fullmatch(chunk):
         return chunk
-    if _decoded_secret(chunk, redact) or "%" in chunk and _PERCENT.search(chunk) and redact(
+    decoded = _decoded(chunk, redact) if len(chunk) >= 12 else None
+    if decoded == "harmless":
+        return chunk
+    if decoded == "secret" or "%" in chunk and _PERCENT.search(chunk) and redact(
             unquote(chunk)) != unquote(chunk):  # percent-encoded: judged as it decodes
         return REDACTED
     parts = _SEGMENT_SEP.split(chunk)  # segment, sep, segment, ...
     segs = parts[0::2]
     marks = [_mark(seg) for seg in segs]
+    for k, seg in enumerate(segs):  # a random-looking blob may be base64 of harmless text
+        if marks[k] == "random" and _decoded(seg, redact) == "harmless":
+            marks[k] = "clean"
     masked = [False] * len(segs)
     i = 0
     while i < len(segs):
