@@ -139,6 +139,16 @@ def _password(rng: random.Random) -> tuple[list[str], str]:
     return [t], t
 
 
+_WORDS = ["correct", "horse", "battery", "staple", "orbit", "maple", "violet", "canyon", "ember",
+          "harbor", "lantern", "meadow", "pepper", "quartz", "river", "saddle", "timber"]
+
+
+def _passphrase(rng: random.Random) -> tuple[list[str], str]:
+    """Words a person can remember, joined, and a year: no shape gives it away."""
+    t = rng.choice("-_.").join(rng.sample(_WORDS, 4)) + str(rng.randint(1990, 2030))
+    return [t], t
+
+
 def _random(alphabet: str, lo: int = 12, hi: int = 64) -> Gen:
     def gen(rng: random.Random) -> tuple[list[str], str]:
         t = r(rng, alphabet, rng.randint(lo, hi))
@@ -213,7 +223,7 @@ FORMATS.update({
                                  lambda g: ([t := "nv-" + _uuid(g)], t)), "any"),
     "huggingface-in-url": (_url("https://huggingface.co/{t}/resolve/main/config.json",
                                 _token("hf_", string.ascii_letters, 20, 50)), "any"),
-    "password": (_password, "named"),
+    "password": (_password, "named"), "passphrase": (_passphrase, "named"),
     "random-base62": (_random(B62), "any"), "random-base64": (_random(B64, 16), "any"),
     "random-base36": (_random(string.ascii_lowercase + string.digits, 16), "any"),
     "random-upper-digits": (_random(UPPER_DIGITS, 16), "any"),
@@ -277,8 +287,11 @@ SURROUNDINGS: dict[str, tuple[Wrap, bool]] = {
     "url-fragment": (lambda g, x, n: f"redirect to https://{_host(g)}/cb#{x}", False),
     "base64": (lambda g, x, n: "payload " + _b64(f"{_name(g, True)}={x}"), False),
     "base64-json": (lambda g, x, n: _b64(json.dumps({_name(g, True): x})), False),
+    # longer than the 300 characters triage quotes: a cut before redaction ends in the secret
     "long-line": (lambda g, x, n: "[rank0]: RuntimeError: " + "y" * g.randint(200, 299)
                   + f" {_name(g, n)}={x} after", True),
+    "long-line-url": (lambda g, x, n: "[rank0]: RuntimeError: " + "y" * g.randint(240, 270)
+                      + f" https://alice:{quote(x, safe='@')}@{_host(g)}/simple", True),
 }
 
 

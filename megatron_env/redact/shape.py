@@ -55,6 +55,8 @@ _BIGRAM_TEXT = (
 _BIGRAMS = frozenset(_BIGRAM_TEXT[i:i + 2] for i in range(0, len(_BIGRAM_TEXT), 2))
 # a host name: lower-case labels joined by dots, the last one a word (`svc.cluster.local`)
 _HOST = re.compile(r"(?:[\w-]+=)?[a-z0-9-]+(?:\.[a-z0-9-]+)+\.[a-z]{2,}(?::\d+)?")
+# a temporary name Python's tempfile made (`tmpa8x_3kz9`): random, but the tool's or the user's
+_TEMP = re.compile(r"tmp[a-z0-9_]{8}")
 _NIC = re.compile(r"(?:en|ib|eth|wl|ww|bond)[a-z]?\d+(?:[a-z]{1,3}\d+)*")
 # a C++ symbol as a backtrace prints it, mangled (`_ZN6c10...`)
 _MANGLED = re.compile(r"_Z[A-Za-z0-9_]+(?:\+0x[0-9a-f]+)?")
@@ -67,8 +69,8 @@ _B64 = re.compile(r"(?:[A-Za-z0-9+/]{12,}|[A-Za-z0-9_-]{12,})={0,2}")
 
 def _harmless_piece(p: str) -> bool:
     """A piece that is a recognised harmless form: hex, a number, a size or version part, a
-    network interface's name (`enp220s0np0`, `ib0`)."""
-    if not p or _HEX.fullmatch(p) or _NIC.fullmatch(p):
+    network interface's name (`enp220s0np0`, `ib0`), a temporary file's."""
+    if not p or _HEX.fullmatch(p) or _NIC.fullmatch(p) or _TEMP.fullmatch(p):
         return True
     digits = sum(c.isdigit() for c in p)
     return digits * 2 >= len(p) and _NUMBERISH.fullmatch(p) is not None
@@ -104,7 +106,7 @@ def _score(seg: str) -> tuple[int, int]:
     harmless form."""
     junk = size = 0
     for p in _PIECE_SEP.split(seg):
-        if p and not _harmless_piece(p):
+        if p and not _harmless_piece(p) and len(set(p)) >= 5:  # `yyyyyy`, `abab`: no draw
             size += len(p)
             junk += _unexplained(p)
     return junk, size
