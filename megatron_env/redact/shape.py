@@ -154,25 +154,26 @@ def _decoded(seg: str, redact: Callable[[str], str]) -> str | None:
     return "harmless"
 
 
-def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
-    """One chunk, segment by segment (a mask `<redacted>` never stands inside a chunk: `<` and
-    `>` end one). Neighbouring segments that read as generated are one run: masked together
-    when one of them is random, or when they are random joined (`Xk9@Lm2p`, base64 cut by `/`);
-    a short clean segment inside a run (`GNVO`) neither breaks nor joins it."""
+def _whole(chunk: str, redact: Callable[[str], str]) -> str | None:
+    """The verdict on a chunk as a whole, where it has one: kept (a host name, a mangled C++
+    symbol, NCCL's `host:pid:tid`, base64 of harmless text) or masked (base64 or
+    percent-encoding of a secret); None: judged segment by segment."""
     if _HOST.fullmatch(chunk) or _MANGLED.fullmatch(chunk) or _NCCL_PREFIX.fullmatch(chunk):
         return chunk
     decoded = _decoded(chunk, redact) if len(chunk) >= 12 else None
     if decoded == "harmless":
         return chunk
     if decoded == "secret" or "%" in chunk and _PERCENT.search(chunk) and redact(
-            unquote(chunk)) != unquote(chunk):  # percent-encoded: judged as it decodes
+            unquote(chunk)) != unquote(chunk):
         return REDACTED
-    parts = _SEGMENT_SEP.split(chunk)  # segment, sep, segment, ...
-    segs = parts[0::2]
-    marks = [_mark(seg) for seg in segs]
-    for k, seg in enumerate(segs):  # a random-looking blob may be base64 of harmless text
-        if marks[k] == "random" and _decoded(seg, redact) == "harmless":
-            marks[k] = "clean"
+    return None
+
+
+def _runs(segs: list[str], marks: list[str]) -> list[bool]:
+    """Which segments to mask: neighbouring segments that read as generated are one run,
+    masked together when one of them is random or when they are random joined (`Xk9@Lm2p`,
+    base64 cut by `/`); a short clean segment inside a run (`GNVO`, `v1`) neither breaks nor
+    joins it, and is masked with it unless it is one case of letters (`status`)."""
     masked = [False] * len(segs)
     i = 0
     while i < len(segs):
@@ -186,9 +187,24 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
             j += 1
         if "random" in (marks[k] for k in members) or random_segment(
                 "-".join(segs[k] for k in members)):
-            for k in range(i, j):  # and the short mixed ones between (`EZqy`, not `status`)
+            for k in range(i, j):
                 masked[k] = k in members or not _plain(segs[k])
         i = j
+    return masked
+
+
+def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
+    """One chunk (a mask `<redacted>` never stands inside one: `<` and `>` end it)."""
+    whole = _whole(chunk, redact)
+    if whole is not None:
+        return whole
+    parts = _SEGMENT_SEP.split(chunk)  # segment, sep, segment, ...
+    segs = parts[0::2]
+    marks = [_mark(seg) for seg in segs]
+    for k, seg in enumerate(segs):  # a random-looking blob may be base64 of harmless text
+        if marks[k] == "random" and _decoded(seg, redact) == "harmless":
+            marks[k] = "clean"
+    masked = _runs(segs, marks)
     if not any(masked):
         return chunk
     return "".join(REDACTED if i % 2 == 0 and masked[i // 2] else part
