@@ -15,6 +15,7 @@ tests/test_redact_vendors.py --hypothesis-show-statistics`.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -102,3 +103,13 @@ def test_triage_quotes_a_long_line_redacted_before_it_is_cut(where, tmp_path):
     for name in ("triage", "triage --json"):
         for secrets, x in planted:
             assert not _leaks(outs[name], secrets), (name, x)
+
+
+def test_jwk_private_members_whatever_they_look_like():
+    """A JSON Web Key's private members are secrets by where they stand, even one whose shape
+    passes (base64 of words decodes to harmless text and is otherwise kept)."""
+    k = "c2VjcmV0c2VjcmV0c2VjcmV0"  # base64 of "secretsecretsecret"
+    doc = {"kty": "oct", "alg": "HS256", "k": k}
+    assert k not in redact.text(json.dumps(doc), {})
+    assert k not in redact.text(repr(doc), {})  # a Python repr: no JSON document
+    assert redact.text(json.dumps({"k": k}), {}) == json.dumps({"k": k})  # no key: a value
