@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from megatron_env import redact
+from megatron_env.redact import names
 
 from .conftest import FIXTURES
 
@@ -187,6 +188,12 @@ NOT_SECRET = [f"password_{w}" for w in (
 @pytest.mark.parametrize("name", STRONG)
 def test_strong_names(name):
     assert redact.name_kind(name) == "strong"
+
+
+@pytest.mark.parametrize("name", STRONG + WEAK + ["DB_PWD", "JENKINS_PSW", "oauth2-bearer"])
+def test_every_secret_name_holds_a_stem(name):
+    """The key rules are scanned for only in lines holding a stem (names.STEMS)."""
+    assert redact.name_kind(name) and any(s in name.lower() for s in names.STEMS)
 
 
 @pytest.mark.parametrize("name", WEAK)
