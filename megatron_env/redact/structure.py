@@ -89,9 +89,31 @@ FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 
 
-def _format_rule(literals: tuple[str, ...], regex: str) -> Rule:
-    pattern = re.compile(r"(?<![A-Za-z0-9])(?:" + regex + r")(?![\w-])")
-    return tuple(w.lower() for w in literals), lambda s: pattern.sub(REDACTED, s)
+def _hinted(rows: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]]
+            ) -> Callable[[str], str]:
+    """One rule for a table: a single scan for any row's words, then each row whose words the
+    line holds (most lines hold none)."""
+    hint = re.compile("|".join(re.escape(w) for words, _, _ in rows for w in words))
+
+    def rule(s: str) -> str:
+        if hint.search(s.lower()) is None:
+            return s
+        low = s.lower()
+        for words, pattern, repl in rows:
+            if any(map(low.__contains__, words)):
+                s = pattern.sub(repl, s)
+        return s
+    return rule
+
+
+def _masked(m: re.Match[str]) -> str:
+    return REDACTED
+
+
+_FORMAT_RULE = _hinted([
+    (tuple(w.lower() for w in literals),
+     re.compile(r"(?<![A-Za-z0-9])(?:" + regex + r")(?![\w-])"), _masked)
+    for _, literals, regex in FORMATS])
 
 
 # ----------------------------------------------------------------------------- positions
@@ -158,9 +180,13 @@ _COMMANDS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
-def _command_rule(words: tuple[str, ...], before: str) -> Rule:
-    pattern = re.compile("(" + before + r")(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+)")
-    return words, lambda s: pattern.sub(lambda m: m.group(1) + REDACTED, s)
+def _after(m: re.Match[str]) -> str:
+    return m.group(1) + REDACTED
+
+
+_COMMAND_RULE = _hinted([
+    (words, re.compile("(" + before + r")(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+)"), _after)
+    for words, before in _COMMANDS])
 
 
 _MC_KEY = re.compile(r"(\bmc[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+\S+[ \t]+"
@@ -291,12 +317,12 @@ RULES: tuple[Rule, ...] = (
     (("@",), lambda s: _CONNECT.sub(lambda m: m.group(1) + REDACTED + m.group(3), s)),
     (("auth", "cookie", "api-key", "token", "key:", "secret"), lambda s: _HEADER.sub(_header, s)),
     (("mc ",), lambda s: _MC_KEY.sub(lambda m: m.group(1) + REDACTED, s)),
-    *(_command_rule(words, before) for words, before in _COMMANDS),
+    (("",), _COMMAND_RULE),
     (("password", "account"), lambda s: _NETRC_LINE.sub(
         lambda m: m.group(1) + REDACTED, _NETRC.sub(_netrc, s))),
     ((":",), lambda s: _PGPASS.sub(lambda m: m.group(1) + REDACTED, s) if s.count(":") >= 4
      else s),
-    *(_format_rule(literals, regex) for _, literals, regex in FORMATS),
+    (("",), _FORMAT_RULE),
     (("earer", "basic", "token"), lambda s: _BEARER.sub(_bearer, s)),
     (STEMS, _pairs),
     (STEMS, lambda s: _LINE.sub(_line, s)),
