@@ -56,7 +56,7 @@ def ensure(path: str | os.PathLike[str], needed: int, what: str) -> None:
 def full_mounts(limit: int = 2**20) -> list[Path]:
     """The writable filesystems with less than `limit` bytes free: where a write that failed
     for space without naming its file (a `write()` has no path) most likely went."""
-    out = []
+    out: list[Path] = []
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
