@@ -31,9 +31,11 @@ Rule = tuple[tuple[str, ...], Callable[[str], str]]
 _PLAIN = re.compile(r"(?:true|false|none|null|nil|yes|no|on|off|undefined|\*+|x{3,}|-|"
                     r"<[^<>]*>|\$\{?\w+\}?|%\w+%|\.\.\.|[0-9]{1,3})", re.I)
 PATH = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]*)*")
-# a file's path as a tool writes it: parts joined by `/`, or a name with a file's extension
-_FILE = re.compile(r"(?:~|\.{1,2})?/?[\w.@~+-]+(?:/[\w.@~+-]+)+/?|[\w.+-]+\.(?:sig|json|toml|yaml|"
-                   r"yml|txt|log|tar|gz|zst|xz|whl|pem|crt|key|pub|asc|lock|md|py|sh|cfg|ini|conf)")
+# a file's path as a tool writes it: from the root, the home or `.`, or ending in a file name
+# with its extension (`out/bundle.tar.sig`); `planted/aws+secret/KEY` is no path
+_EXT = (r"\.(?:sig|json|toml|yaml|yml|txt|log|tar|gz|zst|xz|whl|pem|crt|key|pub|asc|lock|md|py|"
+        r"sh|cfg|ini|conf)")
+_FILE = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]+)*/?|[\w.+-]+(?:/[\w.@~+-]+)*" + _EXT)
 
 
 def _a_path(value: str) -> bool:
