@@ -41,6 +41,9 @@ _SEGMENT_SEP = re.compile(r"([/:@=&?#%*!^$])")
 _PIECE_SEP = re.compile(r"[-_.+~]+")
 _UNITS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _HEX = re.compile(r"(?:0[xX])?(?:[0-9a-f]+|[0-9A-F]+)")
+# upper case, lower case and a digit: what base64 of text nearly always holds
+_MIXED = re.compile(r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])")
+_LETTER_RUNS = re.compile(r"[A-Za-z]+")
 _NUMBERISH = re.compile(r"[0-9]*(?:[A-Za-z]{1,3}[0-9]+)*[A-Za-z]{0,5}")
 # letter pairs that make up 95% of those in the identifiers, comments and docstrings of
 # Python's standard library (bench/redact_bigrams.py computes them): a random string of
@@ -73,7 +76,8 @@ def _harmless_piece(p: str) -> bool:
     if not p or _HEX.fullmatch(p) or _NIC.fullmatch(p) or _TEMP.fullmatch(p):
         return True
     digits = sum(c.isdigit() for c in p)
-    return digits * 2 >= len(p) and _NUMBERISH.fullmatch(p) is not None
+    return digits * 2 >= len(p) and _NUMBERISH.fullmatch(p) is not None and len(
+        _LETTER_RUNS.findall(p)) <= 2
 
 
 def _unexplained(p: str) -> int:
@@ -106,7 +110,7 @@ def _score(seg: str) -> tuple[int, int]:
     harmless form."""
     junk = size = 0
     for p in _PIECE_SEP.split(seg):
-        if p and not _harmless_piece(p) and len(set(p)) >= 5:  # `yyyyyy`, `abab`: no draw
+        if p and not _harmless_piece(p) and len(set(p)) >= min(5, len(p) - 1):  # not `yyyy`
             size += len(p)
             junk += _unexplained(p)
     return junk, size
@@ -201,9 +205,12 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
     parts = _SEGMENT_SEP.split(chunk)  # segment, sep, segment, ...
     segs = parts[0::2]
     marks = [_mark(seg) for seg in segs]
-    for k, seg in enumerate(segs):  # a random-looking blob may be base64 of harmless text
+    for k, seg in enumerate(segs):  # base64 judged by what it decodes to, where it can be
         if marks[k] == "random" and _decoded(seg, redact) == "harmless":
             marks[k] = "clean"
+        elif marks[k] != "random" and len(seg) >= 12 and _MIXED.search(seg) and _decoded(
+                seg, redact) == "secret":
+            marks[k] = "random"
     masked = _runs(segs, marks)
     if not any(masked):
         return chunk
