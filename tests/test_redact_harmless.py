@@ -17,9 +17,6 @@ from .conftest import FIXTURES
 
 VALUES = [v for v in (FIXTURES / "harmless" / "values.txt").read_text().splitlines()
           if v and not v.startswith("#")]
-# names a generator made (a CI runner's pod): they look random and are masked where they do
-# not stand as NCCL's `host:pid:tid` prefix (tests/test_redact.py lists the job logs' others)
-GENERATED = ("csmpw-runner-g4sfw",)
 
 
 def _forms(v: str) -> list[str]:
@@ -34,11 +31,7 @@ def test_the_corpus_is_large():
 
 @pytest.mark.parametrize("value", VALUES)
 def test_harmless_values_come_through(value):
-    outs = [redact.text(f, {}) for f in _forms(value)]
-    if any(g in value for g in GENERATED):
-        assert outs != _forms(value)  # the list is exact: a name no longer masked leaves it
-        return
-    assert outs == _forms(value)
+    assert [redact.text(f, {}) for f in _forms(value)] == _forms(value)
 
 
 def test_numbers_and_booleans_are_never_masked_whatever_their_field():
