@@ -237,3 +237,21 @@ def test_the_host_of_a_pasted_shell_prompt_names_where_it_happened():
     oom = (LOGS / "oom-killer-dmesg-T-sacrifice-child-eris42.log").read_text().splitlines()[0]
     (f,) = triage.findings(_merged(joblog.normalise(f"{prompt}\n{oom}\n")))
     assert f.id == "job.oom_killer" and "on ol8ray-1" in f.summary, f.summary
+
+
+# a real NCCL_DEBUG line (megatron 735's), as each rank would print it under torchrun --tee
+INFO = "9aee1c01f3e7:6727:7168 [1] NCCL INFO [Service thread] Connection closed by localRank 2"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sets(st.integers(0, 31), min_size=2, max_size=12), st.data())
+def test_a_stopped_log_names_the_ranks_still_printing_and_the_silent_ones(ranks, data):
+    late = data.draw(st.sets(st.sampled_from(sorted(ranks)), min_size=1,
+                             max_size=len(ranks) - 1))
+    early = "".join(f"[rank{r}]: {INFO}\n" for r in sorted(ranks))
+    filler = "".join(f"[rank{r}]: {INFO}\n" for r in sorted(late)) * 60  # the last lines
+    lines = joblog.normalise(early + filler)
+    (f,) = triage.findings(_merged(lines))
+    assert f.id == "job.stopped"
+    assert f"{triage.ranks(late)} still printing at the end" in f.summary
+    assert f"{triage.ranks(ranks - late)} silent at the end" in f.summary

@@ -155,7 +155,9 @@ def _continues(cur: list, body: str, rank: int | None, host: str | None,
     text = cur[0]
     if not prev_full and "NCCL" not in text and "atchdog" not in text:
         return False
-    if _RECORD.match(body) or _TABLE_ROW.match(body):
+    # (a launcher's tag is followed by a space that is not part of the message)
+    head = body.lstrip() if rank is not None or host is not None else body
+    if _RECORD.match(head) or _TABLE_ROW.match(body):
         return False
     if prev_full or text.count("(") > text.count(")"):
         return True
