@@ -21,11 +21,13 @@ import cProfile
 import io
 import json
 import os
+import pickle
 import pstats
 import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from triage_stream import write_log  # noqa: E402
 
-from megatron_env.diagnose import jobs, twocore  # noqa: E402
+from megatron_env.diagnose import events, jobs, twocore  # noqa: E402
 
 
 def _cpu() -> float:
@@ -92,20 +94,39 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="triage-profile-") as tmp:
         log = Path(tmp) / "job.log"
         size = write_log(log, a.size, a.mix)
+        twocore.MIN_BYTES = 1 << 62
         start = time.perf_counter()
         jobs.run([log])
         plain = time.perf_counter() - start
-        prof = cProfile.Profile()
-        prof.enable()
-        jobs.run([log])
-        prof.disable()
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(a.top)
-    print(f"{a.mix}: {size / 1e6:.1f} MB in {plain:.2f} s without the profiler: "
-          f"{size / 1e6 / plain:.1f} MB/s")
-    body = out.getvalue()
-    print(body[body.find("   ncalls"):].replace(str(ROOT) + "/", ""))
+        print(f"{a.mix}: {size / 1e6:.1f} MB in {plain:.2f} s in one process without the "
+              f"profiler: {size / 1e6 / plain:.1f} MB/s")
+        print(_top("one process", lambda: jobs.run([log]), a.top))
+        twocore.MIN_BYTES = 0
+        print(_top("two processes, this one (the events)", lambda: jobs.run([log]), a.top))
+        print(_top("two processes, the reading one (the lines, pickled for the pipe)",
+                   lambda: twocore._produce(log, events.HOT, _Pickles()), a.top))  # type: ignore[arg-type]
 
+
+class _Pickles:
+    """What the pipe does to each message on the reading side (pickling), and nothing else."""
+
+    def send(self, obj: object) -> None:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def close(self) -> None:
+        pass
+
+
+def _top(title: str, work: Callable[[], object], top: int) -> str:
+    """cProfile's `top` entries by own time (tottime) of `work`."""
+    prof = cProfile.Profile()
+    prof.enable()
+    work()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    body = out.getvalue()
+    return f"-- {title}\n" + body[body.find("   ncalls"):].replace(str(ROOT) + "/", "")
 
 if __name__ == "__main__":
     main()
