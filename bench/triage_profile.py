@@ -104,7 +104,7 @@ def main() -> None:
         twocore.MIN_BYTES = 0
         print(_top("two processes, this one (the events)", lambda: jobs.run([log]), a.top))
         print(_top("two processes, the reading one (the lines, pickled for the pipe)",
-                   lambda: twocore._produce(log, events.HOT, _Pickles()), a.top))  # type: ignore[arg-type]
+                   lambda: twocore._produce(log, events.HOT_PARTS, _Pickles()), a.top))  # type: ignore[arg-type]
 
 
 class _Pickles:

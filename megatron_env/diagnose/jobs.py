@@ -104,7 +104,7 @@ def read(path: Path) -> Events | None:
     """One file's events, its cold lines passed over (counted, their rank tags read); None for
     a file with nothing but blank lines."""
     tally = logfiles.Tally()
-    ev = events_mod.events(twocore.lines(path, events_mod.HOT, tally))
+    ev = events_mod.events(twocore.lines(path, events_mod.HOT_PARTS, tally))
     if not tally.text:
         return None
     ev.lines += tally.skipped

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import re
 import traceback
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -39,7 +38,7 @@ class _Failed(NamedTuple):
     kind: str
 
 
-def lines(path: Path, hot: re.Pattern[str], tally: logfiles.Tally) -> Iterator[Line]:
+def lines(path: Path, hot: logfiles.Hot, tally: logfiles.Tally) -> Iterator[Line]:
     """`joblog.lines(logfiles.physical(path, hot, tally), str(path), searched=True)`, made on
     the other core when the file is big enough; `tally` is filled when the lines end."""
     if not _worth_it(path):
@@ -85,7 +84,7 @@ def _worth_it(path: Path) -> bool:
         return False  # the reader in this process says why it cannot be read
 
 
-def _produce(path: Path, hot: re.Pattern[str], send: Connection) -> None:
+def _produce(path: Path, hot: logfiles.Hot, send: Connection) -> None:
     """The child: the lines in batches, then the tally (or the error that stopped them)."""
     tally = logfiles.Tally()
     try:
