@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_env import disk, output
+from megatron_env import files, output
 from megatron_env.errors import UserError
 
 
@@ -80,7 +80,7 @@ def _stdout_closed() -> int:
 
 def _os_error(e: OSError) -> UserError:
     if e.errno == errno.ENOSPC:
-        return disk.full(e.filename) if e.filename else disk.full_anywhere()
+        return files.full(e.filename) if e.filename else files.full_anywhere()
     return UserError(f"{e.filename or 'a file'}: {e.strerror or e}",
                      fix="check that path (a directory where one is needed, writable, on a "
                          "disk with space)", kind="input.path")

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, __version__, digest, disk, output, proc
+from megatron_env import REPO_ROOT, __version__, digest, files, output, proc
 from megatron_env.bundle import tool
 from megatron_env.bundle.layout import (
     MACHINE,
@@ -342,25 +342,25 @@ def _hashed(entries: list[Entry], base: dict | None, bares: list[dict]
             ) -> tuple[dict[str, dict], list[Entry]]:
     """The manifest's files (sha256, size, role) and the entries this archive writes: those a
     --since base does not hold already."""
-    files: dict[str, dict] = {}
+    rows: dict[str, dict] = {}
     for e in entries:
         e.role = role(e.arcname)
         e.sha256, e.size = digest.file_hex(e.path), e.path.stat().st_size
-        files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
+        rows[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
     written = []
     for e in entries:
         old = base.files.get(e.arcname) if base else None
         if old and old.sha256 == e.sha256:
-            files[e.arcname]["in"] = "base"
+            rows[e.arcname]["in"] = "base"
         else:
             written.append(e)
     if base:  # git repositories the base already holds: its entries stand
         for rel in (r["path"] for r in bares):
             for f, meta in base.files.items():
                 if f.startswith(rel + "/"):
-                    files[f] = {"sha256": meta.sha256, "size": meta.size,
-                                "role": meta.role, "in": "base"}
-    return files, written
+                    rows[f] = {"sha256": meta.sha256, "size": meta.size,
+                               "role": meta.role, "in": "base"}
+    return rows, written
 
 
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
@@ -403,7 +403,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]
-        files, written = _hashed(entries, base, bares)
+        listed, written = _hashed(entries, base, bares)
         manifest = {
             "format": FORMAT, "tool": {"name": "megatron-env", "version": __version__},
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -415,12 +415,12 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             "base": manifest_digest(base) if base else None, "without": without,
             "git": bares, "sources": sdists, "resources": carried,
             "conda": [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda],
-            "files": dict(sorted(files.items())),
+            "files": dict(sorted(listed.items())),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         part = out.with_name(out.name + f".part-{os.getpid()}")
         # the archive's size is known before it is written: a full disk is said up front
-        disk.ensure(out.parent, sum(e.size for e in written) + 2**20, f"bundle {out.name}")
+        files.ensure(out.parent, sum(e.size for e in written) + 2**20, f"bundle {out.name}")
         echo(f"writing {out.name}: {len(written)} files, "
              f"{sum(e.size for e in written) / 2**20:.1f} MiB")
         try:

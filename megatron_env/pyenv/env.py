@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_env import digest, mutex, output, proc, project
+from megatron_env import digest, files, mutex, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, lock, manifest, uv
@@ -393,15 +393,9 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, us
 
 def _switch(prefix: Path, target: Path) -> None:
     """Point `prefix` at `target` in one atomic rename of a fresh symbolic link."""
-    if prefix.exists() and not prefix.is_symlink():
-        # an environment from before this layout: move it aside, it is replaced below
-        aside = prefix.with_name(f".{prefix.name}.replaced-{os.getpid()}")
-        os.rename(prefix, aside)
-        shutil.rmtree(aside, ignore_errors=True)
-    link = target.parent / f".link-{os.getpid()}"
-    link.unlink(missing_ok=True)
-    os.symlink(os.path.relpath(target, prefix.parent), link)
-    os.replace(link, prefix)
+    # an environment from before this layout (a directory at `prefix`) is discarded first
+    with files.publishing(prefix) as link:
+        os.symlink(os.path.relpath(target, prefix.parent), link)
 
 
 # --- adopting --------------------------------------------------------------------------------
