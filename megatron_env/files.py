@@ -30,7 +30,7 @@ import secrets
 import shutil
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,12 +150,14 @@ def no_space(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def publishing(dest: Path, *, tree: bool = False) -> Iterator[Path]:
+def publishing(dest: Path, *, tree: bool = False,
+               lost: Callable[[], object] = lambda: None) -> Iterator[Path]:
     """Yield a private temporary beside `dest` (an empty directory with `tree`) for the caller to
     fill; when the block ends without error it is synced and renamed to `dest`, else removed.
     A file replaces what is at `dest` (a directory standing in its place is discarded first); a
     tree never replaces one: when `dest` exists (another run published it first) ours is
-    dropped, so a caller that found `dest` bad discards it before. A full disk is `full`."""
+    dropped (`lost` is called), so a caller that found `dest` bad discards it before. A full
+    disk is `full`."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_for(dest)
     try:
@@ -169,7 +171,7 @@ def publishing(dest: Path, *, tree: bool = False) -> Iterator[Path]:
             except OSError:
                 if not dest.exists():
                     raise
-                # ENOTEMPTY/EEXIST: another run published it first, whole: ours is dropped
+                lost()  # ENOTEMPTY/EEXIST: another run published it first, whole
         else:
             if dest.is_dir() and not dest.is_symlink():
                 discard(dest)
@@ -178,6 +180,23 @@ def publishing(dest: Path, *, tree: bool = False) -> Iterator[Path]:
     except (OSError, shutil.Error) as e:
         if no_space(e):
             raise full(dest.parent, what=dest.name) from None
+        raise
+    finally:
+        remove(tmp)
+
+
+@contextlib.contextmanager
+def scratch(beside: Path) -> Iterator[Path]:
+    """A private working directory beside `beside` (on its filesystem, named as a temporary
+    so that `sweep` can remove it after a kill), removed at the end. A full disk is `full`."""
+    beside.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_for(beside)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except (OSError, shutil.Error) as e:
+        if no_space(e):
+            raise full(beside.parent, what=beside.name) from None
         raise
     finally:
         remove(tmp)

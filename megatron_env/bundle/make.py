@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,7 +31,8 @@ from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
-from megatron_env.sources import patches, repos, resources
+from megatron_env.redact import mask_urls
+from megatron_env.sources import http, patches, repos, resources
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
 SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
@@ -151,8 +151,6 @@ def conda_packages(prof: Profile) -> list[dict]:
 def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
     """Each conda package downloaded once into the cache and checked against the lock's sha256
     (md5 where the lock has none), as the lock's wheels are."""
-    import urllib.request
-
     cache = repos.cache_dir() / "conda-pkgs"
     cache.mkdir(parents=True, exist_ok=True)
     out = []
@@ -165,21 +163,22 @@ def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
         dest = cache / f"{want[:16]}-{Path(p['path']).name}"
         if not (dest.exists() and digest.file_hex(dest, algo) == want):
             echo(f"conda: {i}/{len(pkgs)} downloading {Path(p['path']).name}")
-            part = dest.with_name(dest.name + f".part-{os.getpid()}")
-            try:
-                urllib.request.urlretrieve(p["url"].split("#")[0], part)
-            except OSError as e:
-                part.unlink(missing_ok=True)
-                raise UserError(f"cannot download {p['url']}: {e}",
-                                fix="lock the conda layer against a reachable channel "
-                                    f"({lock.CHANNELS_ENV}=MIRROR invoke lock)",
-                                kind="source.unreachable") from None
-            if digest.file_hex(part, algo) != want:
-                part.unlink()
-                raise UserError(f"{p['url']} does not match the {algo} in conda-lock.yml",
-                                fix="the channel serves another file: check the mirror, "
-                                    "or lock again", kind="source.sha256")
-            os.replace(part, dest)
+            with files.publishing(dest) as part:
+                try:
+                    with http.open_url(p["url"].split("#")[0]) as r:
+                        digest.copy_hashed(r, part)
+                except (OSError, ValueError) as e:
+                    if files.no_space(e):
+                        raise
+                    raise UserError(f"cannot download {mask_urls(p['url'])}: "
+                                    f"{getattr(e, 'reason', e)}",
+                                    fix="lock the conda layer against a reachable channel "
+                                        f"({lock.CHANNELS_ENV}=MIRROR invoke lock)",
+                                    kind="source.unreachable") from None
+                if digest.file_hex(part, algo) != want:
+                    raise UserError(f"{mask_urls(p['url'])} does not match the {algo} in "
+                                    "conda-lock.yml", fix="the channel serves another file: "
+                                    "check the mirror, or lock again", kind="source.sha256")
         out.append(dest)
     return out
 
@@ -380,8 +379,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
     out = check_out(out, [since] if since else [])
     base = read_manifest(since) if since else None
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
-        stage = Path(tmp)
+    files.sweep(out.parent, out.name)  # what killed runs left: this host's, or long dead
+    with files.scratch(out) as stage:
         entries: list[Entry] = []
         _source_tree(prof, stage / "source")
         entries += _tree(stage / "source", "source")
@@ -418,19 +417,15 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             "files": dict(sorted(listed.items())),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        part = out.with_name(out.name + f".part-{os.getpid()}")
         # the archive's size is known before it is written: a full disk is said up front
         files.ensure(out.parent, sum(e.size for e in written) + 2**20, f"bundle {out.name}")
         echo(f"writing {out.name}: {len(written)} files, "
              f"{sum(e.size for e in written) / 2**20:.1f} MiB")
-        try:
-            with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
-                for e in written:
-                    tar.add(e.path, arcname=e.arcname, recursive=False)
-            os.replace(part, out)
-        finally:
-            part.unlink(missing_ok=True)
+        with files.publishing(out) as part, tarfile.open(part, "w",
+                                                         format=tarfile.PAX_FORMAT) as tar:
+            tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
+            for e in written:
+                tar.add(e.path, arcname=e.arcname, recursive=False)
     by_role: dict[str, int] = {}
     for e in written:
         by_role[e.role] = by_role.get(e.role, 0) + e.size

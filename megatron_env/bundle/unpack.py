@@ -160,7 +160,8 @@ def unpack(paths: list[Path], docs: dict[Path, Manifest], top_raw: bytes, dest: 
             echo(f"bundle: removed {d.name}, left by a run that was killed")
         if dest.exists() and not (dest / MANIFEST).exists():
             discard(dest)  # half an entry (older versions): never trusted
-        with files.publishing(dest, tree=True) as tmp:  # whole, or another run's whole one
+        lost: list[bool] = []
+        with files.publishing(dest, tree=True, lost=lambda: lost.append(True)) as tmp:
             sums = _extract(paths, docs, tmp, dest, echo)
             changed, missing = mismatch(docs[paths[-1]], sums)
             if changed or missing:
@@ -168,4 +169,6 @@ def unpack(paths: list[Path], docs: dict[Path, Manifest], top_raw: bytes, dest: 
             for extra in set(sums) - set(docs[paths[-1]].files):  # a base's file dropped
                 (tmp / extra).unlink()
             (tmp / MANIFEST).write_bytes(top_raw)
-        return True
+        if lost:
+            echo(f"bundle: another run published {dest} first; using it")
+        return not lost

@@ -17,7 +17,6 @@ import shutil
 import tarfile
 import time
 import urllib.parse
-import urllib.request
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,8 +32,9 @@ from megatron_env.profile import Profile
 from megatron_env.pyenv import probe, uv
 from megatron_env.recipes import recipe
 from megatron_env.recipes.recipe import Package, source_var
+from megatron_env.redact import mask_urls
 from megatron_env.sources import archive as archive_mod
-from megatron_env.sources import index, patches, repos
+from megatron_env.sources import http, index, patches, repos
 from megatron_env.sources.given import Given
 from megatron_env.sources.resources import place as place_resource
 
@@ -172,13 +172,17 @@ def _download(pkg: Package, target: Path, echo, given: Given | None) -> str:
     url = str((given and given.sdist(pkg.name)) or os.environ.get(source_var(pkg.name)) or "")
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme in ("http", "https", "file"):
-        echo(f"{pkg.name}: downloading {url}")
+        shown = mask_urls(url)
+        echo(f"{pkg.name}: downloading {shown}")
         try:
-            urllib.request.urlretrieve(url, target)
-        except OSError as e:
-            raise UserError(f"cannot download {url}: {e}", fix=fix,
+            with http.open_url(url) as r:
+                digest.copy_hashed(r, target)
+        except (OSError, ValueError) as e:
+            if files.no_space(e):
+                raise
+            raise UserError(f"cannot download {shown}: {getattr(e, 'reason', e)}", fix=fix,
                             kind="source.unreachable") from None
-        return url
+        return shown
     if url:
         if not Path(url).is_file():
             raise UserError(f"{source_var(pkg.name)}={url}: no such file", fix=fix,

@@ -76,7 +76,7 @@ def write_environment_yml(profile: Profile) -> None:
     """envs/<name>/environment.yml, written only when it changes (a refresh touches nothing)."""
     path, text = profile.env_file, environment_yml(profile)
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+        files.write_text(path, text)
 
 
 def inputs_digest(profile: Profile) -> str:
