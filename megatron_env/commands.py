@@ -392,10 +392,11 @@ def kernels(profile: str | None = None) -> int:
               "gzip/xz/zstd logs are read as they are; - reads standard input")
 def triage(logs: str, json: bool = False) -> int:
     """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
-    from megatron_env.diagnose import jobs
+    from megatron_env.diagnose import jobs, render
 
     skipped: list[str] = []
     found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+    found = render.shown(found)  # redacted whole, then cut
     for why in skipped:
         output.warning(f"skipped {why}")
     if json:

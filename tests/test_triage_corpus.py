@@ -36,6 +36,55 @@ def test_every_log_has_its_source_and_split():
 # change this half exists for makes them pass, and strict xfail makes a passing one fail until it
 # is taken off this list.
 NOT_YET_TUNED = {
+    "k8s-describe-oomkilled-exit-code-0-kubernetes131530.log",
+    "k8s-describe-last-state-oomkilled-137-gimlet649.log",
+    "stop-waveglow-slurm-64gpu-nvlog-epoch-434-waveglow160.log",
+    "hw-nvlink-uncorrectable-terminate-two-whats-pytorch58155.log",
+    "data-tokenizer-textencodeinput-title-happytransformer323.log",
+    "deepspeed-launcher-kills-four-local-rank-3-cut-llamafactory2061.log",
+    "torchrun-python-logging-exitcode-6-colossalai1400.log",
+    "torchrun-table-sigabrt-odd-ranks-ec2-vlmevalkit1131.log",
+    "sigill-illegal-instruction-after-pretrained-load-hrnet150.log",
+    "k8s-get-pods-crashloopbackoff-katib1112.log",
+    "lightning-slurm-time-limit-sigterm-bypassed-lightning20542.log",
+    "srun-task-0-killed-force-terminated-arjuna48.log",
+    "ray-raylet-workers-killed-memory-pressure-wrapped-wmpo3.log",
+    "accelerate-calledprocesserror-exit-1-macos-sdscripts1354.log",
+    "user-code-nameerror-deepspeed-launcher-rc0-deepspeed618.log",
+    "stop-fsdp-fingerprint-then-nccl-init-hang-nccl1160.log",
+    "stop-megatron-nccl-init-info-then-nothing-nccl997.log",
+    "hw-ib-async-event-port-error-nccl905.log",
+    "mpirun-primary-job-rank1-signal-9-redacted-awareofhistory2.log",
+    "mpiexec-signal-6-aborted-total-killed-adda151.log",
+    "mpirun-exited-on-signal-9-dashes-relion112.log",
+    "data-unidentified-image-worker-0-translatingmaps27.log",
+    "framework-deepspeed-batch-assert-rich-box-starcoder77.log",
+    "numerics-anomaly-solvebackward-nan-pytorch37712.log",
+    "numerics-loss-scale-stuck-at-1-zero2-transformers14531.log",
+    "numerics-overflow-scale-falling-progress-llamaalpaca534.log",
+    "numerics-grad-norm-nan-megatron-iterations-megatrondeepspeed396.log",
+    "store-connection-reset-init-sequence-number-pytorch74146.log",
+    "store-recvvalue-reset-rank-prefix-k8s-sglang20859.log",
+    "store-get-unique-id-backtrace-test-plan-pytorch68597.log",
+    "store-get-unique-id-socket-timeout-title-nccl845.log",
+    "heartbeat-keepalive-timer-thread-exception-pytorch62029.log",
+    "port-in-use-eaddrinuse-second-run-vlmr1-289.log",
+    "port-in-use-eaddrinuse-code98-msswift3988.log",
+    "k8s-eviction-node-low-memory-kubeflow1261.log",
+    "killed-bash-job-control-line-argo8981.log",
+    "k8s-exit-137-kubectl-exec-jupyter736.log",
+    "killed-bare-after-progress-bar-hedwig70.log",
+    "slurm-job-time-limit-after-shell-trace-nextdenovo114.log",
+    "slurm-job-time-limit-after-progress-canu1052.log",
+    "slurm-step-time-limit-srun-task-ranges-desitarget628.log",
+    "dataloader-segfault-one-line-db94.log",
+    "dataloader-killed-python27-dcpdn12.log",
+    "oom-killer-dmesg-T-sacrifice-child-eris42.log",
+    "oom-killer-dmesg-terminal-wrapped-tranx41.log",
+    "stale-file-handle-rank-prefix-msswift6695.log",
+    "stale-file-handle-log-write-taiyaki66.log",
+    "disk-no-space-safetensors-title-llamafactory5155.log",
+    "disk-no-space-torch-save-metaflow-prefix-dolly139.log",
     "ofi-cq-einval-cloudwatch-table-prefix-awsofi715.log",
     "ray-node-marked-dead-heartbeats-ray45179.log",
 }
@@ -165,7 +214,8 @@ HELDOUT_MISSES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(corpus.HELDOUT))
+# held-out logs not yet measured are not triaged here: their first triage is the measurement
+@pytest.mark.parametrize("name", sorted(set(corpus.HELDOUT) - corpus.NOT_YET_MEASURED))
 def test_heldout_logs_keep_what_they_got_right(name):
     findings, _, _ = jobs.run([corpus.LOGS / name])
     text = corpus.blob(findings)

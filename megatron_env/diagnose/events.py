@@ -489,7 +489,7 @@ def _nccl_error(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> No
     kind = m.group(2)
     ev.add("nccl_errors", {"kind": kind, "version": m.group(3), "rank": _rank(line),
                            "host": line.host, "last_error": detail if last else "",
-                           "line": t.strip()[:500], "op": ev.collective.get(_rank(line))},
+                           "line": t.strip(), "op": ev.collective.get(_rank(line))},
            key=(kind, _rank(line), line.host))
 
 
@@ -500,7 +500,7 @@ def _last_error(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> No
     what = m.group(1).strip()
     if len(what) < 8 and ahead:
         what = ahead[0].text.strip()
-    ev.add("last_errors", {"what": what[:300], "rank": _rank(line), "host": line.host},
+    ev.add("last_errors", {"what": what, "rank": _rank(line), "host": line.host},
            key=(what[:80], _rank(line)))
 
 
@@ -508,7 +508,7 @@ def _oom(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
     if m := _OOM.search(t):
         ev.add("ooms", {"rank": _rank(line), "host": line.host, "size": m.group(1),
                         "gpu": m.group(2) or m.group(4), "total": m.group(3) or m.group(5),
-                        "line": t.strip()[:500]}, key=(_rank(line), line.host, m.group(0)))
+                        "line": t.strip()}, key=(_rank(line), line.host, m.group(0)))
 
 
 def _cuda(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
@@ -518,7 +518,7 @@ def _cuda(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
             "Compile with" not in t):
         what = (m.group(1) or m.group(2)).strip()
         ev.add("cuda_errors", {"what": what, "rank": _rank(line), "host": line.host,
-                               "line": t.strip()[:500]}, key=(what, _rank(line), line.host))
+                               "line": t.strip()}, key=(what, _rank(line), line.host))
 
 
 def _xid(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
@@ -543,7 +543,7 @@ def _rendezvous(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> No
         store = _store(m.group(2)) or next(
             (s for x in islice(ahead, 4) if _STORE_LINE.search(x.text)
              and (s := _store(x.text))), None)
-        ev.add("rendezvous", {"error": m.group(1), "what": m.group(2).strip()[:300],
+        ev.add("rendezvous", {"error": m.group(1), "what": m.group(2).strip(),
                               "store": store, "rank": _rank(line), "host": line.host},
                key=(m.group(1), line.host))
 
@@ -612,7 +612,7 @@ def _signal(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
     ev.add("signals", {"signal": name, "what": what, "number": num, "rank": _rank(line),
                        "host": host, "pid": pid, "worker": "is killed by signal" in t,
                        "agent": "received by PID" in t or "death signal" in t,
-                       "line": t.strip()[:300]},
+                       "line": t.strip()},
            key=(name, _rank(line), host, pid))
     if pid is not None:
         ev.job.note(_rank(line), host, pid)
@@ -645,7 +645,7 @@ def _ibv(ev: Events, line: Line, t: str, ahead: deque, facts: dict) -> None:
     o = _NCCL_ORIGIN.search(t)
     ev.add("ibv", {"call": m.group(1), "errno": name, "error": text, "rank": _rank(line),
                    "host": line.host, "pid": o.group(1) if o and o.group(1) else None,
-                   "line": _from_origin(ev, line, t).strip()[:300]},
+                   "line": _from_origin(ev, line, t).strip()},
            key=(m.group(1), name, _rank(line), line.host))
 
 

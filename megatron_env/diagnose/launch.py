@@ -52,7 +52,7 @@ def rendezvous(ev: Events) -> list[Finding]:
         "job.rendezvous", "fail",
         f"the rendezvous failed{' on ' + ', '.join(hosts[:4]) if hosts else ''}: {r['error']}"
         + (f", the store at {store} could not be reached" if store else "")
-        + f" ({r['what'][-80:]})" * bool(r["what"]),
+        + f" ({r['what']})" * bool(r["what"]),
         [f"{x['host'] or 'a rank'}: {x['error']}: {x['what']}" for x in ev.rendezvous[:4]]
         + [f"store address: {s}" for s in ev.stores[:4]],
         "every node must reach MASTER_ADDR:MASTER_PORT (the rank-0 host) before the job starts: "
@@ -153,7 +153,7 @@ def stalls(ev: Events) -> list[Finding]:
         f"{len(ops)} tensor(s) the other ranks wait on"
         + (f" ({', '.join(kinds)})" if kinds else "")
         + (f" ({ranks(ready)} ready)" if ready else "")
-        + f", e.g. {ops[0][:120]}",
+        + f", e.g. {ops[0]}",
         [f"{o} [missing {ranks({r for s in ev.stalls if s['op'] == o for r in s['ranks']})}]"
          if not ready else f"{o} [ready {ranks(ready)}]" for o in ops[:6]],
         f"{ranks(missing) if missing else 'the rank not ready'} took another code path or died: "

@@ -247,7 +247,7 @@ def _cuda(ev: Events) -> list[Finding]:
             "job.cuda_oom", "fail",
             f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o['size']}"
             + (f" on GPU {o['gpu']} ({o['total']} total)" if o["gpu"] else ""),
-            [e["line"][:300] for e in ev.ooms[:4]],
+            [e["line"] for e in ev.ooms[:4]],
             "smaller micro-batch, activation recomputation, more tensor/pipeline parallelism, or "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation"))
     return out
