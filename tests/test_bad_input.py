@@ -175,8 +175,8 @@ def test_killed_run_leaves_no_verify_child(tmp_path):
     pytest.importorskip("torch")
     run_dir = tmp_path / "run"
     code = textwrap.dedent(f"""
-        from megatron_env import commands
-        commands.verify("verify_nccl", ["--current", "--nproc", "2", "--run-dir", {str(run_dir)!r},
+        from megatron_env.commands import setup
+        setup.verify("verify_nccl", ["--current", "--nproc", "2", "--run-dir", {str(run_dir)!r},
                         "--", "--backend", "gloo", "--sizes", "64M:64M", "--iters", "100000"])
     """)
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,

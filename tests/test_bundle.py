@@ -357,7 +357,7 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     from .conda_channel import lock_offline
 
     monkeypatch.setenv(repos.CACHE_ENV, str(tmp_path / "cache"))
-    src = profile.ENVS_DIR / PROFILE
+    src = profile.envs_root() / PROFILE
     shutil.copytree(src, tmp_path / "envs" / src.name)
     prof = profile.load_file(tmp_path / "envs" / src.name / "profile.toml")
     assert make.conda_packages(prof) == []  # no conda layer, nothing to carry

@@ -54,13 +54,13 @@ def _chain(docs: dict[Path, Manifest]) -> list[Path]:
     return chain[::-1]
 
 
-def unpacked(paths: list[Path], echo) -> Path:
+def unpacked(paths: list[Path], echo: output.Echo) -> Path:
     """Archives unpacked once (base first, deltas over it) under the cache, keyed by the chain
     of manifests, and verified (by the run that unpacked them, and again when reused)."""
     return _unpacked(paths, echo)[0]
 
 
-def _unpacked(paths: list[Path], echo) -> tuple[Path, Manifest]:
+def _unpacked(paths: list[Path], echo: output.Echo) -> tuple[Path, Manifest]:
     """`unpacked`, with the manifest of the newest bundle, read once."""
     for p in paths:
         if p.is_dir():
@@ -195,7 +195,8 @@ class Bundle:
 
 def use(paths: Iterable[str | Path], profile_name: str | None,
         python: str | Path | Callable[[Profile], str | Path] | None,
-        builds: str | None = "all", echo=output.status, *, adopt_flag: str = "--adopt PYTHON",
+        builds: str | None = "all", echo: output.Echo = output.status, *,
+        adopt_flag: str = "--adopt PYTHON",
         build_cache: Path | None = None) -> Bundle:
     """Check the bundle (unpacking an archive once under the cache); -> the `Bundle` the chain
     is given. Nothing reaches the network afterwards: git sources come from the bundle's
@@ -208,14 +209,14 @@ def use(paths: Iterable[str | Path], profile_name: str | None,
     and the profile are each read once."""
     from megatron_env.profile import load as load_profile
 
-    paths = [Path(p).absolute() for p in paths]
+    given_paths = [Path(p).absolute() for p in paths]
     t0 = time.monotonic()
-    if len(paths) == 1 and paths[0].is_dir():
-        root = paths[0]
+    if len(given_paths) == 1 and given_paths[0].is_dir():
+        root = given_paths[0]
         doc = read_manifest(root)
         verify(root, doc)
     else:
-        root, doc = _unpacked(paths, echo)
+        root, doc = _unpacked(given_paths, echo)
     prof = load_profile(profile_name or doc.profile.name)
     if callable(python):
         python = python(prof)

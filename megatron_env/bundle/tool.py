@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from megatron_env import __version__, digest, proc
+from megatron_env import __version__, digest, output, proc
 from megatron_env.bundle.layout import MACHINE
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
@@ -21,7 +21,8 @@ _PIP_NAME = re.compile(r"[-_.]+")
 
 
 def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) -> None:
-    argv = [sys.executable, "-m", "pip", "download", "-q", "-d", dest, "--python-version", python,
+    argv: list[str | Path] = [sys.executable, "-m", "pip", "download", "-q", "-d", dest,
+                              "--python-version", python,
             "--implementation", "cp", "--only-binary=:all:"]
     for plat in lock.WHEEL_PLATFORMS:
         argv += ["--platform", plat]
@@ -32,7 +33,8 @@ def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) ->
                             "or PIP_FIND_LINKS", kind="source.unreachable")
 
 
-def wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...] = ()
+def wheels(prof: Profile, source: Path, dest: Path, echo: output.Echo,
+           extras: tuple[str, ...] = ()
                  ) -> None:
     """megatron-env as a wheel, its runtime dependencies and its build backend, for the profile's
     Python: `pip install --no-index --find-links tool megatron-env` then needs nothing else."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from megatron_env.diagnose import events as events_mod
 from megatron_env.diagnose import joblog, logfiles, nccl_log, triage
@@ -50,7 +51,7 @@ def _day(date: str) -> int:
     return int(month) * 31 + int(day)
 
 
-def _differ(a: str, fa: dict, b: str, fb: dict) -> str:
+def _differ(a: str, fa: dict[str, Any], b: str, fb: dict[str, Any]) -> str:
     """Why files `a` and `b` cannot be one job's ('' when nothing says so)."""
     if fa["timeout_ms"] and fb["timeout_ms"] and fa["timeout_ms"].isdisjoint(fb["timeout_ms"]):
         return (f"Timeout(ms) {min(fa['timeout_ms'])} in {Path(a).name} vs "

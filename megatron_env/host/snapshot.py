@@ -92,7 +92,7 @@ class Snapshot:
 
     def missing(self, name: str) -> bool:
         """True when the command behind `name` was recorded as not installed on the host."""
-        return self.meta().get("files", {}).get(name, {}).get("status") == "missing"
+        return bool(self.meta().get("files", {}).get(name, {}).get("status") == "missing")
 
     def env(self) -> dict[str, str]:
         from megatron_env.host.parsers import env_file
@@ -190,7 +190,7 @@ def _nvlink_p2p(nv: Any, handles: list[Any]) -> list[list[bool]]:
     return [[linked(i, j) for j in range(len(handles))] for i in range(len(handles))]
 
 
-def collect(out: Path, *, echo=output.status, force: bool = False) -> Snapshot:
+def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False) -> Snapshot:
     """Record this host into `out` (created). A snapshot already there is replaced only with
     `force`: it may be the only record of a node as it was. Every file is written through
     megatron_env.redact (command outputs can hold a token in a URL or a variable)."""

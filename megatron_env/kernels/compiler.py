@@ -7,8 +7,9 @@ import shutil
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
-from megatron_env import proc
+from megatron_env import output, proc
 from megatron_env.errors import UserError
 from megatron_env.kernels import ninjalog
 from megatron_env.kernels.progress import Progress
@@ -23,7 +24,7 @@ def missing_libraries(wheel: Path, libraries: tuple[str, ...]) -> list[str]:
             if not any(n.startswith(lib + ".") and n.endswith(".so") for n in names)]
 
 
-def keep_ninja_logs(work: Path, dest: Path) -> dict:
+def keep_ninja_logs(work: Path, dest: Path) -> dict[str, Any]:
     """Copy each extension's .ninja_log (per object: start, end) out of the build tree before
     it is removed, and summarise them (slowest objects, parallelism): where the time went."""
     found = sorted(work.rglob(".ninja_log"))
@@ -43,7 +44,7 @@ def dist_dir(work: Path) -> Path:
 
 
 def compile_wheel(name: str, python: Path, env: dict[str, str], build_options: tuple[str, ...],
-                  work: Path, log: Path, echo) -> tuple[float, Path]:
+                  work: Path, log: Path, echo: output.Echo) -> tuple[float, Path]:
     """uv builds the wheel of `work` with `python`'s packages (no isolation: the build imports
     torch); -> (seconds, the wheel). A failure names the log, which keeps the compiler's words."""
     out = dist_dir(work)

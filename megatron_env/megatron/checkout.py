@@ -14,6 +14,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from megatron_env import digest, files, output, proc
 from megatron_env.errors import UserError
@@ -37,10 +38,11 @@ def key(profile: Profile) -> str:
 
 
 def source_dir(profile: Profile) -> Path:
-    return env.ENV_ROOT / f"{profile.name}.megatron" / key(profile)
+    return env.env_root() / f"{profile.name}.megatron" / key(profile)
 
 
-def prepare(profile: Profile, echo=output.status, given: Given | None = None) -> Path:
+def prepare(profile: Profile, echo: output.Echo = output.status,
+            given: Given | None = None) -> Path:
     """The patched source tree of the profile's Megatron, made once per commit and patch series
     (`given`: a bundle's repository instead of the profile's URL)."""
     dest = source_dir(profile)
@@ -69,8 +71,8 @@ def prepare(profile: Profile, echo=output.status, given: Given | None = None) ->
     return dest
 
 
-def install(profile: Profile, python: Path, src: Path, echo=output.status,
-            child_env: Mapping[str, str] | None = None) -> dict:
+def install(profile: Profile, python: Path, src: Path, echo: output.Echo = output.status,
+            child_env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Editable install of `src` for the interpreter `python`; returns the import check.
     `child_env`: what uv is told besides (a bundle's offline settings)."""
     if not python.exists():
@@ -91,7 +93,7 @@ def install(profile: Profile, python: Path, src: Path, echo=output.status,
     return check_import(python)
 
 
-def check_import(python: Path) -> dict:
+def check_import(python: Path) -> dict[str, Any]:
     """torch, megatron.core and its compiled dataset helpers import; returns the probe's facts."""
     missing, facts = probe.missing_modules(python, MODULES)
     if missing or "torch" not in facts:
@@ -128,6 +130,8 @@ def not_installed(python: Path, profile: Profile) -> str | None:
 def _direct_url(info: Path) -> str | None:
     """Where an installed distribution came from (PEP 610 direct_url.json), if it says."""
     try:
-        return json.loads((info / "direct_url.json").read_text()).get("url")
-    except (OSError, ValueError, AttributeError):
+        doc = json.loads((info / "direct_url.json").read_text())
+    except (OSError, ValueError):
         return None
+    url = doc.get("url") if isinstance(doc, dict) else None
+    return url if isinstance(url, str) else None

@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from megatron_env import digest, files, mutex, output, proc, project
 from megatron_env.errors import UserError
@@ -34,8 +35,8 @@ from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, lock, manifest, uv
 from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
 from megatron_env.pyenv.probe import probe
+from megatron_env.units import GIB
 
-ENV_ROOT = project.state_root() / ".megatron-env"
 STAMP = ".megatron-env.json"
 MANIFEST = ".megatron-env-manifest.json"  # every installed file; see megatron_env.pyenv.manifest
 MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"
@@ -44,18 +45,26 @@ DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: 
 
 # Installed by the venv or conda machinery, not by the lock; never counted as "extra".
 def default_prefix(profile: Profile) -> Path:
-    return ENV_ROOT / profile.name
+    return env_root() / profile.name
+
+
+def env_root() -> Path:
+    """Where environments live by default (.megatron-env under the project, or under the
+    working directory for the wheel's read-only copy); read when asked, never at import."""
+    return project.state_root() / ".megatron-env"
 
 
 def python_of(prefix: Path) -> Path:
     return prefix / "bin" / "python"
 
 
-def read_stamp(prefix: Path) -> dict | None:
+def read_stamp(prefix: Path) -> dict[str, Any] | None:
+    """The environment's stamp; None when it is missing or not a JSON object (rebuilt then)."""
     try:
-        return json.loads((prefix / STAMP).read_text())
-    except (OSError, json.JSONDecodeError):
+        doc = json.loads((prefix / STAMP).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    return doc if isinstance(doc, dict) else None
 
 
 @dataclass
@@ -65,7 +74,7 @@ class Summary:
     mode: str
     action: str  # "built", "up to date", "repaired", "verified"
     seconds: float
-    facts: dict
+    facts: dict[str, Any]
     size: int = 0  # bytes installed, from the manifest (walking 20,000 files costs seconds)
 
     def line(self) -> str:
@@ -74,7 +83,7 @@ class Summary:
         return (f"{self.profile}: {self.action} at {self.prefix} ({self.mode}); Python "
                 f"{f.get('python')}, torch {f.get('torch')}, CUDA {f.get('torch_cuda')}, "
                 f"NCCL {f.get('nccl', '?')}, {len(f.get('dists', {}))} packages"
-                + (f", {size / 2**30:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
+                + (f", {size / GIB:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
 
 
 def min_free_gb() -> float:
@@ -92,9 +101,9 @@ def min_free_gb() -> float:
     return value
 
 
-def check_free_space(where: Path, echo=output.status) -> None:
+def check_free_space(where: Path, echo: output.Echo = output.status) -> None:
     need_gb = min_free_gb()
-    free_gb = shutil.disk_usage(where).free / 2**30
+    free_gb = shutil.disk_usage(where).free / GIB
     if free_gb < need_gb:
         raise UserError(
             f"only {free_gb:.1f} GiB free under {where}; building an environment needs about "
@@ -157,7 +166,7 @@ def _refuse(prefix: Path, profile: Profile) -> None:
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
           conda: str | None = None, use_conda: bool | None = None,
           find_links: list[str] | None = None, no_index: bool = False, deep: bool = False,
-          conda_lock: Path | None = None, echo=output.status,
+          conda_lock: Path | None = None, echo: output.Echo = output.status,
           child_env: Mapping[str, str] | None = None) -> Summary:
     """Create, check or repair the profile's environment at `prefix` (see the module docstring).
 
@@ -218,7 +227,8 @@ class Sources:
 
 
 def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: str,
-          sources: Sources, t0: float, echo, **how) -> Summary:
+          sources: Sources, t0: float, echo: output.Echo, *, python: str | None,
+          conda: str | None, use_conda: bool | None, conda_lock: Path | None) -> Summary:
     keep = prefix.resolve() if prefix.is_symlink() else None
     for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
         if leftover.is_dir() and leftover != keep:
@@ -226,7 +236,8 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
         elif leftover.name.startswith(".link-"):
             leftover.unlink(missing_ok=True)
     target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
-    mode = _create(profile, target, lockfile, sources=sources, echo=echo, **how)
+    mode = _create(profile, target, lockfile, python=python, conda=conda, use_conda=use_conda,
+                   sources=sources, echo=echo, conda_lock=conda_lock)
     try:
         facts = probe(python_of(target), torch=False)
         bad = manifest.hash_check(manifest.scan(facts["sites"]))
@@ -254,7 +265,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
 
 
 def _record(target: Path, profile: Profile, lock_digest: str, mode: str,
-            facts: dict) -> dict:
+            facts: dict[str, Any]) -> dict[str, Any]:
     """Write the manifest of a verified environment, then its stamp (which names the manifest).
     The manifest holds what this step installs; what the megatron and builds steps install on
     top (ON_TOP: megatron-core editable, the kernel wheels) is theirs to check and re-install,
@@ -291,8 +302,8 @@ def _unchanged(profile: Profile, prefix: Path, wanted: str) -> Summary | None:
                    current.get("facts") or {}, m["bytes"])
 
 
-def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources: Sources,
-          deep: bool, echo) -> Summary | None:
+def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict[str, Any], sources: Sources,
+          deep: bool, echo: output.Echo) -> Summary | None:
     """Check an environment built from this very lock; repair what changed. None: rebuild it."""
     python = python_of(prefix.resolve())  # the manifest names files by their real paths
     m = manifest.load(prefix / MANIFEST)
@@ -326,7 +337,8 @@ def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources
                    "repaired" if diffs else "verified", 0.0, v.facts, m["bytes"])
 
 
-def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, echo) -> None:
+def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
+           echo: output.Echo) -> None:
     """Reinstall `names` from the lock, with uv's cache entries of them refreshed from the
     package source (an entry edited in place would otherwise be installed again), then prove
     every reinstalled file against its wheel's RECORD."""
@@ -353,8 +365,9 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
                             "source (index, mirror or --find-links)", kind="env.repair-failed")
 
 
-def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
-            sources: Sources, echo, conda_lock: Path | None = None) -> str:
+def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | None,
+            conda: str | None, use_conda: bool | None,
+            sources: Sources, echo: output.Echo, conda_lock: Path | None = None) -> str:
     log = target.with_suffix(".log")
     conda_lock_file = lock.conda_lockfile(profile, conda_lock)
     solver = conda or lock.conda_solver()

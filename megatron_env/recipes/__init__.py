@@ -7,6 +7,11 @@ it); nothing else in megatron_env names a kernel package.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megatron_env.profile import Profile
+
 import importlib
 import pkgutil
 from functools import cache
@@ -36,7 +41,7 @@ def get(name: str) -> Recipe:
     return recipes[name]
 
 
-def table(profiles: list) -> list[tuple[str, str]]:
+def table(profiles: list[Profile]) -> list[tuple[str, str]]:
     """`invoke kernels`: each recipe (source, what it is, variants and choices), then what each
     of `profiles` pins of it (version or tag @ commit, variants chosen)."""
     rows = []

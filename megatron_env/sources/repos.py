@@ -50,7 +50,7 @@ def repo_url(name: str, url: str, given: Given | None = None) -> str:
     return value if value is not None else url
 
 
-def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
+def _git(*args: str | Path, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
     r = proc.run(["git", *map(str, args)], cwd=cwd, timeout=timeout,
                  env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
     if r.missing:
@@ -59,7 +59,8 @@ def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
     return r
 
 
-def mirror(name: str, url: str, echo=output.status, given: Given | None = None) -> Path:
+def mirror(name: str, url: str, echo: output.Echo = output.status,
+           given: Given | None = None) -> Path:
     """A bare mirror of `url` under the cache, created or brought up to date (tags forced)."""
     url = repo_url(name, url, given)
     local = Path(url[len("file://"):] if url.startswith("file://") else url)
@@ -107,7 +108,7 @@ def resolve(git_dir: Path, ref: str) -> str | None:
 
 
 def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
-             echo=output.status, given: Given | None = None) -> Path:
+             echo: output.Echo = output.status, given: Given | None = None) -> Path:
     """The tree of `commit` at `dest`, after checking that `tag` (when given) still points at it."""
     git_dir = mirror(name, url, echo=echo, given=given)
     at = resolve(git_dir, tag or commit)
