@@ -172,3 +172,23 @@ def test_a_failed_write_leaves_no_temporary_and_the_old_value(tmp_path, tree):
         raise RuntimeError("killed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["slot"]
     assert (dest / "old" if tree else dest).read_text() == "old"
+
+
+def test_an_environment_in_progress_on_another_node_is_not_cleared(tmp_path):
+    """`invoke env` clears what killed runs left in the environment store: an environment
+    whose claim is another node's (or this host's, alive) stays, one whose claim is dead
+    goes, an unclaimed one (older versions) goes as before; the lock file and the current
+    environment stay."""
+    from megatron_env.pyenv import env
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    store = tmp_path / "prefix.d"
+    for d in ("current", "other-node", "killed-here", "unclaimed"):
+        (store / d / "bin").mkdir(parents=True)
+    (store / ".lock").touch()
+    (store / f"other-node.tmp-nodeB-{dead}-0123abcd").touch()
+    (store / f"killed-here.tmp-{files.host()}-{dead}-0123abcd").touch()
+    env._clear(store, store / "current")
+    assert sorted(p.name for p in store.iterdir()) == [
+        ".lock", "current", "other-node", f"other-node.tmp-nodeB-{dead}-0123abcd"]

@@ -57,11 +57,11 @@ def test_a_truncated_cached_sdist_is_fetched_again_or_refused(tinyk, capsys, mon
     (build.fetch) are checked against the pin each time they are taken from the cache."""
     pkg, sdist, cache = tinyk
     entries: list[make.Entry] = []
-    make._sdists({"tinyk": pkg}, [], entries, lambda _s: None)
+    make._sdists({"tinyk": pkg}, [], entries, lambda _s: None, cache)
     archive = build.sdist_archive(pkg)
     assert entries[0].path == archive and archive.read_bytes() == sdist.read_bytes()
     archive.write_bytes(sdist.read_bytes()[:200])  # truncated in the cache
-    make._sdists({"tinyk": pkg}, [], entries, lambda _s: None)
+    make._sdists({"tinyk": pkg}, [], entries, lambda _s: None, cache)
     assert archive.read_bytes() == sdist.read_bytes()  # fetched again, the pin's bytes
     assert f"the cached sdist {archive} has sha256" in capsys.readouterr().err
     archive.write_bytes(sdist.read_bytes()[:200])
@@ -192,3 +192,44 @@ def test_bundle_out_on_a_full_disk_is_one_line_naming_the_mount(full_tmpfs):  # 
     assert lines[0].startswith(f"error: no space left on {full_tmpfs}"), r.stderr[-2000:]
     assert "[(" not in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in full_tmpfs.iterdir()) == ["fill"]  # nothing half-written
+
+
+def _wheel(path: Path, body: bytes) -> Path:
+    """A wheel whose RECORD holds each member's urlsafe-base64 sha256, as installers write."""
+    import base64
+    import zipfile
+
+    members = {"tinyk/__init__.py": body,
+               "tinyk-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinyk\n"}
+    rows = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
+            for n, d in members.items()] + ["tinyk-1.0.dist-info/RECORD,,"]
+    with zipfile.ZipFile(path, "w") as z:
+        for n, d in members.items():
+            z.writestr(n, d)
+        z.writestr("tinyk-1.0.dist-info/RECORD", "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_cached_build_is_checked_before_it_is_installed_or_bundled(tmp_path, capsys, recorded):
+    """The wheel slot a cache hit installs and `bundle --with-builds` carries: held to the
+    sha256 its meta.json recorded (slots of older versions: to the wheel's own RECORD)."""
+    from megatron_env.kernels import compiler
+
+    slot = tmp_path / "wheels" / "tinyk-0123"
+    slot.mkdir(parents=True)
+    whl = _wheel(slot / "tinyk-1.0-py3-none-any.whl", b"ANSWER = 42\n")
+    meta = {"key": {}, **({"wheel_sha256": digest_of(whl)} if recorded else {})}
+    (slot / "meta.json").write_text(json.dumps(meta))
+    assert compiler.cached(slot) == whl
+    data = whl.read_bytes()
+    if recorded:
+        whl.write_bytes(data[: len(data) // 2])  # cut short
+    else:  # a member edited in place, its RECORD line left: same size, other bytes
+        whl.write_bytes(data.replace(b"ANSWER = 42", b"ANSWER = 41"))
+    assert compiler.cached(slot) is None
+    assert not slot.exists() and "is not the wheel that was built there" in capsys.readouterr().err
+
+
+def digest_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

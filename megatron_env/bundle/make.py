@@ -29,7 +29,7 @@ from megatron_env.bundle.layout import (
 )
 from megatron_env.bundle.manifest import FORMAT, Manifest
 from megatron_env.errors import UserError
-from megatron_env.kernels import build
+from megatron_env.kernels import build, compiler
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
 from megatron_env.recipes.recipe import Package
@@ -262,12 +262,13 @@ def _builds(prof: Profile, without: Iterable[str] = (),
                 "switches": k.switches, "build_options": list(k.build_options)}
         wheels = (cache or build.cache_dir()) / "wheels"
         for meta in sorted(wheels.glob(f"{k.name}-*/meta.json")):
-            try:
-                doc = json.loads(meta.read_text()).get("key") or {}
-            except (OSError, json.JSONDecodeError):
-                continue
+            record, _why = files.read_json(meta)
+            if not isinstance(record, dict) or not isinstance(record.get("key"), dict):
+                continue  # unreadable: not this profile's, whatever it was
+            doc = record["key"]
             if (all(doc.get(f) == v for f, v in want.items())
-                    and str(doc.get("torch", "")).split("+")[0] == prof.torch):
+                    and str(doc.get("torch", "")).split("+")[0] == prof.torch
+                    and compiler.cached(meta.parent)):  # its wheel checked, as a build does
                 out.extend((f"builds/{meta.parent.name}/{f.name}", f)
                            for f in sorted(meta.parent.iterdir()) if f.is_file())
     return out

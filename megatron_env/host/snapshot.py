@@ -105,7 +105,7 @@ class Snapshot:
             return {}
         try:
             data = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return {"_error": f"{name} is not valid JSON"}
         return data if isinstance(data, dict) else {"_error": f"{name} is not a JSON object"}
 

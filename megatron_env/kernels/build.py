@@ -407,9 +407,9 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
     log = None
     with mutex.exclusive(Path(str(slot) + ".lock"), f"{pkg.name}: another build of this key "
                            f"is running ({slot}.lock); waiting for it", echo):  # one per key
-        wheels = list(slot.glob("*.whl"))
-        hit = bool(wheels)
-        if not hit:
+        found = compiler.cached(slot)  # checked against its record at every use
+        hit = found is not None
+        if found is None:
             _sweep(p.key, cache)
             tree = patched(pkg, p.patches, echo, given=given, cache=cache)
             work = files.temp_for(cache / "build" / p.key)
@@ -440,13 +440,16 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                         {"plan": p.lines(), "max_jobs": p.max_jobs, "why_jobs": p.why_jobs,
                          "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "build_seconds": built_in, "log": str(log), "ninja": timings,
-                         "key": p.key_doc},
+                         "key": p.key_doc, "wheel_sha256": digest.file_hex(wheel)},
                         indent=2) + "\n")
             finally:
                 for d in (work, compiler.dist_dir(work)):
                     shutil.rmtree(d, ignore_errors=True)
-            wheels = list(slot.glob("*.whl"))
-    wheel = wheels[0]
+            found = compiler.cached(slot)
+    if found is None:  # published by another run meanwhile, and not intact
+        raise UserError(f"{pkg.name}: the cached build {slot} changed while it was being used",
+                        fix="run the build again", kind="build.cache-changed")
+    wheel = found
     t_install = time.monotonic()
     if hit and installed_from(wheel, p.torch.get("platlib")):
         echo(f"{pkg.name}: cache hit, {wheel.name} is installed already (same files)")

@@ -129,9 +129,6 @@ def not_installed(python: Path, profile: Profile) -> str | None:
 
 def _direct_url(info: Path) -> str | None:
     """Where an installed distribution came from (PEP 610 direct_url.json), if it says."""
-    try:
-        doc = json.loads((info / "direct_url.json").read_text())
-    except (OSError, ValueError):
-        return None
+    doc, _why = files.read_json(info / "direct_url.json")
     url = doc.get("url") if isinstance(doc, dict) else None
     return url if isinstance(url, str) else None
