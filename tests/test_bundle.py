@@ -395,7 +395,7 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     bad = [{**pkgs[0], "url": (root / pkgs[0]["path"]).as_uri(), "sha256": "0" * 64}]
     with pytest.raises(UserError, match="does not match the sha256 in conda-lock.yml"):
         make._conda_fetch(bad, said.append)
-    assert not list((tmp_path / "cache" / "conda-pkgs").glob("*.part-*"))
+    assert not list((tmp_path / "cache" / "conda-pkgs").glob("*.tmp-*"))
 
 
 @offline
