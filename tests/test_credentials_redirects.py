@@ -13,6 +13,7 @@ import base64
 import hashlib
 import http.server
 import json
+import os
 import shutil
 import ssl
 import subprocess
@@ -210,3 +211,23 @@ def test_origin_fills_default_ports_and_ignores_case():
     assert http_mod.origin("http://h/") != http_mod.origin("https://h/")
     assert http_mod.without_userinfo("http://u:p%40x@h:81/s")[1] == \
         "Basic " + base64.b64encode(b"u:p@x").decode()
+
+
+def test_the_builds_sdist_fetch_with_pip_index_url_keeps_the_password_home(servers, tmp_path,
+                                                                           monkeypatch):
+    """The path of `invoke build flash-attn` without a local sdist: PIP_INDEX_URL as the user
+    sets it, read by the build's own fetch (build._download -> index.fetch)."""
+    a, b = servers["a"], servers["b"]
+    a.route("/simple/tinyk/", "redirect", f"{b.base}/simple/tinyk/")
+    b.route("/simple/tinyk/", "page", f"{b.base}/files/{NAME}")
+    b.route(f"/files/{NAME}", "file", BODY)
+    for var in [v for v in os.environ if v.startswith(("PIP_", "UV_"))]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", a.with_user() + "/simple")
+    monkeypatch.delenv(recipe.source_var("tinyk"), raising=False)
+    pkg = recipe.Package("tinyk", "1.0", recipe.Source(sha256=SHA, url=NAME), cuda=False)
+    build._download(pkg, tmp_path / NAME, lambda _s: None, None)
+    assert (tmp_path / NAME).read_bytes() == BODY
+    assert a.seen == [("/simple/tinyk/", BASIC)]
+    assert [auth for _p, auth in b.seen] == [None, None]
