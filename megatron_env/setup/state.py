@@ -96,7 +96,7 @@ def read(stamps: Path, step: str) -> tuple[Stamp | None, str]:
         return None, "no stamp"
     doc, why = files.read_json(where)
     if why:
-        return None, f"its stamp cannot be read ({why})"
+        return None, f"its stamp is not a stamp ({why})"
     try:
         return Stamp.of(doc), ""
     except BadStamp as e:
