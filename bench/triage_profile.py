@@ -47,14 +47,14 @@ def _cpu() -> float:
 
 
 def rates(log: Path, size: int, mix: str) -> dict[str, object]:
-    """One process against two (twocore.MIN_BYTES out of reach, then 0), alternating, three
+    """One process against two (twocore.MODE "one", then "two"), alternating, three
     rounds: the best wall MB/s and MB per CPU second of each, and the findings of each (the
     same, or the figures mean nothing)."""
     best: dict[str, dict[str, float]] = {}
     ids: dict[str, list[str]] = {}
     for _ in range(3):
-        for mode, limit in (("one_process", 1 << 62), ("two_processes", 0)):
-            twocore.MIN_BYTES = limit
+        for mode, limit in (("one_process", "one"), ("two_processes", "two")):
+            twocore.MODE = limit
             cpu, start = _cpu(), time.perf_counter()
             findings, _, _ = jobs.run([log])
             wall, cpu = time.perf_counter() - start, _cpu() - cpu
@@ -94,14 +94,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="triage-profile-") as tmp:
         log = Path(tmp) / "job.log"
         size = write_log(log, a.size, a.mix)
-        twocore.MIN_BYTES = 1 << 62
+        twocore.MODE = "one"
         start = time.perf_counter()
         jobs.run([log])
         plain = time.perf_counter() - start
         print(f"{a.mix}: {size / 1e6:.1f} MB in {plain:.2f} s in one process without the "
               f"profiler: {size / 1e6 / plain:.1f} MB/s")
         print(_top("one process", lambda: jobs.run([log]), a.top))
-        twocore.MIN_BYTES = 0
+        twocore.MODE = "two"
         print(_top("two processes, this one (the events)", lambda: jobs.run([log]), a.top))
         print(_top("two processes, the reading one (the lines, pickled for the pipe)",
                    lambda: twocore._produce(log, events.HOT_PARTS, _Pickles()), a.top))  # type: ignore[arg-type]

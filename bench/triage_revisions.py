@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""`invoke triage`'s speed at two revisions, in one run: each round triages the same log with
-the old tree's code and then this tree's, each in a fresh process, so that the load of a shared
-machine falls on both alike. Prints JSON: per revision the best wall MB/s and MB per CPU
-second over the rounds (CPU of the process and of any it started), the peak RSS of each
-process, and whether the findings were the same (they must be: a speed change changes no
-result).
+"""`invoke triage`'s speed at two revisions, in one run: each round triages the same log with the
+old tree's code, then this tree's in one process and in two (megatron_env/diagnose/
+twocore.py), each in a fresh process, so that the load of a shared machine falls on all alike.
+Prints JSON: per revision the best wall MB/s and MB per CPU second over the rounds (CPU of the
+process and of any it started), the peak RSS of each process, and whether the findings were the
+same (they must be: a speed change changes no result).
 
     python bench/triage_revisions.py --old 794adad --size 50 --mix signatures
     python bench/triage_revisions.py --old-tree DIR ...   # a tree already checked out
@@ -31,6 +31,9 @@ _CHILD = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from megatron_env.diagnose import jobs
+if sys.argv[3] != "-":  # this tree: one process or two (twocore.MODE)
+    from megatron_env.diagnose import twocore
+    twocore.MODE = sys.argv[3]
 start = time.perf_counter()
 findings, lines, _ = jobs.run([sys.argv[2]])
 wall = time.perf_counter() - start
@@ -39,9 +42,9 @@ print(json.dumps({"wall_s": wall, "lines": lines,
 """
 
 
-def once(tree: Path, log: Path) -> dict[str, Any]:
+def once(tree: Path, log: Path, mode: str) -> dict[str, Any]:
     """One triage of `log` with `tree`'s code in a fresh process: wall, CPU, peak RSS."""
-    p = subprocess.Popen([sys.executable, "-c", _CHILD, str(tree), str(log)],
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, str(tree), str(log), mode],
                          stdout=subprocess.PIPE, cwd=tree)
     assert p.stdout is not None
     out = p.stdout.read()
@@ -74,10 +77,12 @@ def main() -> None:
             subprocess.run(["tar", "-x", "-C", str(old)], input=tar, check=True)
         log = Path(tmp) / "job.log"
         size = write_log(log, a.size, a.mix) / 1e6
-        runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
+        variants = (("old", old, "-"), ("new_one_process", ROOT, "one"),
+                    ("new_two_processes", ROOT, "two"))
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in variants}
         for _ in range(a.rounds):
-            for name, tree in (("old", old), ("new", ROOT)):
-                runs[name].append(once(tree, log))
+            for name, tree, mode in variants:
+                runs[name].append(once(tree, log, mode))
     first = runs["old"][0]
     same = all((r["findings"], r["lines"]) == (first["findings"], first["lines"])
                for rs in runs.values() for r in rs)
