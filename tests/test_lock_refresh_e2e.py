@@ -427,6 +427,20 @@ def test_pick_skips_what_it_cannot_use_and_keeps_the_index_order_among_equals():
     assert lockdiff.pick([zipped], {"d"}, "3.10") is zipped
 
 
+def test_pick_ranks_the_nodes_platforms_not_this_machines():
+    """The nodes run manylinux x86_64 wheels: a wheel built for a bare linux_x86_64 tag (this
+    machine could install it) is never picked, nor a py3 wheel of such a platform; a
+    cp312-none-any wheel is."""
+    def f(name, sha):
+        return sources_index.IndexFile(name, "u", sha, size=1)
+
+    sdist = f("tiny-1.0.tar.gz", "s")
+    for name in ("tiny-1.0-cp312-cp312-linux_x86_64.whl", "tiny-1.0-py3-none-linux_x86_64.whl"):
+        assert lockdiff.pick([f(name, "w"), sdist], {"w", "s"}, "3.12") is sdist, name
+    anyplat = f("tiny-1.0-cp312-none-any.whl", "w")
+    assert lockdiff.pick([anyplat, sdist], {"w", "s"}, "3.12") is anyplat
+
+
 def test_cut_keeps_a_row_that_fills_the_budget_exactly():
     """Four 3-byte rows into 9 bytes with a 1-byte note: the note and its two newlines take 3,
     two rows fill the other 6 exactly and are kept."""
