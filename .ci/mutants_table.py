@@ -106,6 +106,7 @@ def table(counts: dict[str, Counter[str]], every: list[str]) -> dict[str, dict[s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="write the per-module table here")
+    ap.add_argument("--note", default="", help="how this run was made, kept in the JSON")
     args = ap.parse_args(argv)
     results = parse(sys.stdin.read().splitlines())
     allowed = equivalent()
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
                                 capture_output=True, text=True).stdout.strip() or None
-        args.json.write_text(json.dumps({"commit": commit, "modules": rows}, indent=1) + "\n")
+        doc = {"commit": commit, **({"note": args.note} if args.note else {}), "modules": rows}
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
     if failed:
         print(f"under {MODULE_THRESHOLD:.0%}: {', '.join(failed)}; "
               "hint: `mutmut show NAME` shows a survivor", file=sys.stderr)
