@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 MODULE_THRESHOLD = 0.85
@@ -86,12 +87,19 @@ def count(results: dict[str, str], allowed: dict[str, str]) -> dict[str, Counter
     return counts
 
 
-def table(counts: dict[str, Counter[str]], every: list[str]) -> dict[str, dict[str, object]]:
+def mutated(path: str, root: Path = ROOT) -> bool:
+    """mutmut made this module's mutants (its mutants/<path>.meta exists): a module with no
+    results then has none to make, where one without a .meta was never mutated."""
+    return (root / "mutants" / (path + ".meta")).is_file()
+
+
+def table(counts: dict[str, Counter[str]], every: list[str],
+          made: Callable[[str], bool] = mutated) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for path in every:
         c = counts.get(path, Counter())
         ran = c["killed"] + c["survived"] + c["equivalent"]
-        if c["not run"] and not ran:
+        if (c["not run"] and not ran) or (path not in counts and not made(path)):
             out[path] = {"killed": None, "survived": None, "equivalent": None, "not_run": True}
         else:
             # no_tests: of the survivors, those no test reached in the tests' own process
@@ -107,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="write the per-module table here")
     ap.add_argument("--note", default="", help="how this run was made, kept in the JSON")
+    ap.add_argument("--commit", help="the commit whose code was mutated (default: HEAD)")
     args = ap.parse_args(argv)
     results = parse(sys.stdin.read().splitlines())
     allowed = equivalent()
@@ -132,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in sorted(set(allowed) - set(results)):
         print(f"stale entry in {EQUIVALENT.name}: {name}", file=sys.stderr)
     if args.json:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.commit or "HEAD"],
                                 capture_output=True, text=True).stdout.strip() or None
         doc = {"commit": commit, **({"note": args.note} if args.note else {}), "modules": rows}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
