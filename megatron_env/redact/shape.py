@@ -43,6 +43,7 @@ _UNITS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _HEX = re.compile(r"(?:0[xX])?(?:[0-9a-f]+|[0-9A-F]+)")
 # upper case, lower case and a digit: what base64 of text nearly always holds
 _MIXED = re.compile(r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])")
+_WORD = re.compile(r"[A-Za-z]{3,}")
 _LETTER_RUNS = re.compile(r"[A-Za-z]+")
 _NUMBERISH = re.compile(r"[0-9]*(?:[A-Za-z]{1,3}[0-9]+)*[A-Za-z]{0,5}")
 # letter pairs that make up 95% of those in the identifiers, comments and docstrings of
@@ -155,7 +156,8 @@ def _decoded(seg: str, redact: Callable[[str], str]) -> str | None:
         return None
     if redact(plain) != plain or _USER_PASS.fullmatch(plain):
         return "secret"
-    return "harmless"
+    # text with words in it; a number alone (a Discord token's first part) says nothing
+    return "harmless" if _WORD.search(plain) else None
 
 
 def _whole(chunk: str, redact: Callable[[str], str]) -> str | None:
