@@ -117,3 +117,14 @@ def test_jwk_private_members_whatever_they_look_like():
     assert k not in redact.text(json.dumps(doc), {})
     assert k not in redact.text(repr(doc), {})  # a Python repr: no JSON document
     assert redact.text(json.dumps({"k": k}), {}) == json.dumps({"k": k})  # no key: a value
+
+
+def test_cut_redacts_first_and_never_cuts_a_mask_in_half():
+    token = "ghp_" + "Pl4ntedGitHubToken0" * 2
+    line = "x" * 20 + " https://alice:" + "hunter2hunter2hunter2" + "@h.example/ " + token
+    for width in range(10, len(line)):
+        out = redact.cut(line, width, {})
+        assert len(out) <= width and "hunter2hunter" not in out and "Pl4ntedGitHub" not in out
+        assert not out.endswith(("<", "<r", "<redacted"))
+    assert redact.cut("a < b and c > d", 9, {}) == "a < b and"  # a `<` of the text is no mask
+    assert redact.cut("short", 300, {}) == "short"
