@@ -199,8 +199,22 @@ def _runs(segs: list[str], marks: list[str]) -> list[bool]:
     return masked
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _clean(chunk: str) -> bool:
+    """A chunk with nothing to judge further: no segment reads as generated, nothing to decode
+    (most chunks of a log; remembered, since logs repeat them)."""
+    if _B64.fullmatch(chunk) or "%" in chunk:
+        return False
+    for seg in _SEGMENT_SEP.split(chunk)[0::2]:
+        if _mark(seg) in ("random", "junky") or len(seg) >= 12 and _MIXED.search(seg):
+            return False
+    return True
+
+
 def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
     """One chunk (a mask `<redacted>` never stands inside one: `<` and `>` end it)."""
+    if _clean(chunk):
+        return chunk
     whole = _whole(chunk, redact)
     if whole is not None:
         return whole
