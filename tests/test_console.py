@@ -21,6 +21,7 @@ from megatron_env import commands, project
 from megatron_env.commands import main, pyenv
 
 from .conftest import FIXTURES, user_error
+from .gitrepo import project_files
 
 ROOT = FIXTURES.parent.parent
 EXE = Path(sys.executable).with_name("megatron-env")
@@ -190,9 +191,7 @@ def wheel(tmp_path_factory) -> Path:
     """The wheel built (uv build, about 3 s) from a copy of the files git tracks: what a
     release builds, without the build's leftovers in this checkout."""
     tmp = tmp_path_factory.mktemp("wheel")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for f in filter(None, files):
+    for f in project_files(ROOT, untracked=False):
         if (ROOT / f).is_file():
             (tmp / "src" / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, tmp / "src" / f)
@@ -208,9 +207,9 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_ships_the_project_and_no_path_of_this_machine(wheel):
     names = zipfile.ZipFile(wheel).namelist()
+    files = project_files(ROOT, untracked=False)
     for d in ("envs", "patches", "scripts"):
-        tracked = subprocess.run(["git", "ls-files", d], cwd=ROOT, capture_output=True,
-                                 text=True, check=True).stdout.split()
+        tracked = [f for f in files if f.startswith(d + "/")]
         assert tracked and {f"megatron_env/_project/{f}" for f in tracked} <= set(names), d
     assert any(n.endswith("/profile.toml") for n in names)
     # this checkout, the build directory and the user's home: paths of the machine that built

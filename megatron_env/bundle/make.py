@@ -305,8 +305,7 @@ def _sdists(kernels: Mapping[str, Package], without: Iterable[str], entries: lis
         if k.source.repo or k.name in without:  # a repository (git pins), or left out
             continue
         echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
-        # downloads once by file name, checks the sha256; runs nothing
-        build.fetch(k, echo, cache=cache)
+        build.fetch(k, echo, cache=cache)  # once by file name, sha256 checked, nothing run
         name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
         entries.append(Entry(name, build.sdist_archive(k, cache), ""))
         sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
@@ -443,9 +442,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             os.replace(part, out)
         finally:
             part.unlink(missing_ok=True)
-    by_role: dict[str, int] = {}
-    for e in written:
-        by_role[e.role] = by_role.get(e.role, 0) + e.size
+    by_role = {r: sum(e.size for e in written if e.role == r) for r in {e.role for e in written}}
     return Made(out, manifest, len(written), len(entries) - len(written), out.stat().st_size,
                 time.monotonic() - t0, by_role)
 

@@ -104,7 +104,7 @@ def triage(logs: str, json: bool = False) -> int:
 
     skipped: list[str] = []
     found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
-    found = render.shown(found)  # redacted whole, then cut
+    found = render.shown(found, family=not json)  # redacted whole, then cut
     for why in skipped:
         output.warning(f"skipped {why}")
     if json:

@@ -9,6 +9,7 @@ done last, on text that has already been through `redact.text`.
 from __future__ import annotations
 
 from megatron_env import redact
+from megatron_env.diagnose import families
 from megatron_env.findings import Finding
 
 EVIDENCE = 300  # characters of one evidence line shown
@@ -28,8 +29,18 @@ def cut_middle(text: str, limit: int) -> str:
     return text[:head] + " … " + text[len(text) - (limit - 3 - head):]
 
 
-def shown(findings: list[Finding]) -> list[Finding]:
-    """The findings as printed: summary, evidence and fix redacted, then cut to length."""
+def shown(findings: list[Finding], family: bool = False) -> list[Finding]:
+    """The findings as printed: summary, evidence and fix redacted, then cut to length; with
+    `family`, a failing finding's fix ends with its family and what that means (for people:
+    JSON has the family as `kind`)."""
     return [Finding(f.id, f.status, cut_middle(redact.text(f.summary), SUMMARY),
                     [cut(redact.text(e), EVIDENCE) for e in f.evidence],
-                    redact.text(f.fix), f.kind) for f in findings]
+                    redact.text(f.fix) + (_family(f) if family else ""), f.kind)
+            for f in findings]
+
+
+def _family(f: Finding) -> str:
+    if f.status != "fail" or f.kind not in families.FAMILIES:
+        return ""
+    fam = families.FAMILIES[f.kind]
+    return f"\nfamily: {fam.title}; {fam.means}"
