@@ -6,16 +6,21 @@ line (a run without spaces, quotes or brackets) is cut into segments at the char
 join things (`/ : @ = & ? # , ;`); a segment that looks random is masked, and so is a run of
 short segments that looks random once joined (`Xk9@Lm2p` is two segments, one password).
 
-Looks random (`random_segment`): the segment's pieces (cut at `- _ . + ~`) that are not a
-recognised harmless form are cut into units the way words are (`Process`, `Group`, `NCCL`,
-`2024`); words are long units, a generated string is a stream of short ones (`x`, `Kq`, `8`,
-`Pz`). At least 10 such characters averaging under 3.2 per unit is random; a piece of one case
-of letters only (no units to count) is random when it reads like no word (almost no vowels).
+Looks random (`random_segment`): the segment's pieces (cut at `- _ . + ~`) that are no
+harmless form are cut into units the way words are (`Process`, `Group`, `NCCL`, `2024`), and
+the characters no word explains are counted: letters outside the letter pairs common in
+English and code (`_BIGRAMS`), units of one or two letters between changes of case or class
+(`Kq8Pz`), digits inside letters (`a8x3`; `python3` and `5ms` keep theirs). At least MIN_RANDOM
+of them making RANDOM_SHARE of the judged characters (or 8 making most of them) is random. A
+short word or acronym with its number (`nvcc`, `cx3`, `16gpu`) and a piece of one or two
+repeated characters (`yyyy`, `abab`) are explained whole. A base64 blob is judged by what it
+decodes to where it decodes to text: a secret in it masks it, words keep it.
 
 Harmless forms, never masked: hex (digests, git SHAs, addresses, UUIDs, GPU-/MIG- UUIDs, MACs,
 PCI bus ids), numbers, sizes, times and versions (digits with at most a few letters: `1e-4`,
 `12.5GiB`, `2.11.0+cu130`, `cu130`), words and identifiers (`ProcessGroupNCCL`, `mlx5_0`,
-`expandable_segments`), host names and paths (made of those), the masks themselves. Hex is
+`expandable_segments`), host names and paths (made of those), NIC names, tempfile names,
+NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves. Hex is
 harmless here only because a git SHA and a W&B key look the same: a hex key is masked by where it
 stands (pass 1: a key's name, a login command), never by its shape.
 """
@@ -47,7 +52,7 @@ _WORD = re.compile(r"[A-Za-z]{3,}")
 _LETTER_RUNS = re.compile(r"[A-Za-z]+")
 _NUMBERISH = re.compile(r"[0-9]*(?:[A-Za-z]{1,3}[0-9]+)*[A-Za-z]{0,5}")
 # letter pairs that make up 95% of those in the identifiers, comments and docstrings of
-# Python's standard library (bench/redact_bigrams.py computes them): a random string of
+# Python 3.11's standard library (bench/redact_bigrams.py computes them): a random string of
 # letters hits one of them one time in three, words nineteen times in twenty
 _BIGRAM_TEXT = (
     "abacadagaiakalamanaparasatauavaybabebibjblbobubycacechcickclcocrctcudadddedidodrdsdueaec"
