@@ -337,6 +337,7 @@ def mask(s: str) -> str:
     low = s.lower()
     for words, rule in RULES:
         if any(map(low.__contains__, words)):
-            s = rule(s)
-            low = s.lower()
+            done = rule(s)
+            if done != s:
+                s, low = done, done.lower()
     return _B64_LINE.sub(_b64_line, s) if len(s) >= 40 else s
