@@ -240,7 +240,8 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
 
 
 def _plain(seg: str) -> bool:
-    return not seg or seg.islower() or seg.isupper() or seg.isdigit()
+    """A word of one case or a number (`status`, `GNVO`, `443`), not a mix (`016M5NID`)."""
+    return not seg or seg.isdigit() or seg.isalpha() and (seg.islower() or seg.isupper())
 
 
 def reads_as_words(seg: str) -> bool:

@@ -133,8 +133,8 @@ _URL_PAIR = re.compile(
     re.I)
 # path segments that are tokens: a conda channel's /t/<token>/, a bot API's /bot<id>:<token>,
 # what follows a chat webhook's /services/ or /webhooks/
-_URL_PATH = re.compile(r"(://[^\s\"']*?/t/)([^/\s\"']{6,})|(/bot\d+:)([^/\s\"']+)|"
-                       r"(://[^\s\"']*?/(?:services|webhooks?|webhookb2|IncomingWebhook|hooks)/)"
+_URL_PATH = re.compile(r"(:/{1,2}[^\s\"']*?/t/)([^/\s\"']{6,})|(/bot\d+:)([^/\s\"']+)|"
+                       r"(:/{1,2}[^\s\"']*?/(?:services|webhooks?|webhookb2|IncomingWebhook|hooks)/)"
                        r"([^\s\"'?#<>]{8,})", re.I)
 _CONNECT = re.compile(r"(?<![\w/.:-])([A-Za-z_][\w.$-]*/)([^\s/@\"']+)(@(?://|[\w.-]+:\d+))")
 _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]igest|"
