@@ -18,20 +18,11 @@ from itertools import islice
 
 from megatron_env.diagnose import sig_comm, sig_host, sig_net, sig_proc, sig_table
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import (
-    CAP,
-    SIGNALS,
-    XIDS,
-    Events,
-    Job,
-    describe,
-    from_origin,
-    new_facts,
-)
+from megatron_env.diagnose.model import CAP, SIGNALS, XIDS, Events, describe, from_origin, new_facts
 from megatron_env.diagnose.sig_comm import DESYNC_AT, DESYNC_ENTRY, DESYNC_HEAD, STALL_BLOCK
 from megatron_env.diagnose.sig_proc import ENTRY, FIELD, failure
 
-__all__ = ["CAP", "SIGNALS", "XIDS", "Events", "Job", "describe", "events", "is_hot", "new_facts"]
+__all__ = ["CAP", "SIGNALS", "XIDS", "Events", "describe", "events", "is_hot", "new_facts"]
 
 Reader = Callable[[Events, Line, str, deque, dict], None]
 READERS: list[tuple[str, Reader]] = [*sig_comm.READERS, *sig_proc.READERS, *sig_net.READERS,
