@@ -74,6 +74,12 @@ _NCCL_PREFIX = re.compile(r"[\w.-]+:\d+:\d+")
 _USER_PASS = re.compile(r"[^:\s]+:\S+")
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _B64 = re.compile(r"(?:[A-Za-z0-9+/]{12,}|[A-Za-z0-9_-]{12,})={0,2}")
+# A hex body after a number and a colon (`2/1204/1207:<32 hex>`) is the secret of an id, not a
+# digest (a digest is labelled by a word: `sha256:`). A vendor's prefix glued to hex (`sbp_<40
+# hex>`) is not judged here: tools name things the same way (`worker-<56 hex>`,
+# `horovod_<32 hex>`), so those keys are masked only by where they stand (pass 1).
+LONG_HEX = 32
+_ID_HEX = re.compile(rf"\d:[0-9a-fA-F]{{{LONG_HEX}}}")
 
 
 def _harmless_piece(p: str) -> bool:
@@ -208,7 +214,7 @@ def _runs(segs: list[str], marks: list[str]) -> list[bool]:
 def _clean(chunk: str) -> bool:
     """A chunk with nothing to judge further: no segment reads as generated, nothing to decode
     (most chunks of a log; remembered, since logs repeat them)."""
-    if _B64.fullmatch(chunk) or "%" in chunk:
+    if _B64.fullmatch(chunk) or "%" in chunk or _ID_HEX.search(chunk):
         return False
     for seg in _SEGMENT_SEP.split(chunk)[0::2]:
         if _mark(seg) in ("random", "junky") or len(seg) >= 12 and _MIXED.search(seg):
@@ -231,6 +237,10 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
             marks[k] = "clean"
         elif marks[k] != "random" and len(seg) >= 12 and _MIXED.search(seg) and _decoded(
                 seg, redact) == "secret":
+            marks[k] = "random"
+    for k in range(1, len(segs)):  # an id's hex secret: `<number>:<32 hex or more>`
+        if parts[2 * k - 1] == ":" and segs[k - 1].isdigit() and len(segs[k]) >= LONG_HEX \
+                and _HEX.fullmatch(segs[k]):
             marks[k] = "random"
     masked = _runs(segs, marks)
     if not any(masked):

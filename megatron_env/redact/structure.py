@@ -124,7 +124,7 @@ _PEM = re.compile(r"(-----BEGIN ([A-Z0-9 ]{1,48})-----)([A-Za-z0-9+/=\s:,.\\-]*?
                   r"(-----END \2-----|(?=[^A-Za-z0-9+/=\s:,.\\-])|\Z)")
 # the userinfo ends at the last `@` before the host: a raw `@` in a password is the password's
 _URL_USERINFO = re.compile(r"(\b[a-z][\w+.-]*:/{1,2})(?:[^/\s?#\"'<>:@]*:[^\s\"'<>]*|"
-                           r"[^/\s?#\"'<>]*)@(?=[\w\[.-])", re.I)
+                           r"[^/\s?#\"'<>]*)@(?=[\w\[.-])(?!(?:sha|blake|md5)\w*:)", re.I)
 _URL_PAIR = re.compile(
     r"((?<=[?&#;])(?:[\w.-]*[_.-])?(?:access_token|private_token|refresh_token|id_token|token|"
     r"api_?key|apikey|key|secret|client_secret|password|passwd|pwd|auth|authorization|sig|"
