@@ -48,6 +48,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +84,8 @@ def _uuid(rng: random.Random) -> str:
 # or surroundings is in tests/redact_formats.py or tests/test_redact*.py.
 
 Shape = Callable[[random.Random], tuple[list[str], str]]
+Doc = dict[str, Any]
+Routes = dict[str, tuple[int, dict[str, str], bytes]]
 
 
 def _tok(prefix: str, alphabet: str, n: int, suffix: str = "") -> Shape:
@@ -301,7 +304,7 @@ def _base_env(home: Path) -> dict[str, str]:
     return env
 
 
-def run_cli(tree: Path, args: list[str], env: dict[str, str], timeout: float = 60) -> dict:
+def run_cli(tree: Path, args: list[str], env: dict[str, str], timeout: float = 60) -> Doc:
     env = {**env, "PYTHONPATH": str(tree)}
     try:
         p = subprocess.run([sys.executable, "-m", "megatron_env", *args], cwd=tree, env=env,
@@ -314,7 +317,7 @@ def run_cli(tree: Path, args: list[str], env: dict[str, str], timeout: float = 6
         return {"rc": "timeout", "out": out}
 
 
-def _one_shape(tree: Path, name: str, seed: int, snap_base: Path) -> dict:
+def _one_shape(tree: Path, name: str, seed: int, snap_base: Path) -> Doc:
     rng = random.Random(f"{seed}:{name}")
     secrets, x = SHAPES[name](rng)
     with tempfile.TemporaryDirectory(prefix="fresh-") as td:
@@ -502,7 +505,12 @@ def harmless_values() -> list[tuple[str, str]]:
             out.append((src, line))
             out += [(src, w) for w in line.split() if len(w) >= 8]
     seen: set[str] = set()
-    return [(s, v) for s, v in out if not (v in seen or seen.add(v))]
+    unique = []
+    for s, v in out:
+        if v not in seen:
+            seen.add(v)
+            unique.append((s, v))
+    return unique
 
 
 def masked_chars(value: str, out: str) -> int:
@@ -521,7 +529,7 @@ print(json.dumps([redact.text(v, {}) for v in vals]))
 """
 
 
-def harmless(tree: Path) -> dict:
+def harmless(tree: Path) -> Doc:
     vals = harmless_values()
     texts = [v for _, v in vals]
     p = subprocess.run([sys.executable, "-c", _REDACT], input=json.dumps(texts), text=True,
@@ -542,7 +550,7 @@ def harmless(tree: Path) -> dict:
         got = {}
     masked_report = [(v, got.get(f"NCCL_HARMLESS_{i}", ""), masked_chars(
         v, str(got.get(f"NCCL_HARMLESS_{i}", "")))) for i, v in enumerate(lines)]
-    def summary(rows: list[tuple[str, str, int]]) -> dict:
+    def summary(rows: list[tuple[str, str, int]]) -> Doc:
         bad = [{"value": v, "printed": o, "masked_chars": n} for v, o, n in rows if n]
         return {"values": len(rows), "chars": sum(len(v) for v, _, _ in rows),
                 "values_changed": len(bad), "chars_masked": sum(n for _, _, n in rows),
@@ -557,11 +565,13 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
 
-def _serve(host: str, routes: dict[str, tuple[int, dict[str, str], bytes]], log: list,
-           tls: ssl.SSLContext | None = None):
+def _serve(host: str, routes: Routes, log: list[Doc],
+           tls: ssl.SSLContext | None = None) -> _Server:
     class H(http.server.BaseHTTPRequestHandler):
         def _any(self) -> None:
-            log.append({"server": f"{host}:{self.server.server_address[1]}", "path": self.path,
+            addr = self.server.server_address
+            port = addr[1] if isinstance(addr, tuple) else addr
+            log.append({"server": f"{host}:{port}", "path": self.path,
                         "authorization": self.headers.get("Authorization")})
             code, headers, body = routes.get(self.path.split("?")[0], (404, {}, b""))
             self.send_response(code)
@@ -596,7 +606,7 @@ except UserError as e:
 """
 
 
-def redirects(tree: Path) -> dict:
+def redirects(tree: Path) -> Doc:
     import hashlib
     payload = b"fresh sdist bytes\n"
     sha = hashlib.sha256(payload).hexdigest()
@@ -614,10 +624,10 @@ def redirects(tree: Path) -> dict:
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(certdir / "cert.pem", certdir / "key.pem")
     for sc in scenarios:
-        log: list = []
-        a_routes: dict = {}
-        b_routes: dict = {}
-        c_routes: dict = {}
+        log: list[Doc] = []
+        a_routes: Routes = {}
+        b_routes: Routes = {}
+        c_routes: Routes = {}
         https = sc.startswith("https")
         a = _serve("127.0.0.1", a_routes, log, tls if https else None)
         b = _serve("127.0.0.2", b_routes, log)
@@ -697,14 +707,14 @@ def redirects(tree: Path) -> dict:
 
 # -------------------------------------------------------------------------------- 3. files
 
-def files(tree: Path, snap_base: Path) -> dict:
-    cases = []
+def files(tree: Path, snap_base: Path) -> Doc:
+    cases: list[Doc] = []
     with tempfile.TemporaryDirectory(prefix="fresh-f-") as td:
         tmp = Path(td)
         env = _base_env(tmp / "home")
         (tmp / "home").mkdir()
 
-        def snap_case(name: str, altered: str, change: Callable[[Path], None]) -> None:
+        def snap_case(name: str, altered: str, change: Callable[[Path], object]) -> None:
             d = tmp / f"snap{len(cases)}"  # a neutral name: the output may print the path
             subprocess.run(["cp", "-a", str(snap_base), str(d)], check=True)
             change(d)
@@ -730,7 +740,7 @@ def files(tree: Path, snap_base: Path) -> dict:
 
         # setup's step stamp (<prefix>.setup/lock.json), read by `report` and by `setup`
         # (--dry-run: it reads every stamp and runs nothing)
-        def stamp_case(name: str, make: Callable[[Path], None]) -> None:
+        def stamp_case(name: str, make: Callable[[Path], object]) -> None:
             for args in (["report", "--json", "--prefix"], ["setup", "--dry-run", "--json",
                                                              "--prefix"]):
                 prefix = tmp / f"p{len(cases)}" / "env"
@@ -799,7 +809,7 @@ print(json.dumps({"kernel": pkg.name, "taken_intact": bool(before), "taken_alter
 """
 
 
-def cache_wheel(tree: Path) -> dict:
+def cache_wheel(tree: Path) -> Doc:
     """A cached kernel wheel with one byte changed: does the slot choice of `bundle
     --with-builds` (bundle.make._builds, called in-process: a real bundle needs the profile's
     lock wheels) still take it?"""
@@ -838,7 +848,7 @@ def main() -> int:
     rev = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip() if not a.revision \
         else a.revision
-    doc: dict = {"tree": tree.name, "revision": rev or "not a git checkout",
+    doc: Doc = {"tree": tree.name, "revision": rev or "not a git checkout",
                  "python": sys.version.split()[0], "seed": a.seed}
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="fresh-base-") as td:
