@@ -106,6 +106,7 @@ def masked_spans(line: str, out: str) -> list[str]:
 def rate(seen: str) -> int:
     from megatron_env import redact
 
+    REDACTED = redact.REDACTED
     listed = subprocess.run(["git", "ls-tree", "--name-only", seen, "tests/fixtures/job-logs/"],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
     old = {Path(x).name for x in listed.split()}
@@ -117,9 +118,10 @@ def rate(seen: str) -> int:
             out = redact.text(line, {})
             totals[part][1] += len(line)
             if out != line:
-                got = masked_spans(line, out)
-                totals[part][0] += sum(map(len, got))
-                spans.setdefault(f.name, []).extend(got)
+                # a mask replaces what it hides: the characters gone are the masked ones
+                marks = sum(len(m) * (out.count(m) - line.count(m)) for m in (REDACTED, "***"))
+                totals[part][0] += len(line) - (len(out) - marks)
+                spans.setdefault(f.name, []).extend(masked_spans(line, out))
     masked = sum(t[0] for t in totals.values())
     chars = sum(t[1] for t in totals.values())
     result = {"logs": len(list((FIXTURES / "job-logs").glob("*.log"))), "seen_at": seen,

@@ -12,7 +12,10 @@ into the other's process):
 Best of 3 in a child, each from cold memo caches, and best of `--rounds` children run
 alternately; JSON out (microseconds per line, milliseconds per triage, this/base ratios).
 
-    python bench/redact_lines.py --base cd09f9c
+    python bench/redact_lines.py --base cd09f9c [--only-redaction]
+
+`--only-redaction`: the base is this checkout with only the redaction taken from `--base`, so
+that triage's own changes since then are not counted.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,7 +35,11 @@ FIXTURES = ROOT / "tests" / "fixtures"
 CHILD = r'''
 import contextlib, io, json, os, sys, time
 from pathlib import Path
-from megatron_env import commands, redact
+from megatron_env import redact
+try:
+    from megatron_env.commands import host as commands  # the commands split by topic
+except ImportError:
+    from megatron_env import commands
 
 fixtures = Path(sys.argv[1])
 lines = []
@@ -93,17 +101,29 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="HEAD~1")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only-redaction", action="store_true",
+                    help="the base is this checkout with the base revision's redaction")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
-        archive = subprocess.run(["git", "archive", args.base, "megatron_env"], cwd=ROOT,
+        if args.only_redaction:  # this checkout with the base's redaction: triage's own
+            shutil.copytree(ROOT / "megatron_env", base / "megatron_env")  # changes left out
+            shutil.rmtree(base / "megatron_env" / "redact", ignore_errors=True)
+            (base / "megatron_env" / "redact.py").unlink(missing_ok=True)
+            paths = ["megatron_env/redact.py", "megatron_env/redact"]
+        else:
+            paths = ["megatron_env"]
+        listed = subprocess.run(["git", "ls-tree", "--name-only", args.base, *paths], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.split()
+        archive = subprocess.run(["git", "archive", args.base, *listed], cwd=ROOT,
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         # alternated rounds, best of each: a machine busy with other work slows both alike
         rounds = [(measure(base), measure(ROOT)) for _ in range(args.rounds)]
         results = {name: {k: min(r[i][k] for r in rounds) for k in rounds[0][i]}
                    for i, name in enumerate(("base", "this"))}
-    out: dict[str, object] = {"base": args.base, "lines": results["this"]["lines"],
+    out: dict[str, object] = {"base": args.base, "only_redaction": args.only_redaction,
+                              "lines": results["this"]["lines"],
                               "logs": results["this"]["logs"]}
     for key in ("empty_env_us_per_line", "process_env_us_per_line", "triage_ms_per_log"):
         b, t = results["base"][key], results["this"][key]

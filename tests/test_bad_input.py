@@ -93,6 +93,11 @@ def test_snapshot_of_random_bytes_fails(tmp_path):
                               "ip-br-addr.txt", "env.txt", "nvml.json", "meta.json")):
         (snap / name).write_bytes(os.urandom(2000 + i))
     r = invoke(ROOT, "check", "--snapshot", str(snap), env={"COLUMNS": "200"})
+    # random bytes where the record collect writes last belongs: an incomplete snapshot
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert f"snapshot {snap} is incomplete" in r.stderr and "collect" in r.stderr
+    (snap / "meta.json").write_text('{"files": {}}')  # complete, every other file garbage
+    r = invoke(ROOT, "check", "--snapshot", str(snap), env={"COLUMNS": "200"})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     assert "snapshot" in r.stdout and "nothing in" in r.stdout and "could be parsed" in r.stdout

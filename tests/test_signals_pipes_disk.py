@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import disk, proc
+from megatron_env import files, proc
 from megatron_env.commands import cli
 from megatron_env.sources import repos
 
@@ -238,6 +238,6 @@ def test_full_disk_during_a_mirror_fetch_is_not_an_unreachable_mirror(full_tmpfs
 
 def test_ensure_refuses_before_writing(full_tmpfs):
     with user_error("disk.full") as e:
-        disk.ensure(full_tmpfs / "out" / "b.tar", 5 * 2**20, "bundle b.tar")
+        files.ensure(full_tmpfs / "out" / "b.tar", 5 * 2**20, "bundle b.tar")
     assert f"no space left on {full_tmpfs} for bundle b.tar (needs 5 MiB" in e.value.message
-    disk.ensure(full_tmpfs, 10, "a few bytes")  # room for that
+    files.ensure(full_tmpfs, 10, "a few bytes")  # room for that

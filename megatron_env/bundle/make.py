@@ -9,14 +9,13 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_env import REPO_ROOT, __version__, digest, disk, output, proc
+from megatron_env import REPO_ROOT, __version__, digest, files, output, proc
 from megatron_env.bundle import tool
 from megatron_env.bundle.layout import (
     MACHINE,
@@ -30,11 +29,12 @@ from megatron_env.bundle.layout import (
 )
 from megatron_env.bundle.manifest import FORMAT, Manifest
 from megatron_env.errors import UserError
-from megatron_env.kernels import build
+from megatron_env.kernels import build, compiler
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
 from megatron_env.recipes.recipe import Package
-from megatron_env.sources import patches, repos, resources
+from megatron_env.redact import mask_urls
+from megatron_env.sources import http, patches, repos, resources
 from megatron_env.units import MIB
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
@@ -155,8 +155,6 @@ def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo, *,
                  cache: Path | None = None) -> list[Path]:
     """Each conda package downloaded once into the cache and checked against the lock's sha256
     (md5 where the lock has none), as the lock's wheels are."""
-    import urllib.request
-
     cache = (cache or repos.cache_dir()) / "conda-pkgs"
     cache.mkdir(parents=True, exist_ok=True)
     out = []
@@ -169,21 +167,22 @@ def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo, *,
         dest = cache / f"{want[:16]}-{Path(p['path']).name}"
         if not (dest.exists() and digest.file_hex(dest, algo) == want):
             echo(f"conda: {i}/{len(pkgs)} downloading {Path(p['path']).name}")
-            part = dest.with_name(dest.name + f".part-{os.getpid()}")
-            try:
-                urllib.request.urlretrieve(p["url"].split("#")[0], part)
-            except OSError as e:
-                part.unlink(missing_ok=True)
-                raise UserError(f"cannot download {p['url']}: {e}",
-                                fix="lock the conda layer against a reachable channel "
-                                    f"({lock.CHANNELS_ENV}=MIRROR invoke lock)",
-                                kind="source.unreachable") from None
-            if digest.file_hex(part, algo) != want:
-                part.unlink()
-                raise UserError(f"{p['url']} does not match the {algo} in conda-lock.yml",
-                                fix="the channel serves another file: check the mirror, "
-                                    "or lock again", kind="source.sha256")
-            os.replace(part, dest)
+            with files.publishing(dest) as part:
+                try:
+                    with http.open_url(p["url"].split("#")[0]) as r:
+                        digest.copy_hashed(r, part)
+                except (OSError, ValueError) as e:
+                    if files.no_space(e):
+                        raise
+                    raise UserError(f"cannot download {mask_urls(p['url'])}: "
+                                    f"{getattr(e, 'reason', e)}",
+                                    fix="lock the conda layer against a reachable channel "
+                                        f"({lock.CHANNELS_ENV}=MIRROR invoke lock)",
+                                    kind="source.unreachable") from None
+                if digest.file_hex(part, algo) != want:
+                    raise UserError(f"{mask_urls(p['url'])} does not match the {algo} in "
+                                    "conda-lock.yml", fix="the channel serves another file: "
+                                    "check the mirror, or lock again", kind="source.sha256")
         out.append(dest)
     return out
 
@@ -263,12 +262,13 @@ def _builds(prof: Profile, without: Iterable[str] = (),
                 "switches": k.switches, "build_options": list(k.build_options)}
         wheels = (cache or build.cache_dir()) / "wheels"
         for meta in sorted(wheels.glob(f"{k.name}-*/meta.json")):
-            try:
-                doc = json.loads(meta.read_text()).get("key") or {}
-            except (OSError, json.JSONDecodeError):
-                continue
+            record, _why = files.read_json(meta)
+            if not isinstance(record, dict) or not isinstance(record.get("key"), dict):
+                continue  # unreadable: not this profile's, whatever it was
+            doc = record["key"]
             if (all(doc.get(f) == v for f, v in want.items())
-                    and str(doc.get("torch", "")).split("+")[0] == prof.torch):
+                    and str(doc.get("torch", "")).split("+")[0] == prof.torch
+                    and compiler.cached(meta.parent)):  # its wheel checked, as a build does
                 out.extend((f"builds/{meta.parent.name}/{f.name}", f)
                            for f in sorted(meta.parent.iterdir()) if f.is_file())
     return out
@@ -350,25 +350,25 @@ def _hashed(entries: list[Entry], base: Manifest | None, bares: list[dict[str, A
             ) -> tuple[dict[str, dict[str, Any]], list[Entry]]:
     """The manifest's files (sha256, size, role) and the entries this archive writes: those a
     --since base does not hold already."""
-    files: dict[str, dict[str, Any]] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for e in entries:
         e.role = role(e.arcname)
         e.sha256, e.size = digest.file_hex(e.path), e.path.stat().st_size
-        files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
+        rows[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
     written = []
     for e in entries:
         old = base.files.get(e.arcname) if base else None
         if old and old.sha256 == e.sha256:
-            files[e.arcname]["in"] = "base"
+            rows[e.arcname]["in"] = "base"
         else:
             written.append(e)
     if base:  # git repositories the base already holds: its entries stand
         for rel in (r["path"] for r in bares):
             for f, meta in base.files.items():
                 if f.startswith(rel + "/"):
-                    files[f] = {"sha256": meta.sha256, "size": meta.size,
-                                "role": meta.role, "in": "base"}
-    return files, written
+                    rows[f] = {"sha256": meta.sha256, "size": meta.size,
+                               "role": meta.role, "in": "base"}
+    return rows, written
 
 
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
@@ -390,8 +390,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
     out = check_out(out, [since] if since else [])
     base = read_manifest(since) if since else None
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
-        stage = Path(tmp)
+    files.sweep(out.parent, out.name)  # what killed runs left: this host's, or long dead
+    with files.scratch(out) as stage:
         entries: list[Entry] = []
         _source_tree(prof, stage / "source")
         entries += _tree(stage / "source", "source")
@@ -414,7 +414,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]
-        files, written = _hashed(entries, base, bares)
+        listed, written = _hashed(entries, base, bares)
         manifest = {
             "format": FORMAT, "tool": {"name": "megatron-env", "version": __version__},
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -426,23 +426,21 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             "base": manifest_digest(base) if base else None, "without": without,
             "git": bares, "sources": sdists, "resources": carried,
             "conda": [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda],
-            "files": dict(sorted(files.items())),
+            "files": dict(sorted(listed.items())),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        part = out.with_name(out.name + f".part-{os.getpid()}")
         # the archive's size is known before it is written: a full disk is said up front
-        disk.ensure(out.parent, sum(e.size for e in written) + MIB, f"bundle {out.name}")
+        files.ensure(out.parent, sum(e.size for e in written) + MIB, f"bundle {out.name}")
         echo(f"writing {out.name}: {len(written)} files, "
              f"{sum(e.size for e in written) / MIB:.1f} MiB")
-        try:
-            with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
-                for e in written:
-                    tar.add(e.path, arcname=e.arcname, recursive=False)
-            os.replace(part, out)
-        finally:
-            part.unlink(missing_ok=True)
-    by_role = {r: sum(e.size for e in written if e.role == r) for r in {e.role for e in written}}
+        with files.publishing(out) as part, tarfile.open(part, "w",
+                                                         format=tarfile.PAX_FORMAT) as tar:
+            tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
+            for e in written:
+                tar.add(e.path, arcname=e.arcname, recursive=False)
+    by_role: dict[str, int] = {}
+    for e in written:
+        by_role[e.role] = by_role.get(e.role, 0) + e.size
     return Made(out, manifest, len(written), len(entries) - len(written), out.stat().st_size,
                 time.monotonic() - t0, by_role)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_env import digest, output, proc
+from megatron_env import digest, files, output, proc
 from megatron_env.bundle import unpack
 from megatron_env.bundle.layout import (
     MANIFEST,
@@ -83,7 +83,7 @@ def _unpacked(paths: list[Path], echo: output.Echo) -> tuple[Path, Manifest]:
     except UserError as e:
         echo(f"bundle: the cached copy {dest} changed since it was unpacked ({e.message}); "
              "unpacking again")
-        unpack.discard(dest)
+        files.discard(dest)
         unpack.unpack(ordered, docs, raws[ordered[-1]], dest, echo)
     return dest, top
 
@@ -160,9 +160,7 @@ def local_conda_lock(prof: Profile, root: Path, conda: Sequence[Item]) -> Path:
         text = text.replace(c["url"], local + ("#" + c["url"].split("#")[1] if "#" in c["url"]
                                                else ""))
     out = repos.cache_dir() / "bundle-conda" / f"{digest.hexpart(digest.of(text), 16)}.yml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    return out
+    return files.write_text(out, text)
 
 
 @dataclass(frozen=True)
@@ -267,10 +265,5 @@ def _cached_builds(root: Path, doc: Manifest, cache: Path) -> None:
     for slot in sorted({Path(f).parent for f in doc.files if f.startswith("builds/")}):
         target = cached / slot.name
         if not target.exists():
-            cached.mkdir(parents=True, exist_ok=True)
-            tmp = unpack.tmp_dir(target)
-            shutil.copytree(root / slot, tmp, dirs_exist_ok=True)
-            try:
-                os.rename(tmp, target)
-            except OSError:  # another run put it there first
-                shutil.rmtree(tmp, ignore_errors=True)
+            with files.publishing(target, tree=True) as tmp:  # another run's first: kept
+                shutil.copytree(root / slot, tmp, dirs_exist_ok=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_env import disk, output
+from megatron_env import files, output
 from megatron_env.errors import UserError
 
 
@@ -82,7 +82,9 @@ def _stdout_closed() -> int:
 
 def _os_error(e: OSError) -> UserError:
     if e.errno == errno.ENOSPC:
-        return disk.full(e.filename) if e.filename else disk.full_anywhere()
+        return files.full(e.filename) if e.filename else files.full_anywhere()
+    if files.no_space(e):  # shutil's list of (source, target, why): one line, not the list
+        return files.full_anywhere()
     return UserError(f"{e.filename or 'a file'}: {e.strerror or e}",
                      fix="check that path (a directory where one is needed, writable, on a "
                          "disk with space)", kind="input.path")

@@ -72,7 +72,7 @@ def _json(path: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text(errors="replace"))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return {"_error": f"{path.name} is not valid JSON"}
     return data if isinstance(data, dict) else {"_error": f"{path.name} is not a JSON object"}
 

@@ -56,5 +56,5 @@ def from_file(path: Path, prof: Profile | None = None) -> Finding | None:
     """finding() of a gpu_health JSON file, None when it is absent or unreadable."""
     try:
         return finding(json.loads(path.read_text()), prof)
-    except (OSError, json.JSONDecodeError, AttributeError, TypeError):
+    except (OSError, ValueError, RecursionError, AttributeError, TypeError):
         return None

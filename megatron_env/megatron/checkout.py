@@ -4,19 +4,19 @@ environment without dependency resolution (the lock already decided), and its C+
 helpers built by that install.
 
 Checkouts live in `.megatron-env/<profile>.megatron/<commit>-<patch digest>/`, complete and
-stamped before they are used; an interrupted run leaves only a `.tmp-*` that the next one removes.
+stamped before they are used, published by megatron_env.files: an interrupted run leaves only
+a temporary that a later run removes once it is provably dead (never another node's live one).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from megatron_env import digest, output, proc
+from megatron_env import digest, files, output, proc
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import env, manifest, probe, uv
@@ -50,26 +50,24 @@ def prepare(profile: Profile, echo: output.Echo = output.status,
         return dest
     root = dest.parent
     root.mkdir(parents=True, exist_ok=True)
-    for leftover in root.glob("*.tmp-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    files.sweep(root)  # only what killed runs left: this host's dead ones, or long dead
     m = profile.megatron
-    pristine = root / f".pristine-{m['commit'][:12]}.tmp-{os.getpid()}"
-    repos.checkout("megatron", m["repo"], m["tag"], m["commit"], pristine, echo=echo,
-                   given=given)
+    pristine = files.temp_for(root / f".pristine-{m['commit'][:12]}")
     series = patch_series(profile)
-    staged = root / f"{dest.name}.tmp-{os.getpid()}"
-    try:
-        patches.apply_series(pristine, staged, series)
-    finally:
-        shutil.rmtree(pristine, ignore_errors=True)
-    for p in series:
-        echo(f"megatron: applied {p.name}")
-    (staged / STAMP).write_text(json.dumps(
-        {"tag": m["tag"], "commit": m["commit"], "patches": [p.name for p in series],
-         "patch_digest": digest.of_files(series)}, indent=2) + "\n")
     if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(staged, dest)
+        files.discard(dest)  # unstamped: half a checkout, never used
+    try:
+        repos.checkout("megatron", m["repo"], m["tag"], m["commit"], pristine, echo=echo,
+                       given=given)
+        with files.publishing(dest, tree=True) as staged:
+            patches.apply_series(pristine, staged, series)
+            for p in series:
+                echo(f"megatron: applied {p.name}")
+            (staged / STAMP).write_text(json.dumps(
+                {"tag": m["tag"], "commit": m["commit"], "patches": [p.name for p in series],
+                 "patch_digest": digest.of_files(series)}, indent=2) + "\n")
+    finally:
+        files.remove(pristine)
     return dest
 
 
@@ -131,9 +129,6 @@ def not_installed(python: Path, profile: Profile) -> str | None:
 
 def _direct_url(info: Path) -> str | None:
     """Where an installed distribution came from (PEP 610 direct_url.json), if it says."""
-    try:
-        doc = json.loads((info / "direct_url.json").read_text())
-    except (OSError, ValueError):
-        return None
+    doc, _why = files.read_json(info / "direct_url.json")
     url = doc.get("url") if isinstance(doc, dict) else None
     return url if isinstance(url, str) else None

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_env import digest, mutex, output, proc, project
+from megatron_env import digest, files, mutex, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, lock, manifest, uv
@@ -60,10 +60,7 @@ def python_of(prefix: Path) -> Path:
 
 def read_stamp(prefix: Path) -> dict[str, Any] | None:
     """The environment's stamp; None when it is missing or not a JSON object (rebuilt then)."""
-    try:
-        doc = json.loads((prefix / STAMP).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
+    doc, _why = files.read_json(prefix / STAMP)
     return doc if isinstance(doc, dict) else None
 
 
@@ -230,12 +227,32 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
           sources: Sources, t0: float, echo: output.Echo, *, python: str | None,
           conda: str | None, use_conda: bool | None, conda_lock: Path | None) -> Summary:
     keep = prefix.resolve() if prefix.is_symlink() else None
-    for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
-        if leftover.is_dir() and leftover != keep:
-            shutil.rmtree(leftover, ignore_errors=True)
-        elif leftover.name.startswith(".link-"):
-            leftover.unlink(missing_ok=True)
+    _clear(store, keep)
+    files.sweep(prefix.parent, prefix.name)  # a switch's link a killed run left
     target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
+    claim = files.temp_for(target)  # this run's, until the environment is whole
+    claim.touch()
+    try:
+        return _make(profile, prefix, target, keep, lockfile, wanted, sources, t0, echo,
+                     python=python, conda=conda, use_conda=use_conda, conda_lock=conda_lock)
+    finally:
+        claim.unlink(missing_ok=True)
+
+
+def _clear(store: Path, keep: Path | None) -> None:
+    """What interrupted runs left in `store`, removed: a claimed environment (a file
+    `<name>.tmp-<host>-<pid>-<random>` beside it) only once its claim is provably dead (another
+    node's run on a shared filesystem keeps its work), an unclaimed one (older versions) at once."""
+    claims = [c for c in store.glob("*.tmp-*") if c.is_file()]
+    claimed = {c.name.split(".tmp-")[0] for c in claims if not files.dead(c)}
+    for d in [*(d for d in store.iterdir() if d.is_dir()), *claims]:  # not the lock file
+        if d != keep and d.name.split(".tmp-")[0] not in claimed and d.exists():
+            files.remove(d)
+
+
+def _make(profile: Profile, prefix: Path, target: Path, keep: Path | None, lockfile: Path,
+          wanted: str, sources: Sources, t0: float, echo: output.Echo, *, python: str | None,
+          conda: str | None, use_conda: bool | None, conda_lock: Path | None) -> Summary:
     mode = _create(profile, target, lockfile, python=python, conda=conda, use_conda=use_conda,
                    sources=sources, echo=echo, conda_lock=conda_lock)
     try:
@@ -258,7 +275,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
                         fix="re-run `invoke lock`, then `invoke env`", kind="env.verify-failed")
     m = _record(target, profile, wanted, mode, v.facts)
     _switch(prefix, target)
-    if keep and keep != target and keep.parent == store:
+    if keep and keep != target and keep.parent == target.parent:
         shutil.rmtree(keep, ignore_errors=True)
     return Summary(profile.name, prefix, mode, "built", time.monotonic() - t0, v.facts,
                    m["bytes"])
@@ -272,7 +289,7 @@ def _record(target: Path, profile: Profile, lock_digest: str, mode: str,
     so that re-installing it is never a change of the environment."""
     m = manifest.without(manifest.scan(facts["sites"]), ON_TOP)
     manifest_digest = manifest.save(m, target / MANIFEST)
-    (target / STAMP).write_text(json.dumps(
+    files.write_text(target / STAMP, json.dumps(
         {"profile": profile.name, "lock_digest": lock_digest, "mode": mode,
          "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
          "python": facts["python"], "torch": facts.get("torch"),
@@ -406,15 +423,9 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | Non
 
 def _switch(prefix: Path, target: Path) -> None:
     """Point `prefix` at `target` in one atomic rename of a fresh symbolic link."""
-    if prefix.exists() and not prefix.is_symlink():
-        # an environment from before this layout: move it aside, it is replaced below
-        aside = prefix.with_name(f".{prefix.name}.replaced-{os.getpid()}")
-        os.rename(prefix, aside)
-        shutil.rmtree(aside, ignore_errors=True)
-    link = target.parent / f".link-{os.getpid()}"
-    link.unlink(missing_ok=True)
-    os.symlink(os.path.relpath(target, prefix.parent), link)
-    os.replace(link, prefix)
+    # an environment from before this layout (a directory at `prefix`) is discarded first
+    with files.publishing(prefix) as link:
+        os.symlink(os.path.relpath(target, prefix.parent), link)
 
 
 # --- adopting --------------------------------------------------------------------------------

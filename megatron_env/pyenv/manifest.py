@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_env import digest
+from megatron_env import digest, files
 
 FORMAT = 1
 
@@ -190,9 +190,9 @@ def summarize(differences: list[Difference], most: int = 3) -> list[str]:
     for pkg in packages(differences):
         mine = [d for d in differences if d.package == pkg]
         for kind in sorted({d.kind for d in mine}):
-            files = [d.file for d in mine if d.kind == kind]
-            shown = ", ".join(files[:most]) + (f" and {len(files) - most} more"
-                                               if len(files) > most else "")
+            names = [d.file for d in mine if d.kind == kind]
+            shown = ", ".join(names[:most]) + (f" and {len(names) - most} more"
+                                               if len(names) > most else "")
             lines.append(f"{pkg}: {kind} {shown}")
     return lines
 
@@ -200,15 +200,11 @@ def summarize(differences: list[Difference], most: int = 3) -> list[str]:
 def save(manifest: Manifest, path: Path) -> str:
     """Write atomically; returns the digest that names this manifest (stamps refer to it)."""
     text = json.dumps(manifest, separators=(",", ":"))
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    files.write_text(path, text)
     return digest.of_bytes(text.encode())
 
 
 def load(path: Path) -> Manifest | None:
-    try:
-        m = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    """The manifest at `path`, or None when it is absent or not one (any content: redone)."""
+    m, _why = files.read_json(path)
     return m if isinstance(m, dict) and m.get("format") == FORMAT else None

@@ -6,16 +6,21 @@ line (a run without spaces, quotes or brackets) is cut into segments at the char
 join things (`/ : @ = & ? # , ;`); a segment that looks random is masked, and so is a run of
 short segments that looks random once joined (`Xk9@Lm2p` is two segments, one password).
 
-Looks random (`random_segment`): the segment's pieces (cut at `- _ . + ~`) that are not a
-recognised harmless form are cut into units the way words are (`Process`, `Group`, `NCCL`,
-`2024`); words are long units, a generated string is a stream of short ones (`x`, `Kq`, `8`,
-`Pz`). At least 10 such characters averaging under 3.2 per unit is random; a piece of one case
-of letters only (no units to count) is random when it reads like no word (almost no vowels).
+Looks random (`random_segment`): the segment's pieces (cut at `- _ . + ~`) that are no
+harmless form are cut into units the way words are (`Process`, `Group`, `NCCL`, `2024`), and
+the characters no word explains are counted: letters outside the letter pairs common in
+English and code (`_BIGRAMS`), units of one or two letters between changes of case or class
+(`Kq8Pz`), digits inside letters (`a8x3`; `python3` and `5ms` keep theirs). At least MIN_RANDOM
+of them making RANDOM_SHARE of the judged characters (or 8 making most of them) is random. A
+short word or acronym with its number (`nvcc`, `cx3`, `16gpu`) and a piece of one or two
+repeated characters (`yyyy`, `abab`) are explained whole. A base64 blob is judged by what it
+decodes to where it decodes to text: a secret in it masks it, words keep it.
 
 Harmless forms, never masked: hex (digests, git SHAs, addresses, UUIDs, GPU-/MIG- UUIDs, MACs,
 PCI bus ids), numbers, sizes, times and versions (digits with at most a few letters: `1e-4`,
 `12.5GiB`, `2.11.0+cu130`, `cu130`), words and identifiers (`ProcessGroupNCCL`, `mlx5_0`,
-`expandable_segments`), host names and paths (made of those), the masks themselves. Hex is
+`expandable_segments`), host names and paths (made of those), NIC names, tempfile names,
+NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves. Hex is
 harmless here only because a git SHA and a W&B key look the same: a hex key is masked by where it
 stands (pass 1: a key's name, a login command), never by its shape.
 """
@@ -43,10 +48,11 @@ _UNITS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _HEX = re.compile(r"(?:0[xX])?(?:[0-9a-f]+|[0-9A-F]+)")
 # upper case, lower case and a digit: what base64 of text nearly always holds
 _MIXED = re.compile(r"(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9])")
+_WORD = re.compile(r"[A-Za-z]{3,}")
 _LETTER_RUNS = re.compile(r"[A-Za-z]+")
 _NUMBERISH = re.compile(r"[0-9]*(?:[A-Za-z]{1,3}[0-9]+)*[A-Za-z]{0,5}")
 # letter pairs that make up 95% of those in the identifiers, comments and docstrings of
-# Python's standard library (bench/redact_bigrams.py computes them): a random string of
+# Python 3.11's standard library (bench/redact_bigrams.py computes them): a random string of
 # letters hits one of them one time in three, words nineteen times in twenty
 _BIGRAM_TEXT = (
     "abacadagaiakalamanaparasatauavaybabebibjblbobubycacechcickclcocrctcudadddedidodrdsdueaec"
@@ -155,7 +161,8 @@ def _decoded(seg: str, redact: Callable[[str], str]) -> str | None:
         return None
     if redact(plain) != plain or _USER_PASS.fullmatch(plain):
         return "secret"
-    return "harmless"
+    # text with words in it; a number alone (a Discord token's first part) says nothing
+    return "harmless" if _WORD.search(plain) else None
 
 
 def _whole(chunk: str, redact: Callable[[str], str]) -> str | None:
@@ -197,8 +204,22 @@ def _runs(segs: list[str], marks: list[str]) -> list[bool]:
     return masked
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _clean(chunk: str) -> bool:
+    """A chunk with nothing to judge further: no segment reads as generated, nothing to decode
+    (most chunks of a log; remembered, since logs repeat them)."""
+    if _B64.fullmatch(chunk) or "%" in chunk:
+        return False
+    for seg in _SEGMENT_SEP.split(chunk)[0::2]:
+        if _mark(seg) in ("random", "junky") or len(seg) >= 12 and _MIXED.search(seg):
+            return False
+    return True
+
+
 def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
     """One chunk (a mask `<redacted>` never stands inside one: `<` and `>` end it)."""
+    if _clean(chunk):
+        return chunk
     whole = _whole(chunk, redact)
     if whole is not None:
         return whole
@@ -219,7 +240,8 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
 
 
 def _plain(seg: str) -> bool:
-    return not seg or seg.islower() or seg.isupper() or seg.isdigit()
+    """A word of one case or a number (`status`, `GNVO`, `443`), not a mix (`016M5NID`)."""
+    return not seg or seg.isdigit() or seg.isalpha() and (seg.islower() or seg.isupper())
 
 
 def reads_as_words(seg: str) -> bool:

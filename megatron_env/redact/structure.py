@@ -61,7 +61,9 @@ def secret_value(kind: str | None, value: str) -> bool:
 FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("github", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
      r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{22,}"),
-    ("gitlab", ("gl",), r"gl(?:pat|rt|dt|ptt|ft|imt|oas|cbt|soat|agent)-[A-Za-z0-9_-]{16,}"),
+    ("gitlab", ("glpat-", "glrt-", "gldt-", "glptt-", "glft-", "glimt-", "gloas-", "glcbt-",
+                "glsoat-", "glagent-"),
+     r"gl(?:pat|rt|dt|ptt|ft|imt|oas|cbt|soat|agent)-[A-Za-z0-9_-]{16,}"),
     ("huggingface", ("hf_", "api_org_"), r"hf_[A-Za-z0-9]{16,}|api_org_[A-Za-z0-9]{16,}"),
     ("openai/anthropic", ("sk-",), r"sk-(?:ant-|proj-|svcacct-|admin-)?[A-Za-z0-9_-]{16,}"),
     ("stripe", ("_live_", "_test_", "whsec_"),
@@ -74,7 +76,7 @@ FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
      r"AIza[0-9A-Za-z_-]{30,}|GOCSPX-[A-Za-z0-9_-]{16,}|ya29\.[A-Za-z0-9_-]{16,}"),
     ("npm/pypi/docker", ("npm_", "pypi-", "dckr_pat_"),
      r"npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{30,}|dckr_pat_[A-Za-z0-9_-]{16,}"),
-    ("shopify", ("shp",), r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
+    ("shopify", ("shpat_", "shpca_", "shppa_", "shpss_"), r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
     ("digitalocean", ("_v1_",), r"do[opr]_v1_[a-f0-9]{64}"),
     ("databricks", ("dapi",), r"dapi[a-f0-9]{32}(?:-\d)?"),
     ("mailgun/mailchimp", ("key-", "-us"), r"key-[a-f0-9]{32}|[a-f0-9]{32}-us\d{1,2}"),
@@ -93,16 +95,15 @@ FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 
 def _hinted(rows: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]]
             ) -> Callable[[str], str]:
-    """One rule for a table: a single scan for any row's words, then each row whose words the
-    line holds (most lines hold none)."""
+    """One rule for a table: a single scan for any row's words (as written: the patterns are
+    case-sensitive), then each row whose words the line holds (most lines hold none)."""
     hint = re.compile("|".join(re.escape(w) for words, _, _ in rows for w in words))
 
     def rule(s: str) -> str:
-        if hint.search(s.lower()) is None:
+        if hint.search(s) is None:
             return s
-        low = s.lower()
         for words, pattern, repl in rows:
-            if any(map(low.__contains__, words)):
+            if any(map(s.__contains__, words)):
                 s = pattern.sub(repl, s)
         return s
     return rule
@@ -113,8 +114,7 @@ def _masked(m: re.Match[str]) -> str:
 
 
 _FORMAT_RULE = _hinted([
-    (tuple(w.lower() for w in literals),
-     re.compile(r"(?<![A-Za-z0-9])(?:" + regex + r")(?![\w-])"), _masked)
+    (literals, re.compile(r"(?<![A-Za-z0-9])(?:" + regex + r")(?![\w-])"), _masked)
     for _, literals, regex in FORMATS])
 
 
@@ -133,8 +133,8 @@ _URL_PAIR = re.compile(
     re.I)
 # path segments that are tokens: a conda channel's /t/<token>/, a bot API's /bot<id>:<token>,
 # what follows a chat webhook's /services/ or /webhooks/
-_URL_PATH = re.compile(r"(://[^\s\"']*?/t/)([^/\s\"']{6,})|(/bot\d+:)([^/\s\"']+)|"
-                       r"(://[^\s\"']*?/(?:services|webhooks?|webhookb2|IncomingWebhook|hooks)/)"
+_URL_PATH = re.compile(r"(:/{1,2}[^\s\"']*?/t/)([^/\s\"']{6,})|(/bot\d+:)([^/\s\"']+)|"
+                       r"(:/{1,2}[^\s\"']*?/(?:services|webhooks?|webhookb2|IncomingWebhook|hooks)/)"
                        r"([^\s\"'?#<>]{8,})", re.I)
 _CONNECT = re.compile(r"(?<![\w/.:-])([A-Za-z_][\w.$-]*/)([^\s/@\"']+)(@(?://|[\w.-]+:\d+))")
 _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]igest|"
@@ -172,7 +172,7 @@ _COMMANDS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("sshpass",), r"\bsshpass\b[^\n;|&]*?(?<!\S)-p[ \t]*"),
     (("redis",), r"\bredis-cli\b[^\n;|&]*?(?<!\S)-a[ \t]+"),
     (("wandb",), r"\bwandb[ \t]+login(?:[ \t]+--?[\w-]+)*[ \t]+"),
-    (("-u ", "-u\t", "--user", "--proxy-user"),
+    (("-u ", "-u\t", "-U ", "--user", "--proxy-user"),
      r"(?<!\S)(?:-u|--user|--proxy-user|-U)[ \t]+[\"']?[^\s:%\"']+[:%]"),
     (("pass:",), r"\bpass:"),
     (("mc ",), r"\bmc[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+\S+[ \t]+\S+[ \t]+"
@@ -337,6 +337,7 @@ def mask(s: str) -> str:
     low = s.lower()
     for words, rule in RULES:
         if any(map(low.__contains__, words)):
-            s = rule(s)
-            low = s.lower()
+            done = rule(s)
+            if done != s:
+                s, low = done, done.lower()
     return _B64_LINE.sub(_b64_line, s) if len(s) >= 40 else s

@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from megatron_env import digest, output, proc
+from megatron_env import digest, files, output, proc
 from megatron_env.errors import UserError
 from megatron_env.recipes.recipe import Resource, source_var
 from megatron_env.sources import archive, index, repos
@@ -138,17 +138,16 @@ def carry(res: Resource, dest: Path, echo: output.Echo = output.status) -> Path:
     with tempfile.TemporaryDirectory(prefix=f"{res.name}-", dir=dest) as tmp:
         if res.wheel:
             out = dest / res.wheel
-            os.replace(_wheel(res, Path(tmp), echo, local), out)
+            with files.publishing(out) as part:  # a copy: the user's own file stays
+                shutil.copyfile(_wheel(res, Path(tmp), echo, local), part)
             return out
         work = Path(tmp) / "content"
         work.mkdir()
         work = _tree_content(res, work, echo, local)
         out = dest / f"{res.name}-{res.tree[:12]}.tar.gz"
-        part = out.with_name(out.name + ".part")
-        with tarfile.open(part, "w:gz") as tar:
+        with files.publishing(out) as part, tarfile.open(part, "w:gz") as tar:
             for t in res.take:  # sorted, no owners: the same content gives the same files
                 tar.add(work / t, arcname=t, filter=_plain)
-        os.replace(part, out)
         return out
 
 
