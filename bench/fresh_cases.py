@@ -848,7 +848,7 @@ def main() -> int:
     rev = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
                          capture_output=True, text=True).stdout.strip() if not a.revision \
         else a.revision
-    doc: Doc = {"tree": tree.name, "revision": rev or "not a git checkout",
+    doc: Doc = {"tree": "this checkout" if tree == ROOT else "another tree", "revision": rev or "not a git checkout",
                  "python": sys.version.split()[0], "seed": a.seed}
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="fresh-base-") as td:
