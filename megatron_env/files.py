@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from megatron_env import digest
 from megatron_env.errors import UserError
 
 STALE_HOURS = 24.0  # a temporary older than this is dead whichever host made it
@@ -211,6 +212,27 @@ def write_bytes(dest: Path, data: bytes) -> Path:
 
 def write_text(dest: Path, text: str) -> Path:
     return write_bytes(dest, text.encode())
+
+
+def seal(tree: Path, marker: str, what: str) -> None:
+    """Mark `tree` complete with the digest of its content (`unsealed` checks it at each use);
+    `what` names the pinned input it was made from."""
+    (tree / marker).write_text(json.dumps({"of": what, "tree": digest.of_tree(tree, {marker})})
+                               + "\n")
+
+
+def unsealed(tree: Path, marker: str) -> str | None:
+    """None when `tree` is as it was sealed. Else it is discarded and the reason returned: ""
+    when it was absent or unmarked (cut short, or from an older version), "changed since it was
+    made" when a file was edited, added, removed or made executable."""
+    doc, _why = read_json(tree / marker)
+    if not isinstance(doc, dict) or not isinstance(doc.get("tree"), str):
+        discard(tree)
+        return ""
+    if digest.of_tree(tree, {marker}) == doc["tree"]:
+        return None
+    discard(tree)
+    return "changed since it was made"
 
 
 def read_json(path: Path) -> tuple[Any, str]:

@@ -68,8 +68,8 @@ class Snapshot:
                 kind="snapshot.empty",
             )
         meta, why = files.read_json(path / "meta.json")
-        if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
-            why = why or "meta.json is not a snapshot's record"
+        if not isinstance(meta, dict):  # a cut-short one is not JSON: written whole, last
+            why = why or "meta.json is not a JSON object"
             raise UserError(
                 f"snapshot {path} is incomplete ({why}; `collect` writes it last): it stopped "
                 "part way and its absent files would read as absent tools",

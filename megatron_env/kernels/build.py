@@ -121,26 +121,16 @@ def _unpack_sdist(pkg: Package, archive: Path, dest: Path) -> None:
 PRISTINE, PATCHED = ".megatron-env-pristine", ".megatron-env-patched"
 
 
-def seal(tree: Path, marker: str, what: str) -> None:
-    """Mark `tree` complete with the digest of its content: what `_whole` checks at each use."""
-    (tree / marker).write_text(json.dumps({"of": what, "tree": digest.of_tree(tree, {marker})})
-                               + "\n")
+seal = files.seal
 
 
 def _whole(tree: Path, marker: str, what: str) -> bool:
-    """Whether `tree` is a complete cached tree whose content is as it was made. One that
-    changed since (a file edited, added or removed) is discarded with a warning: the caller
-    makes it again from its pinned source."""
-    doc, _why = files.read_json(tree / marker)
-    if not isinstance(doc, dict) or not isinstance(doc.get("tree"), str):
-        if tree.exists():
-            files.discard(tree)  # unmarked or from an older version: never used as it is
-        return False
-    if digest.of_tree(tree, {marker}) == doc["tree"]:
-        return True
-    output.warning(f"{what} {tree} changed since it was made; making it again")
-    files.discard(tree)
-    return False
+    """Whether a cached tree is whole as it was sealed; else it is gone (the caller makes it
+    again from its pinned source), with a warning when it had changed."""
+    why = files.unsealed(tree, marker)
+    if why:
+        output.warning(f"{what} {tree} {why}; making it again")
+    return why is None
 
 
 def git_sources(pkg: Package) -> list[tuple[str, str, str, str | None, str]]:
