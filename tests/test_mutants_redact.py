@@ -1,0 +1,73 @@
+"""Redaction edges that mutation testing (`nox -s mutants`) found unguarded: each test names the
+behaviour it protects. Tokens are built at run time, so no token-shaped string sits in the
+repository."""
+
+import re
+
+import pytest
+
+from megatron_env import redact
+from megatron_env.redact import structure
+
+NO_ENV: dict[str, str] = {}
+BOT_TOKEN = "AB" + "Cd3fGh1jKl" * 3  # a chat bot API's token after /bot<id>:
+HOOK_PATH = "T0" + "AB12CD3/B0EF45GH6/" + "aB3dE5fG7hJ9" * 2  # a chat webhook's secret path
+
+
+def test_a_table_rule_applies_every_row_whose_words_the_line_holds() -> None:
+    """The one-scan hint of a rule table must not skip a row: each row whose words occur is
+    applied, one whose words do not is not (built here, since the tables are built at import)."""
+    rule = structure._hinted([
+        (("alpha",), re.compile(r"alpha=\w+"), lambda m: "alpha=A"),
+        (("beta", "gamma"), re.compile(r"gamma=\w+"), lambda m: "gamma=G"),
+        (("delta",), re.compile(r"\w+"), lambda m: "X"),
+    ])
+    assert rule("alpha=1 gamma=2 rest") == "alpha=A gamma=G rest"
+    assert rule("gamma=2") == "gamma=G"
+    assert rule("nothing here") == "nothing here"
+    assert rule("ALPHA=1") == "ALPHA=1"  # the words are case-sensitive, as the docstring says
+
+
+def test_basic_followed_by_a_word_is_prose_not_a_credential() -> None:
+    """`Basic authentication failed` is an error message: kept whole (a credential after
+    `Basic ` is masked whatever it looks like, a lower-case word of up to 16 letters is not)."""
+    assert redact.text("Basic authentication failed", NO_ENV) == "Basic authentication failed"
+    assert redact.text("Basic characterization", NO_ENV) == "Basic characterization"  # 16
+    assert redact.text("Basic characterizations", NO_ENV) == "Basic <redacted>"  # 17
+
+
+def test_token_before_a_plain_value_is_kept() -> None:
+    """`token X` is masked only when X looks random: a parser's `unexpected token config.yaml`
+    stays, while `Basic config.yaml` (a credential position) is masked."""
+    assert redact.text("unexpected token config.yaml", NO_ENV) == "unexpected token config.yaml"
+    assert redact.text("Basic config.yaml", NO_ENV) == "Basic <redacted>"
+
+
+@pytest.mark.parametrize("url, masked", [
+    (f"https://api.telegram.org/bot123456:{BOT_TOKEN}/sendMessage",
+     "https://api.telegram.org/bot123456:<redacted>/sendMessage"),
+    (f"https://hooks.slack.com/services/{HOOK_PATH}", "https://hooks.slack.com/services/<redacted>"),
+])
+def test_a_token_in_a_url_path_is_masked_and_the_path_before_it_kept(url: str, masked: str) -> None:
+    """The part of the path that leads to the token stays (it says which service), the token
+    itself is replaced, never prefixed to the mask."""
+    assert redact.text(url, NO_ENV) == masked
+
+
+def test_cut_masks_the_given_environment() -> None:
+    """`cut` redacts with the mapping it is given (a report's recorded environment), not the
+    process environment."""
+    env = {"DB_PASSWORD": "hunter2hunter2"}
+    assert redact.cut("login with hunter2hunter2", 80, env) == "login with <redacted>"
+
+
+LINE = "a password=s3cr3tvalue9 b password=an0thersecret c"
+
+
+def test_cut_never_leaves_half_a_mask() -> None:
+    """A cut inside the second mask drops that mask's start; a cut right after a whole mask
+    keeps it; a mask at index 1 is dropped when cut."""
+    assert redact.text(LINE, NO_ENV) == "a password=<redacted> b password=<redacted> c"
+    assert redact.cut(LINE, 38, NO_ENV) == "a password=<redacted> b password="
+    assert redact.cut(LINE, 22, NO_ENV) == "a password=<redacted> "
+    assert redact.cut("(Kx8vQ2mZ9pL4nR7tY3wB5jH)", 5, NO_ENV) == "("
