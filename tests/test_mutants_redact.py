@@ -71,3 +71,39 @@ def test_cut_never_leaves_half_a_mask() -> None:
     assert redact.cut(LINE, 38, NO_ENV) == "a password=<redacted> b password="
     assert redact.cut(LINE, 22, NO_ENV) == "a password=<redacted> "
     assert redact.cut("(Kx8vQ2mZ9pL4nR7tY3wB5jH)", 5, NO_ENV) == "("
+
+
+def test_variables_and_scrub_use_the_given_environment() -> None:
+    """A report's recorded environment is what `variables` and `scrub` mask against: a secret
+    variable's value is masked wherever it shows, also under a harmless name."""
+    env = {"A": "hunter2hunter2", "DB_PASSWORD": "hunter2hunter2"}
+    assert redact.variables(env) == {"A": "<redacted>", "DB_PASSWORD": "<redacted>"}
+    assert redact.scrub("x hunter2hunter2", env) == "x <redacted>"
+
+
+def header(s: str) -> str:
+    return structure._HEADER.sub(structure._header, s)
+
+
+def test_a_header_value_is_replaced_keeping_its_name_scheme_and_trailing_space() -> None:
+    """The header rule masks only the value: the name, the separator, an auth scheme and the
+    trailing blanks stay; an empty or already masked value is left as it is."""
+    assert header("Authorization: Bearer abcdefgh12345678  ") == (
+        "Authorization: Bearer <redacted>  ")
+    assert header("X-Api-Key:   x") == "X-Api-Key:   <redacted>"
+    assert header("Authorization: Basic <redacted>") == "Authorization: Basic <redacted>"
+    assert header("Authorization: ") == "Authorization: "
+
+
+def test_a_header_name_in_an_argv_list_marks_the_next_item_secret() -> None:
+    """`x-<anything>key` is a header name even where the name rules do not know it: the item
+    after it in an argv list is masked."""
+    assert structure._header_kind("x-hubkey") == "strong"
+    assert structure._header_kind("path") is None
+    assert redact.text("('x-hubkey', 'plainword')", NO_ENV) == "('x-hubkey', '<redacted>')"
+
+
+def test_an_unterminated_pem_block_keeps_its_begin_line_and_adds_nothing() -> None:
+    """A PEM block cut before its END line: the BEGIN marker stays, the body is one mask."""
+    pem = "-----BEGIN PRIVATE KEY-----" + "MIIEvQIBADANBg"
+    assert redact.text(pem, NO_ENV) == "-----BEGIN PRIVATE KEY-----<redacted>"
