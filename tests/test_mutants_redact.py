@@ -107,3 +107,29 @@ def test_an_unterminated_pem_block_keeps_its_begin_line_and_adds_nothing() -> No
     """A PEM block cut before its END line: the BEGIN marker stays, the body is one mask."""
     pem = "-----BEGIN PRIVATE KEY-----" + "MIIEvQIBADANBg"
     assert redact.text(pem, NO_ENV) == "-----BEGIN PRIVATE KEY-----<redacted>"
+
+
+@pytest.mark.parametrize("seg, plain", [
+    ("", True), ("443", True), ("status", True), ("GNVO", True),
+    ("016M5NID", False), ("Status", False), ("v1", False),
+])
+def test_a_plain_segment_is_a_number_or_a_word_of_one_case(seg: str, plain: bool) -> None:
+    """Next to a masked run, only a plain segment (a number, a one-case word) stays; a mix of
+    cases or of digits and letters is masked with the run."""
+    from megatron_env.redact import shape
+    assert shape._plain(seg) is plain
+
+
+@pytest.mark.parametrize("seg, words", [
+    ("macOS", False), ("busId", False),  # 2 unexplained of 5: at both bounds
+    ("HTMLParser", False), ("mysqladmin", False),  # 4 of 10: at RANDOM_SHARE exactly
+    ("--benchmark", True),  # 2 or more, but under RANDOM_SHARE
+])
+def test_reads_as_words_at_its_thresholds(seg: str, words: bool) -> None:
+    """A path component reads as words when fewer than 2, or under RANDOM_SHARE, of its judged
+    characters are unexplained; at either bound it does not (a secret-named value is then no
+    longer trusted as a file name)."""
+    from megatron_env.redact import shape
+    junk, size = shape._score(seg)
+    assert junk >= 2 and (junk < shape.RANDOM_SHARE * size) is words  # the case it stands for
+    assert shape.reads_as_words(seg) is words
