@@ -133,3 +133,22 @@ def test_reads_as_words_at_its_thresholds(seg: str, words: bool) -> None:
     junk, size = shape._score(seg)
     assert junk >= 2 and (junk < shape.RANDOM_SHARE * size) is words  # the case it stands for
     assert shape.reads_as_words(seg) is words
+
+
+def test_a_secret_line_masks_the_rest_of_the_line_keeping_its_indent_and_blanks() -> None:
+    """`name: value` on a line of its own (YAML, an env file): a secret name's value is masked to
+    the end of the line, the indentation and trailing blanks stay; another name's value stays."""
+    line = structure._LINE
+    assert line.sub(structure._line, "  password: correct horse battery staple  ") == (
+        "  password: <redacted>  ")
+    assert line.sub(structure._line, "  build_dir: /tmp/out") == "  build_dir: /tmp/out"
+
+
+def test_a_base64_line_is_masked_between_its_blanks_and_digits_alone_are_not() -> None:
+    """A line that is one long base64 blob of mixed case and digits (a key file's body) is one
+    mask, its surrounding blanks kept; a line of digits is a number."""
+    import base64
+    blob = base64.b64encode(bytes(range(7, 52))).decode()
+    b64 = structure._B64_LINE
+    assert b64.sub(structure._b64_line, f"  {blob} ") == "  <redacted> "
+    assert b64.sub(structure._b64_line, "1" * 44) == "1" * 44
