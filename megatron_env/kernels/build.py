@@ -64,9 +64,7 @@ def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
     src = pkg.source
     root = cache or cache_dir()
     if src.repo:
-        dest = root / "src" / f"{pkg.name}-{src.commit[:12]}"
-        if src.submodules or src.resources:
-            dest = dest.with_name(f"{dest.name}-{digest.hexpart(digest.of(src.digest), 8)}")
+        dest = pristine_path(pkg, root)
         if not (dest / ".megatron-env-pristine").exists():
             for name, repo, commit, tag, path in git_sources(pkg):
                 repos.checkout(name, repo, tag, commit, dest / path, echo=echo, given=given)
@@ -87,7 +85,7 @@ def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
                             f"{src.sha256}", fix="the file was changed or is another version: "
                                                  "use the original sdist", kind="source.sha256")
         os.replace(tmp, archive)
-    dest = root / "src" / f"{pkg.name}-{src.sha256[:12]}"
+    dest = pristine_path(pkg, root)
     if not (dest / ".megatron-env-pristine").exists():
         tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -106,6 +104,23 @@ def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
         os.replace(top, dest)
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def pristine_path(pkg: Package, cache: Path) -> Path:
+    """Where `fetch` keeps the pristine tree (complete when it holds .megatron-env-pristine)."""
+    src = pkg.source
+    if src.repo:
+        dest = cache / "src" / f"{pkg.name}-{(src.commit or '')[:12]}"
+        if src.submodules or src.resources:
+            dest = dest.with_name(f"{dest.name}-{digest.hexpart(digest.of(src.digest), 8)}")
+        return dest
+    return cache / "src" / f"{pkg.name}-{(src.sha256 or '')[:12]}"
+
+
+def patched_path(pkg: Package, series: list[Path], cache: Path) -> Path:
+    """Where `patched` keeps the patched tree (complete when it holds .megatron-env-patched)."""
+    key = digest.hexpart(digest.of([pkg.source.digest, digest.of_files(series)]), 16)
+    return cache / "patched" / f"{pkg.name}-{key}"
 
 
 def git_sources(pkg: Package) -> list[tuple[str, str, str, str | None, str]]:
@@ -239,9 +254,11 @@ def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str,
 
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
-         facts: dict | None = None, cache: Path | None = None) -> Plan:
+         facts: dict | None = None, cache: Path | None = None,
+         pool: Mapping[str, str] | None = None) -> Plan:
     """`facts`: probe.torch_facts(python) when the caller has them already (one torch import);
-    `cache`: the build cache (default: cache_dir())."""
+    `cache`: the build cache (default: cache_dir()); `pool`: the shared jobserver's variables
+    (kernels.together), in place of this build's own job counts."""
     cache = cache or cache_dir()
     facts = facts or torch_facts(python, cache)
     series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
@@ -259,7 +276,16 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     build_env["MAX_JOBS"] = str(jobs)
     if pkg.parallel_var:
         build_env[pkg.parallel_var] = str(derived.extensions)
-    if not proc.which("ninja", path=build_env["PATH"]):
+    if pool:  # one jobserver for every kernel: its width, not this build's own -j
+        build_env.update(pool)
+        jobs, why = int(pool["MEGATRON_ENV_POOL_SLOTS"]), pool["MEGATRON_ENV_POOL_WHY"]
+        build_env["MAX_JOBS"] = str(jobs)
+        if pkg.parallel_var:
+            build_env[pkg.parallel_var] = pool["MEGATRON_ENV_POOL_CLIENTS"]
+        if pkg.cuda:  # nvcc's per-arch processes (--threads) take tokens too
+            build_env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, [
+                build_env.get("NVCC_APPEND_FLAGS", ""), "--jobserver"]))
+    elif not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
     key_doc = cache_key_doc(pkg, series, facts["torch"], facts["cuda"], facts["tag"],
                             facts["abi"], archs)
@@ -338,8 +364,7 @@ def patched(pkg: Package, series: list[Path], echo=output.status, *, given: Give
     series under the cache (whole or not at all), then only copied. The setup chain's patches
     step makes it; a build copies it (a build writes objects into its tree)."""
     root = cache or cache_dir()
-    key = digest.hexpart(digest.of([pkg.source.digest, digest.of_files(series)]), 16)
-    dest = root / "patched" / f"{pkg.name}-{key}"
+    dest = patched_path(pkg, series, root)
     if (dest / ".megatron-env-patched").exists():
         return dest
     pristine = fetch(pkg, echo, given=given, cache=root)
@@ -372,12 +397,14 @@ def _alive(pid: str) -> bool:
 def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
                       patch_root: Path | None = None, echo=output.status,
                       given: Given | None = None, cache: Path | None = None,
-                      child_env: Mapping[str, str] | None = None) -> Result | Plan:
+                      child_env: Mapping[str, str] | None = None,
+                      pool: Mapping[str, str] | None = None) -> Result | Plan:
     """`given`: a bundle's sources; `cache`: the build cache (default MEGATRON_ENV_CACHE);
-    `child_env`: what uv is told besides (a bundle's offline settings)."""
+    `child_env`: what uv is told besides (a bundle's offline settings); `pool`: the shared
+    jobserver's variables (kernels.together)."""
     t0 = time.monotonic()
     cache = cache or cache_dir()
-    p = plan(pkg, python, archs, patch_root, cache=cache)
+    p = plan(pkg, python, archs, patch_root, cache=cache, pool=pool)
     for line in p.lines():
         echo(line)
     if dry_run:
