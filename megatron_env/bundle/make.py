@@ -393,6 +393,10 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         entries += _tree(stage / "tool", "tool")
         if not adopt:
             entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
+        have = {e.arcname for e in entries}  # the kernels' run-time requirements, beside the lock's
+        entries += [Entry(f"wheels/{w.name}", w, "") for w in tool.kernel_requirements(
+            [k for n, k in kernels.items() if n not in without], stage / "kernel-requires",
+            prof.python, echo) if f"wheels/{w.name}" not in have]
         entries += [Entry(c["path"], f, "") for c, f in zip(conda, _conda_fetch(conda, echo),
                                                             strict=True)]
         sdists = _sdists(kernels, without, entries, echo)

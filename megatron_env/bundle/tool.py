@@ -54,6 +54,19 @@ def wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...
     _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
 
 
+def kernel_requirements(kernels: list, dest: Path, python: str, echo) -> list[Path]:
+    """What the kernels' Python packages import at run time (each recipe's `requires`), with
+    their dependencies, as wheels for the profile's Python: an adopted bare image gets them
+    offline from the bundle's wheels/ (only those the image lacks are installed)."""
+    reqs = sorted({r for k in kernels for r in k.requires})
+    if not reqs:
+        return []
+    echo(f"wheels: the kernels' run-time requirements ({', '.join(reqs)}) for Python {python}")
+    dest.mkdir(parents=True, exist_ok=True)
+    _pip_download(reqs, dest, python, "the kernels' run-time requirements")
+    return sorted(dest.glob("*.whl"))
+
+
 def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> list[str]:
     """The tool's runtime dependencies (and `extras`') and build backend resolved for `python`
     on linux x86_64.

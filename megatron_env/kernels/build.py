@@ -467,6 +467,15 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         if not r.ok:
             raise UserError(f"installing {wheel.name} failed: {r.tail(5)}",
                             kind="build.install-failed")
+    if pkg.requires:  # what it imports at run time: installed where missing, nothing else moved
+        r = proc.run([uv.exe(), "pip", "install", "--python", python, *pkg.requires],
+                     env=uv.env(**(child_env or {})), timeout=1800)
+        if not r.ok:
+            raise UserError(f"{pkg.name} needs {', '.join(pkg.requires)} at run time; installing "
+                            f"them failed: {r.tail(5)}",
+                            fix="a bundle carries them among its wheels (make it again with this "
+                                "version), or install them into the environment",
+                            kind="build.requires-failed")
     t_verify = time.monotonic()
     missing, facts = probe.imports(python, pkg.modules)
     echo(f"{pkg.name}: plan {t_install - t0 - (built_in or 0):.1f} s, install "

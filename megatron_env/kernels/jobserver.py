@@ -1,9 +1,9 @@
 """One pool of compile jobs for every kernel a setup builds: a GNU make jobserver on a FIFO.
 
-Why a jobserver: the kernels build through three different drivers (torch's cpp_extension runs
-one ninja per extension, TE runs CMake with ninja then cpp_extension, apex runs several
+Why a jobserver: kernel packages build through different drivers (torch's cpp_extension runs
+one ninja per extension, some packages run CMake with ninja first, some build several
 extensions at once), and each driver would otherwise take its own -j. ninja >= 1.13 and GNU
-make are jobserver clients, and so is nvcc >= 12.8 with `--jobserver` (its `--threads` per-arch
+make are jobserver clients, and so is nvcc 13 with `--jobserver` (its `--threads` per-arch
 processes take tokens): they all draw from the same pool, so N compilers run at most, whoever
 started them, and a kernel whose objects are done leaves its share to the others.
 
@@ -15,7 +15,7 @@ The rule of the protocol: every client holds one implicit slot without a token. 
 driver counts as `clients` (the number of ninja processes it runs at once); the pool holds
 `slots - clients of every running build` tokens, and a build that ends hands its implicit
 slots back as tokens. Drivers that pass `-j N` would leave the pool (ninja ignores the
-jobserver when -j is given): a `ninja` shim first on PATH drops -j before the real ninja runs.
+jobserver when -j is given: measured with ninja 1.13.0): a `ninja` shim first on PATH drops -j before the real ninja runs.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ progress. The first failure stops the others: their processes (found by the mark
 their environment, whoever started them) are killed, kernels not yet started never start, and
 what finished stays in the cache.
 
-When every kernel's driver processes fit in the pool at once (apex may run several ninjas, one
+When every kernel's driver processes fit in the pool at once (a package may run several ninjas, one
 implicit slot each), all start together; otherwise (few cores) each runs one ninja and
 min(kernels, slots) build at a time, the next starting in the slot the last one left.
 """

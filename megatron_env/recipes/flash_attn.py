@@ -34,6 +34,7 @@ RECIPE = Recipe(
                ("32", "64", "96", "128", "160", "192", "224", "256")),
         Choice("dtypes", "dtypes to compile kernels for", "FLASH_ATTN_DTYPES", ("fp16", "bf16")),
     ),
+    requires=("einops",),  # setup.py's install_requires, but torch
     gpu_check="flash_attn",
     proves="causal bf16 forward and backward match torch's scaled_dot_product_attention",
 )

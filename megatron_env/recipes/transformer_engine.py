@@ -75,6 +75,10 @@ RECIPE = Recipe(
     modules=("transformer_engine.pytorch", "transformer_engine_torch"),
     libraries=("transformer_engine/libtransformer_engine",
                "transformer_engine/transformer_engine_torch"),
+    # setup.py's install_requires at v2.17.1 (setup_requirements + build_tools/pytorch.py), but
+    # torch; `import transformer_engine.pytorch` fails without pydantic
+    requires=("pydantic", "importlib-metadata>=1.0", "packaging", "einops", "onnxscript", "onnx",
+              "nvdlfw-inspect"),
     gpu_check="transformer_engine",
     proves="bf16 te.Linear and te.LayerNormLinear forward and backward match fp32 PyTorch",
 )
