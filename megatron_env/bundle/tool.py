@@ -54,17 +54,41 @@ def wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...
     _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
 
 
-def kernel_requirements(kernels: list, dest: Path, python: str, echo) -> list[Path]:
+def kernel_requirements(kernels: list, dest: Path, python: str, echo,
+                        constraints: Path | None = None) -> list[Path]:
     """What the kernels' Python packages import at run time (each recipe's `requires`), with
-    their dependencies, as wheels for the profile's Python: an adopted bare image gets them
-    offline from the bundle's wheels/ (only those the image lacks are installed)."""
+    their dependencies but torch and what torch itself brings (the environment the kernels
+    build for has it), as wheels for the profile's Python: an adopted bare image gets them
+    offline from the bundle's wheels/, and only those it lacks are installed. `constraints`:
+    the profile's lock (its versions win where it pins the same package)."""
     reqs = sorted({r for k in kernels for r in k.requires})
     if not reqs:
         return []
     echo(f"wheels: the kernels' run-time requirements ({', '.join(reqs)}) for Python {python}")
+    torch_own = {_name(x) for x in _resolve(["torch"], python, constraints)} | {"torch"}
+    pins = [x for x in _resolve(reqs, python, constraints) if _name(x) not in torch_own]
     dest.mkdir(parents=True, exist_ok=True)
-    _pip_download(reqs, dest, python, "the kernels' run-time requirements")
+    _pip_download(["--no-deps", *pins], dest, python, "the kernels' run-time requirements")
     return sorted(dest.glob("*.whl"))
+
+
+def _name(pin: str) -> str:
+    return _PIP_NAME.sub("-", re.split(r"[=<>!~; ]", pin, maxsplit=1)[0]).lower()
+
+
+def _resolve(reqs: list[str], python: str, constraints: Path | None) -> list[str]:
+    """`reqs` and their dependencies pinned for `python` on linux x86_64 (uv pip compile)."""
+    with tempfile.TemporaryDirectory(prefix="megatron-env-reqs-") as tmp:
+        (Path(tmp) / "reqs.in").write_text("\n".join(reqs) + "\n")
+        r = proc.run([uv.exe(), "pip", "compile", Path(tmp) / "reqs.in", "--python-version",
+                      python, "--python-platform", lock.PLATFORM, "--no-header",
+                      *(["--constraint", constraints] if constraints else []),
+                      "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
+    if not r.ok:
+        raise UserError(f"cannot resolve {', '.join(reqs)} for Python {python}: {r.tail(4)}",
+                        fix="check the package index (UV_INDEX_URL)",
+                        kind="bundle.requires-unresolvable")
+    return [ln.strip() for ln in r.stdout.splitlines() if ln.strip() and ln[0].isalnum()]
 
 
 def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> list[str]:
