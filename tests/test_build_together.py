@@ -209,3 +209,29 @@ def test_pool_width_from_cores_memory_and_cap():
     pk = [Package("a", "1", Source(), parallel_var="P"), pkg("b"), pkg("c")]
     assert together.clients(pk, 16) == {"a": 4, "b": 1, "c": 1}
     assert together.clients(pk, 2) == {"a": 1, "b": 1, "c": 1}
+
+
+def test_a_pooled_plan_hands_the_pool_to_every_compiler(tmp_path):
+    """plan() in the pool: the jobserver in MAKEFLAGS, the shim first on PATH, MAX_JOBS the
+    pool's width (a driver's -j is dropped anyway), nvcc joining the pool beside the recipe's
+    own flags; the cache key is the same as without the pool (how many jobs is no input)."""
+    from megatron_env import profile
+
+    pk = build.packages(profile.load("core_v0.19.0-cu130"))["flash-attn"]
+    facts = {"torch": "2.11.0+cu130", "cuda": "13.0", "tag": "cpython-312", "abi": True,
+             "platlib": None}
+    if not NVCC.exists():
+        pytest.skip("needs a CUDA 13 toolkit")
+    pool = {"MAKEFLAGS": "-j4 --jobserver-auth=fifo:/x", "PATH": f"/shim{os.pathsep}/bin",
+            "MEGATRON_ENV_POOL_SLOTS": "4", "MEGATRON_ENV_POOL_WHY": "one pool",
+            "MEGATRON_ENV_POOL_CLIENTS": "1", together.MARK: "m"}
+    py = Path(os.sys.executable)
+    pooled = build.plan(pk, py, ["9.0"], facts=facts, cache=tmp_path, pool=pool)
+    alone = build.plan(pk, py, ["9.0"], facts=facts, cache=tmp_path)
+    assert pooled.env["MAKEFLAGS"] == pool["MAKEFLAGS"] and pooled.env["MAX_JOBS"] == "4"
+    assert pooled.env["PATH"].startswith("/shim")
+    assert pooled.env["NVCC_APPEND_FLAGS"] == "--split-compile=8 --jobserver"
+    assert alone.env.get("NVCC_APPEND_FLAGS") == "--split-compile=8"
+    assert "MAKEFLAGS" not in alone.env or alone.env["MAKEFLAGS"] == os.environ.get("MAKEFLAGS")
+    assert pooled.key == alone.key
+    assert not any("MEGATRON_ENV_" in line for line in pooled.lines())

@@ -210,7 +210,7 @@ class Plan:
         flags = {k: v for k, v in self.env.items()
                  if k in shown or k not in os.environ or os.environ[k] != v}
         out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
-                                          if k not in ("PATH",)))
+                                          if k != "PATH" and not k.startswith("MEGATRON_ENV_")))
         if p.build_options:
             out.append("  options  --build-option=" + " ".join(p.build_options))
         out.append(f"  cache    {self.key}")

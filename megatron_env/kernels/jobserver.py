@@ -15,7 +15,8 @@ The rule of the protocol: every client holds one implicit slot without a token. 
 driver counts as `clients` (the number of ninja processes it runs at once); the pool holds
 `slots - clients of every running build` tokens, and a build that ends hands its implicit
 slots back as tokens. Drivers that pass `-j N` would leave the pool (ninja ignores the
-jobserver when -j is given: measured with ninja 1.13.0): a `ninja` shim first on PATH drops -j before the real ninja runs.
+jobserver when -j is given: measured with ninja 1.13.0): a `ninja` shim first on PATH drops
+-j before the real ninja runs.
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ exec {real} "$@"
 
 
 def shim(where: Path, path: str) -> Path:
-    """A directory holding the `ninja` shim (to put first on PATH), for the real ninja found on
-    `path`, which must be a jobserver client (>= 1.13)."""
-    real = proc.which("ninja", path=path)
+    """A directory holding the `ninja` shim (to put first on PATH), for the first ninja on
+    `path` that is a jobserver client (>= 1.13; an older one earlier on `path` is passed by)."""
+    found = [w for d in path.split(os.pathsep) if d and (w := proc.which("ninja", path=d))]
+    real = next((w for w in found if ninja_version(w) >= MIN_NINJA), found[0] if found else None)
     if not real or ninja_version(real) < MIN_NINJA:
         raise UserError(f"the kernels build from one pool of jobs, which needs ninja >= 1.13 "
                         f"(a jobserver client); found {real or 'no ninja'}"
