@@ -57,14 +57,22 @@ def project(root: Path, name: str, objects: int, depth: int = 150, broken: int |
 
 
 def ninja_builder(projects: dict[str, Path], started: list[str]):
-    """A kernel build of the same shape: ninja -j8 (the driver's own number) in the pool's
-    environment, the cache entry written only when it finished."""
+    """A kernel build of the same shape, with both kinds of driver seen on an H200 node:
+    - torch's cpp_extension: the real ninja first on PATH (`uv build` puts the environment's
+      bin/ before the shim) and `-j MAX_JOBS` only when MAX_JOBS is a number;
+    - a driver calling `ninja -j8` by name (its own number; the shim drops it).
+    The cache entry is written only when the build finished."""
 
     def builder(pkg, python, archs, *, echo, given, cache, child_env, pool):
         started.append(pkg.name)
-        env = {**os.environ, **pool}
-        r = proc.run(["ninja", "-j8", "-C", projects[pkg.name]], env=env, timeout=600,
-                     stream=True, on_line=lambda line: None)
+        env = {**os.environ, **pool, **jobserver.driver_env({})}
+        if pkg.name.startswith("t"):  # torch-like
+            env["PATH"] = f"{Path(NINJA).parent}{os.pathsep}{env['PATH']}"
+            jobs = env["MAX_JOBS"]
+            argv = [NINJA, *(["-j", jobs] if jobs.isdigit() else []), "-C", projects[pkg.name]]
+        else:
+            argv = ["ninja", "-j8", "-C", projects[pkg.name]]
+        r = proc.run(argv, env=env, timeout=600, stream=True, on_line=lambda line: None)
         if not r.ok:
             raise UserError(f"building {pkg.name} failed: {r.tail(3)}", kind="build.failed")
         slot = cache / "wheels" / f"{pkg.name}-key"
@@ -118,16 +126,17 @@ def pkg(name: str) -> Package:
 
 def test_two_builds_share_one_pool_of_two_jobs(tmp_path):
     cuda = NVCC.exists()
-    projects = {"alpha": project(tmp_path / "src", "alpha", 5, cuda=cuda),
-                "beta": project(tmp_path / "src", "beta", 5)}
+    projects = {"torchlike": project(tmp_path / "src", "torchlike", 5, cuda=cuda),
+                "by-name": project(tmp_path / "src", "by-name", 5)}
     started: list[str] = []
     with Jobs() as jobs:
-        outcomes = together.build_together([pkg("alpha"), pkg("beta")], Path(os.sys.executable),
+        outcomes = together.build_together([pkg("torchlike"), pkg("by-name")],
+                                           Path(os.sys.executable),
                                            ["9.0"], echo=lambda *a: None,
                                            cache=tmp_path / "cache", jobs=2,
                                            builder=ninja_builder(projects, started))
     assert [o.result is not None for o in outcomes] == [True, True]
-    assert sorted(started) == ["alpha", "beta"]
+    assert sorted(started) == ["by-name", "torchlike"]
     assert jobs.samples > 20
     assert jobs.peak == 2, f"{jobs.peak} compile jobs ran at once in a pool of 2"
     for name in projects:  # every object built
@@ -228,7 +237,10 @@ def test_a_pooled_plan_hands_the_pool_to_every_compiler(tmp_path):
     py = Path(os.sys.executable)
     pooled = build.plan(pk, py, ["9.0"], facts=facts, cache=tmp_path, pool=pool)
     alone = build.plan(pk, py, ["9.0"], facts=facts, cache=tmp_path)
-    assert pooled.env["MAKEFLAGS"] == pool["MAKEFLAGS"] and pooled.env["MAX_JOBS"] == "4"
+    assert pooled.env["MAKEFLAGS"] == pool["MAKEFLAGS"]
+    assert not pooled.env["MAX_JOBS"].isdigit()  # no -j from torch's cpp_extension
+    te = build.packages(profile.load("core_v0.19.0-cu130"))["transformer-engine"]
+    assert te.pool_env == {"NVTE_BUILD_MAX_JOBS": "0"}  # a bare `cmake --build --parallel`
     assert pooled.env["PATH"].startswith("/shim")
     assert pooled.env["NVCC_APPEND_FLAGS"] == "--split-compile=8 --jobserver"
     assert alone.env.get("NVCC_APPEND_FLAGS") == "--split-compile=8"

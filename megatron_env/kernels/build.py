@@ -26,7 +26,7 @@ from pathlib import Path
 from megatron_env import digest, mutex, output, proc, recipes
 from megatron_env.errors import UserError
 from megatron_env.host import resources
-from megatron_env.kernels import compiler, libstdcxx
+from megatron_env.kernels import compiler, jobserver, libstdcxx
 from megatron_env.kernels.jobs import Jobs, derive
 from megatron_env.kernels.toolkit import cuda_home, site_paths
 from megatron_env.profile import Profile
@@ -279,7 +279,8 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     if pool:  # one jobserver for every kernel: its width, not this build's own -j
         build_env.update(pool)
         jobs, why = int(pool["MEGATRON_ENV_POOL_SLOTS"]), pool["MEGATRON_ENV_POOL_WHY"]
-        build_env["MAX_JOBS"] = str(jobs)
+        build_env.pop("CMAKE_BUILD_PARALLEL_LEVEL", None)
+        build_env.update(jobserver.driver_env(pkg.pool_env))  # drivers pass ninja no -j
         if pkg.parallel_var:
             build_env[pkg.parallel_var] = pool["MEGATRON_ENV_POOL_CLIENTS"]
         if pkg.cuda:  # nvcc's per-arch processes (--threads) take tokens too

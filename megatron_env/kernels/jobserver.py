@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,17 @@ def size(cores: int, avail: int, source: str, gib_per_job: float,
         slots = min(slots, cap)
         why += f", capped at {cap}"
     return Size(slots, why)
+
+
+def driver_env(recipe_says: Mapping[str, str]) -> dict[str, str]:
+    """What a build driver is told so that it passes ninja no -j (ninja then joins the pool).
+
+    MAX_JOBS not a number: torch's cpp_extension passes `-j MAX_JOBS` only for digits, and a
+    setup.py that fills in an unset MAX_JOBS sees it set. Not the shim alone: `uv build` puts
+    the environment's bin/ (its real ninja) before the shim on PATH (an H200 run: CMake ran
+    `.venv/bin/ninja -j 16`, 43 compilers in a pool of 16). `recipe_says`: what else the
+    recipe's driver reads (Recipe.pool_env)."""
+    return {"MAX_JOBS": "jobserver", **recipe_says}
 
 
 def ninja_version(ninja: str) -> tuple[int, ...]:
