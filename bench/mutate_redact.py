@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Do the redaction's tests notice when megatron_env/redact.py is broken on purpose?
+"""Do the redaction's tests notice when megatron_env/redact/ is broken on purpose?
 
-Makes one mutant per small change of redact.py (an integer or quantifier off by one, a
-comparison or boolean operator swapped, a word dropped from a name set, one alternative dropped
-from a regex's `|` list, a character dropped from a short character class), loads each into
-the running `megatron_env.redact` module and runs the in-process tests against it (pytest, -x):
-tests/test_redact.py without its subprocess tests, and tests/test_redact_generated.py's text
+Makes one mutant per small change of a module of the package (an integer or quantifier off by
+one, a comparison or boolean operator swapped, a word dropped from a name set, one alternative
+dropped from a regex's `|` list, a character dropped from a short character class), loads each
+into its running module (`megatron_env.redact.shape` ...; the package's own names that modules
+import from each other are refreshed too) and runs the in-process tests against it (pytest,
+-x): tests/test_redact*.py without their subprocess and command tests, the generated text
 properties with MEGATRON_ENV_REDACT_EXAMPLES examples (default here 60). JSON out: killed,
-survived (with each survivor's change), score.
+survived (with each survivor's change), score, per module.
 
-    python bench/mutate_redact.py [--sample N]
+    python bench/mutate_redact.py [--sample N] [--module shape]
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "megatron_env" / "redact.py"
-TESTS = ["tests/test_redact.py", "tests/test_redact_generated.py", "-k",
+PACKAGE = ROOT / "megatron_env" / "redact"
+MODULES = ("names", "shape", "structure", "__init__")
+TESTS = ["tests/test_redact.py", "tests/test_redact_generated.py", "tests/test_redact_vendors.py",
+         "tests/test_redact_harmless.py", "-k",
          "not triage_prints and not mirror and not collect_writes and not command"]
 
 
@@ -75,53 +78,82 @@ def mutants(src: str):
                        "".join(lines[:i] + [mutated] + lines[i + 1:]))
 
 
+def _load(modname: str, source: str) -> None:
+    """`source` as the code of megatron_env.redact[.modname], then the names the other modules
+    took from it refreshed (a rule table built from a mutated function must use it)."""
+    import importlib
+
+    full = "megatron_env.redact" + ("" if modname == "__init__" else "." + modname)
+    mod = importlib.import_module(full)
+    exec(compile(source, str(PACKAGE / f"{modname}.py"), "exec"), mod.__dict__)
+    for other in MODULES:
+        if other != modname:
+            o = importlib.import_module("megatron_env.redact" + (
+                "" if other == "__init__" else "." + other))
+            for k, v in list(vars(o).items()):
+                if k in mod.__dict__ and getattr(v, "__module__", None) == full:
+                    setattr(o, k, mod.__dict__[k])
+    for m in MODULES:  # every memo emptied: a cached verdict of the last code is no verdict
+        o = importlib.import_module("megatron_env.redact" + ("" if m == "__init__" else "." + m))
+        for v in vars(o).values():
+            if hasattr(v, "cache_clear"):
+                v.cache_clear()
+
+
+def _pytest() -> int:
+    import pytest
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *TESTS]))
+        except Exception:
+            return 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sample", type=int, default=0, help="this many mutants, drawn at random")
     ap.add_argument("--seed", type=int, default=28)
+    ap.add_argument("--module", choices=MODULES, action="append")
     args = ap.parse_args()
     os.environ.setdefault("MEGATRON_ENV_REDACT_EXAMPLES", "60")
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
-    import pytest
-
-    from megatron_env import redact
-
-    src = SOURCE.read_text()
-    todo = list(mutants(src))
+    todo = []
+    sources = {m: (PACKAGE / f"{m}.py").read_text() for m in args.module or MODULES}
+    for m, src in sources.items():
+        todo += [(m, what, code) for what, code in mutants(src)]
     every = len(todo)
     if args.sample and args.sample < every:
         import random
 
         todo = random.Random(args.seed).sample(todo, args.sample)
-    killed, survived, invalid = 0, [], 0
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        baseline = pytest.main(["-x", "-q", "-p", "no:cacheprovider", *TESTS])
-    if baseline != 0:
-        print(json.dumps({"error": "the tests fail on redact.py as it is"}))
+    if _pytest() != 0:
+        print(json.dumps({"error": "the tests fail on the redaction as it is"}))
         return 1
-    for what, source in todo:
+    killed = dict.fromkeys(sources, 0)
+    survived: dict[str, list[str]] = {m: [] for m in sources}
+    invalid = 0
+    for m, what, source in todo:
         try:
-            code = compile(source, str(SOURCE), "exec")
-            exec(code, redact.__dict__)
+            _load(m, source)
         except Exception:
             invalid += 1
-            exec(compile(src, str(SOURCE), "exec"), redact.__dict__)
+            _load(m, sources[m])
             continue
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            try:
-                rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", *TESTS])
-            except Exception:
-                rc = 1
-        if rc == 0:
-            survived.append(what)
+        if _pytest() == 0:
+            survived[m].append(what)
         else:
-            killed += 1
-        exec(compile(src, str(SOURCE), "exec"), redact.__dict__)
-    total = killed + len(survived)
-    print(json.dumps({"generated": every, "mutants": total, "invalid": invalid, "killed": killed,
-                      "score": round(killed / total, 3) if total else None,
-                      "survived": survived}, indent=2))
+            killed[m] += 1
+        _load(m, sources[m])
+    total = sum(killed.values()) + sum(map(len, survived.values()))
+    print(json.dumps({"generated": every, "mutants": total, "invalid": invalid,
+                      "killed": sum(killed.values()),
+                      "score": round(sum(killed.values()) / total, 3) if total else None,
+                      "per_module": {m: {"killed": killed[m], "survived": len(survived[m])}
+                                     for m in sources},
+                      "survived": [f"{m} {w}" for m in sources for w in survived[m]]},
+                     indent=2))
     return 0
 
 

@@ -3,9 +3,11 @@
 
 The facts are tests/fixtures/job-logs/EXPECT.md's, written here as checks on the findings'
 text (`id status summary | evidence...`): `id:X` asks for a failing finding X, a plain string
-or `re:` pattern must appear, a `not:` one must not. The checks of the held-out logs were
-written from EXPECT.md before the tool was run on those logs; they are not to be changed to
-fit what it prints.
+or `re:` pattern must appear, a `not:` one must not; `clean` asks for no failing finding at all
+(a log of a run that ended normally: a triage that calls every log a failure misses it). The
+checks of the held-out logs were written from EXPECT.md before the tool was run on those logs;
+they are not to be changed to fit what it prints. NOT_YET_MEASURED names the held-out logs
+whose one measurement has not been taken yet: the tests leave them alone until then.
 
     python bench/triage_corpus.py --split heldout     # per-log hits and misses, then a score
 """
@@ -21,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from megatron_env.diagnose import jobs  # noqa: E402
+from megatron_env.findings import exit_code  # noqa: E402
 
 LOGS = ROOT / "tests" / "fixtures" / "job-logs"
 FAIL = r"re:(?m)^\S+ fail "  # a failing finding whose line then matches
@@ -172,6 +175,240 @@ TUNE = {
         "id:job.ray_worker", "1530113", "10.109.18.239"],
     "ray-node-marked-dead-heartbeats-ray45179.log": [
         FAIL + r".*(?i:dead|heartbeat|raylet)", "10.0.0.51"],
+    'disk-no-space-torch-save-metaflow-prefix-dolly139.log': [
+        "id:job.disk",
+        "No space left on device",
+        "not:job.unknown",
+    ],
+    'disk-no-space-safetensors-title-llamafactory5155.log': [
+        "id:job.disk",
+        "re:No space left on device|StorageFull",
+    ],
+    'stale-file-handle-log-write-taiyaki66.log': [
+        "id:job.disk",
+        "re:(?i)stale file handle",
+    ],
+    'stale-file-handle-rank-prefix-msswift6695.log': [
+        "id:job.disk",
+        "rank 1",
+        "re:(?i)stale file handle",
+    ],
+    'oom-killer-dmesg-terminal-wrapped-tranx41.log': [
+        "id:job.oom_killer",
+        "25315",
+        "not:job.cuda_oom",
+    ],
+    'oom-killer-dmesg-T-sacrifice-child-eris42.log': [
+        "id:job.oom_killer",
+        "89746",
+    ],
+    'dataloader-killed-python27-dcpdn12.log': [
+        "id:job.data",
+        "19597",
+    ],
+    'dataloader-segfault-one-line-db94.log': [
+        "id:job.data",
+        "25902",
+        "re:(?i)segmentation fault|SIGSEGV",
+        "not:job.oom_killer",
+    ],
+    'slurm-step-time-limit-srun-task-ranges-desitarget628.log': [
+        "id:job.scheduler",
+        "re:(?i)time limit",
+        "32233190",
+        "not:rank 8",
+    ],
+    'slurm-job-time-limit-after-progress-canu1052.log': [
+        "id:job.scheduler",
+        "3884617",
+        "node023",
+    ],
+    'slurm-job-time-limit-after-shell-trace-nextdenovo114.log': [
+        "id:job.scheduler",
+        "867816",
+        "c0700a-s1",
+    ],
+    'killed-bare-after-progress-bar-hedwig70.log': [
+        "id:job.signal",
+        "not:clean",
+    ],
+    'k8s-exit-137-kubectl-exec-jupyter736.log': [
+        "id:job.signal",
+        "137",
+        "jupyternotebook-xyd-847ff4564c-gqvn6",
+    ],
+    'killed-bash-job-control-line-argo8981.log': [
+        "id:job.signal",
+        "not:exit code 93",
+        "not:rank 93",
+    ],
+    'k8s-eviction-node-low-memory-kubeflow1261.log': [
+        "re:(?m)^job\\.(scheduler|oom_killer) fail ",
+        "re:(?i)low on resource: memory|evict",
+    ],
+    'port-in-use-eaddrinuse-code98-msswift3988.log': [
+        "id:job.rendezvous",
+        "29500",
+        "EADDRINUSE",
+    ],
+    'port-in-use-eaddrinuse-second-run-vlmr1-289.log': [
+        "id:job.rendezvous",
+        "29500",
+    ],
+    'heartbeat-keepalive-timer-thread-exception-pytorch62029.log': [
+        "id:job.rendezvous",
+        "re:(?i)keep.?alive",
+    ],
+    'store-get-unique-id-socket-timeout-title-nccl845.log': [
+        "id:job.rendezvous",
+        "rank 3",
+        "not:rank 1 ",
+    ],
+    'store-get-unique-id-backtrace-test-plan-pytorch68597.log': [
+        "id:job.rendezvous",
+        "rank 3",
+        "not:rank 4",
+    ],
+    'store-recvvalue-reset-rank-prefix-k8s-sglang20859.log': [
+        "id:job.rendezvous",
+        "sglang-0.default.pod.transwarp.local",
+        "20000",
+        "re:ranks? [^|\\n]*8",
+    ],
+    'store-connection-reset-init-sequence-number-pytorch74146.log': [
+        "id:job.rendezvous",
+        "192.168.1.2",
+        "re:(?i)connection reset",
+    ],
+    'numerics-grad-norm-nan-megatron-iterations-megatrondeepspeed396.log': [
+        "id:job.numerics",
+        "re:(?i)grad norm: nan|nan",
+        "5426",
+    ],
+    'numerics-overflow-scale-falling-progress-llamaalpaca534.log': [
+        "id:job.numerics",
+        "re:(?i)loss scale|overflow",
+    ],
+    'numerics-loss-scale-stuck-at-1-zero2-transformers14531.log': [
+        "id:job.numerics",
+        "re:(?i)loss scale",
+    ],
+    'numerics-anomaly-solvebackward-nan-pytorch37712.log': [
+        "id:job.numerics",
+        "SolveBackward",
+    ],
+    'framework-deepspeed-batch-assert-rich-box-starcoder77.log': [
+        "re:(?m)^job\\.\\w+ fail .*(?i:batch|assert)",
+        "64",
+    ],
+    'data-unidentified-image-worker-0-translatingmaps27.log': [
+        "id:job.data",
+        "re:(?i)cannot identify image",
+    ],
+    'mpirun-exited-on-signal-9-dashes-relion112.log': [
+        "id:job.signal",
+        "rank 4",
+    ],
+    'mpiexec-signal-6-aborted-total-killed-adda151.log': [
+        "id:job.signal",
+        "rank 0",
+        "proton",
+        "re:SIGABRT|signal 6|Aborted",
+    ],
+    'mpirun-primary-job-rank1-signal-9-redacted-awareofhistory2.log': [
+        "id:job.signal",
+        "rank 1",
+        "not:clean",
+    ],
+    'hw-ib-async-event-port-error-nccl905.log': [
+        "id:job.hardware",
+        "re:(?i)port error",
+    ],
+    'stop-megatron-nccl-init-info-then-nothing-nccl997.log': [
+        "id:job.stopped",
+        "not:job.nccl_error",
+    ],
+    'stop-fsdp-fingerprint-then-nccl-init-hang-nccl1160.log': [
+        "id:job.stopped",
+        "g3-xlarge-x86-dal-1",
+    ],
+    'clean-torchelastic-succeeded-events-yolov5-5160.log': [
+        "clean",
+        "not:job.stopped",
+    ],
+    'clean-ray-commandactor-worker-group-finished-torchx492.log': [
+        "clean",
+        "not:job.stopped",
+    ],
+    'user-code-nameerror-deepspeed-launcher-rc0-deepspeed618.log': [
+        "not:clean",
+        "NameError",
+        "not:job.unknown",
+    ],
+    'accelerate-calledprocesserror-exit-1-macos-sdscripts1354.log': [
+        "not:clean",
+        "re:exit (status|code):? 1",
+        "not:job.unknown",
+    ],
+    'ray-raylet-workers-killed-memory-pressure-wrapped-wmpo3.log': [
+        "id:job.oom_killer",
+        "172.24.0.226",
+    ],
+    'srun-task-0-killed-force-terminated-arjuna48.log': [
+        "id:job.signal",
+        "c002",
+        "not:rank 0",
+    ],
+    'lightning-slurm-time-limit-sigterm-bypassed-lightning20542.log': [
+        "first:job.scheduler",
+        "55595933",
+        "maestro-3017",
+    ],
+    'k8s-get-pods-crashloopbackoff-katib1112.log': [
+        "not:clean",
+        "re:(?i)CrashLoopBackOff",
+    ],
+    'sigill-illegal-instruction-after-pretrained-load-hrnet150.log': [
+        "not:clean",
+        "re:(?i)illegal instruction|SIGILL",
+    ],
+    'torchrun-table-sigabrt-odd-ranks-ec2-vlmevalkit1131.log': [
+        "id:job.signal",
+        "SIGABRT",
+        "re:ranks? [^|\\n]*1[^|\\n]*3[^|\\n]*5[^|\\n]*7",
+        "ip-172-31-21-134.ec2.internal",
+    ],
+    'torchrun-python-logging-exitcode-6-colossalai1400.log': [
+        "id:job.signal",
+        "local rank 0",
+        "SIGABRT",
+        "not:job.cuda_oom",
+    ],
+    'deepspeed-launcher-kills-four-local-rank-3-cut-llamafactory2061.log': [
+        "not:clean",
+        "local rank 3",
+        "not:job.unknown",
+    ],
+    'data-tokenizer-textencodeinput-title-happytransformer323.log': [
+        "not:clean",
+        "TextEncodeInput",
+    ],
+    'hw-nvlink-uncorrectable-terminate-two-whats-pytorch58155.log': [
+        "id:job.hardware",
+        "re:(?i)NVLink",
+    ],
+    'stop-waveglow-slurm-64gpu-nvlog-epoch-434-waveglow160.log': [
+        "id:job.stopped",
+        "re:434",
+    ],
+    'k8s-describe-last-state-oomkilled-137-gimlet649.log': [
+        "id:job.oom_killer",
+        "OOMKilled",
+    ],
+    'k8s-describe-oomkilled-exit-code-0-kubernetes131530.log': [
+        "id:job.oom_killer",
+        "not:clean",
+    ],
 }
 
 # written from EXPECT.md before the tool was run on these logs
@@ -301,8 +538,292 @@ HELDOUT = {
         FAIL + r".*(?i:1277|1275|mismatch|desync)", "rank 0"],
     "sigsegv-deepspeed-launcher-rc11-glued-deepspeedexamples626.log": [
         FAIL + r".*(?i:sigsegv|-11|segmentation)"],
+    'disk-quota-exceeded-triton-cache-eagle121.log': [
+        "id:job.disk",
+        "re:(?i)quota",
+    ],
+    'disk-quota-exceeded-two-tracebacks-hostg7.log': [
+        "id:job.disk",
+        "out/intermediate.ntw",
+    ],
+    'oom-killer-dmesg-then-other-oom-qaconv19.log': [
+        "id:job.oom_killer",
+        "698405",
+    ],
+    'dataloader-killed-chained-traceback-pytorch8976.log': [
+        "id:job.data",
+        "1817",
+    ],
+    'numerics-loss-scale-minimum-one-line-firefly68.log': [
+        "id:job.numerics",
+        "re:(?i)loss scale",
+    ],
+    'killed-bare-after-iterations-fastmaskrcnn172.log': [
+        "id:job.signal",
+        "re:(?i)SIGKILL|killed",
+        "not:clean",
+    ],
+    'gpu-pcie-aer-nvidia-smi-unknown-error-returnn1486.log': [
+        "id:job.hardware",
+        "0000:03:00.0",
+        "cn-234",
+    ],
+    'rendezvous-host-not-found-tcpstore-examples540.log': [
+        "id:job.rendezvous",
+        "re:(?i)name or service not known|host not found",
+    ],
+    'rendezvous-gai-temporary-failure-name-resolution-grendelgs9.log': [
+        "id:job.rendezvous",
+        "53821",
+        "re:(?i)name resolution",
+    ],
+    'rendezvous-gloo-unable-to-find-address-pipedream32.log': [
+        "id:job.rendezvous",
+        "dgx-1.ai",
+    ],
+    'mpirun-ssh-could-not-resolve-orte-torchpack24.log': [
+        "id:job.rendezvous",
+        "localhost:3",
+    ],
+    'port-in-use-errno98-one-line-tuneavideo90.log': [
+        "id:job.rendezvous",
+        "29500",
+        "re:(?i)address already in use|EADDRINUSE",
+    ],
+    'heartbeat-keep-alive-failed-python-logging-colossalai2748.log': [
+        "id:job.rendezvous",
+        "colossalai-default-job",
+        "re:(?i)heartbeat|keep-alive",
+    ],
+    'heartbeat-keep-alive-sigterm-quoted-pytorch67742.log': [
+        "id:job.rendezvous",
+        "docker.b_3427_0",
+        "first:job.rendezvous",
+    ],
+    'numerics-mulbackward-nan-reversed-frames-pointnerf91.log': [
+        "id:job.numerics",
+        "MulBackward0",
+    ],
+    'framework-megatron-assert-vocab-divisible-paimegatron103.log': [
+        "re:(?m)^job\\.\\w+ fail .*(?i:assert|divisible)",
+        "151851",
+        "not:job.unknown",
+    ],
+    'framework-deepspeed-batch-assert-rank-prefix-deepspeed6914.log': [
+        "re:(?m)^job\\.\\w+ fail .*(?i:batch|assert)",
+        "rank 0",
+        "8 != 2 * 1 * 1",
+    ],
+    'data-caught-oserror-worker-mpirun-timestamp-deit76.log': [
+        "id:job.data",
+        "rank 0",
+        "not:rank 3",
+    ],
+    'mpirun-exited-on-signal-9-echo-137-ompi2661.log': [
+        "id:job.signal",
+        "rank 0",
+        "host01",
+        "re:SIGKILL|signal 9",
+    ],
+    'mpich-bad-termination-exit-code-9-hydra-cbiocluster256.log': [
+        "id:job.signal",
+        "re:(?i)exit code:? 9|SIGKILL",
+        "cpu-6-2.local",
+    ],
+    'hw-fallen-off-bus-multiline-no-xid-nvsentinel155.log': [
+        "id:job.hardware",
+        "0000:b3:00.0",
+        "re:(?i)fallen off the bus",
+    ],
+    'hw-ecc-two-lines-alpacalora123.log': [
+        "id:job.hardware",
+        "re:(?i)uncorrectable ECC",
+    ],
+    'hw-ecc-cuda-runtime-error-39-host-allocator-semseg33.log': [
+        "id:job.hardware",
+        "re:(?i)uncorrectable ECC",
+    ],
+    'hw-ecc-rich-box-accelerate-sigterm-accelerate1192.log': [
+        "first:job.hardware",
+        "re:(?i)uncorrectable ECC",
+    ],
+    'hw-ecc-node-dgk713-jade194.log': [
+        "id:job.hardware",
+    ],
+    'hw-rdma-link-down-polling-rccl1423.log': [
+        "id:job.hardware",
+        "mlx5_7",
+    ],
+    'hw-ibv-open-device-failed-pod-imagereward65.log': [
+        "re:(?m)^\\S+ fail .*(?i:ibv_open_device|Unable to open device)",
+        "65826-86bd789679-2dxbs",
+        "not:rank 3",
+    ],
+    'stop-slurm-gcp-nccl-socket-channels-nccl447.log': [
+        "id:job.stopped",
+        "slurm-train-compute-0-0",
+    ],
+    'stop-grpo-multinode-interleaved-service-thread-msswift3934.log': [
+        "id:job.stopped",
+        "g183",
+    ],
+    'clean-lightning-max-epochs-reached-lightning14428.log': [
+        "clean",
+        "not:job.stopped",
+        "not:job.unrecognised",
+    ],
+    'accelerate-calledprocesserror-windows-access-violation-kohyass2556.log': [
+        "not:clean",
+        "3221225477",
+        "not:job.unknown",
+    ],
+    'ray-oom-task-killed-traceback-flingbot11.log': [
+        "id:job.oom_killer",
+        "192.168.0.107",
+        "4331",
+        "not:job.cuda_oom",
+    ],
+    'ray-oom-release-test-blank-lines-ray28776.log': [
+        "id:job.oom_killer",
+        "172.31.69.247",
+    ],
+    'slurm-cgroup-oom-kill-events-batch-pybnf118.log': [
+        "id:job.oom_killer",
+        "3756240",
+    ],
+    'srun-job-credential-expired-trixie58.log': [
+        "not:clean",
+        "cn131",
+        "not:job.unknown",
+    ],
+    'srun-timed-out-waiting-for-step-glued-prompt-pyscenic456.log': [
+        "not:clean",
+        "re:(?i)job step aborted|timed out waiting",
+    ],
+    'k8s-operator-error-pod-exitcode-1-kubeflowtrainer2008.log': [
+        "not:clean",
+        "pytorch-simple-worker-0",
+    ],
+    'sigfpe-zsh-floating-point-exception-pytorch44547.log': [
+        "not:clean",
+        "re:(?i)floating point exception|SIGFPE",
+        "not:rank 20121",
+    ],
+    'comm-nccl-socket-reset-k8s-timestamps-nccl1920.log': [
+        "re:(?m)^\\S+ fail .*(?i:connection reset|socket)",
+        "10.44.137.149",
+        "gpu-server320",
+    ],
+    'comm-watchdog-quoted-reduce-scatter-four-ranks-nccl1111.log': [
+        "id:job.timeout",
+        "_REDUCE_SCATTER_BASE",
+        "SeqNum 1559",
+        "re:ranks? [^|\\n]*64",
+    ],
+    'torchrun-table-sigabrt-ranks-1-2-root-0-mmseg3106.log': [
+        "id:job.signal",
+        "rank 0",
+        "SIGABRT",
+        "neptun.informatik.uni-kl.de",
+    ],
+    'user-code-keyerror-two-ranks-interleaved-doctamper87.log': [
+        "not:clean",
+        "KeyError",
+        "local rank 0",
+        "not:job.unknown",
+    ],
+    'user-code-keyerror-rank-env-animatediff306.log': [
+        "not:clean",
+        "re:KeyError: .RANK.",
+        "not:job.rendezvous",
+    ],
+    'deepspeed-launcher-after-see-memory-usage-cut-deepspeed3160.log': [
+        "not:clean",
+        "local rank 0",
+        "not:job.cuda_oom",
+    ],
+    'clean-training-finished-costs-seconds-deepsignal41.log': [
+        "clean",
+        "not:job.stopped",
+    ],
+    'clean-lightning-rich-bar-max-epochs-title-anomalib2141.log': [
+        "clean",
+        "not:job.stopped",
+    ],
+    'k8s-describe-last-state-exit-137-reason-error-fontbakery100.log': [
+        "id:job.signal",
+        "137",
+    ],
+    'scheduler-preempt-requested-terminate-exit-zero-determined4114.log': [
+        "not:job.signal",
+        "not:job.oom_killer",
+        "not:job.unknown",
+    ],
+    'deepspeed-launcher-rc-minus-9-local-rank-1-one-line-chatglmft67.log': [
+        "id:job.signal",
+        "local rank 1",
+        "SIGKILL",
+    ],
+    'sigterm-fatal-signal-handler-then-exit-success-dd4hep1468.log': [
+        "not:clean",
+        "SIGTERM",
+    ],
 }
 SPLITS = {"tune": TUNE, "heldout": HELDOUT}
+
+# held-out logs of the third batch (issue 35), not triaged until their one measurement
+NOT_YET_MEASURED = {
+    'sigterm-fatal-signal-handler-then-exit-success-dd4hep1468.log',
+    'deepspeed-launcher-rc-minus-9-local-rank-1-one-line-chatglmft67.log',
+    'scheduler-preempt-requested-terminate-exit-zero-determined4114.log',
+    'k8s-describe-last-state-exit-137-reason-error-fontbakery100.log',
+    'clean-lightning-rich-bar-max-epochs-title-anomalib2141.log',
+    'clean-training-finished-costs-seconds-deepsignal41.log',
+    'deepspeed-launcher-after-see-memory-usage-cut-deepspeed3160.log',
+    'user-code-keyerror-rank-env-animatediff306.log',
+    'user-code-keyerror-two-ranks-interleaved-doctamper87.log',
+    'torchrun-table-sigabrt-ranks-1-2-root-0-mmseg3106.log',
+    'comm-watchdog-quoted-reduce-scatter-four-ranks-nccl1111.log',
+    'comm-nccl-socket-reset-k8s-timestamps-nccl1920.log',
+    'sigfpe-zsh-floating-point-exception-pytorch44547.log',
+    'k8s-operator-error-pod-exitcode-1-kubeflowtrainer2008.log',
+    'srun-timed-out-waiting-for-step-glued-prompt-pyscenic456.log',
+    'srun-job-credential-expired-trixie58.log',
+    'slurm-cgroup-oom-kill-events-batch-pybnf118.log',
+    'ray-oom-release-test-blank-lines-ray28776.log',
+    'ray-oom-task-killed-traceback-flingbot11.log',
+    'accelerate-calledprocesserror-windows-access-violation-kohyass2556.log',
+    'clean-lightning-max-epochs-reached-lightning14428.log',
+    'stop-grpo-multinode-interleaved-service-thread-msswift3934.log',
+    'stop-slurm-gcp-nccl-socket-channels-nccl447.log',
+    'hw-ibv-open-device-failed-pod-imagereward65.log',
+    'hw-rdma-link-down-polling-rccl1423.log',
+    'hw-ecc-node-dgk713-jade194.log',
+    'hw-ecc-rich-box-accelerate-sigterm-accelerate1192.log',
+    'hw-ecc-cuda-runtime-error-39-host-allocator-semseg33.log',
+    'hw-ecc-two-lines-alpacalora123.log',
+    'hw-fallen-off-bus-multiline-no-xid-nvsentinel155.log',
+    'mpich-bad-termination-exit-code-9-hydra-cbiocluster256.log',
+    'mpirun-exited-on-signal-9-echo-137-ompi2661.log',
+    'data-caught-oserror-worker-mpirun-timestamp-deit76.log',
+    'framework-deepspeed-batch-assert-rank-prefix-deepspeed6914.log',
+    'framework-megatron-assert-vocab-divisible-paimegatron103.log',
+    'numerics-mulbackward-nan-reversed-frames-pointnerf91.log',
+    'heartbeat-keep-alive-sigterm-quoted-pytorch67742.log',
+    'heartbeat-keep-alive-failed-python-logging-colossalai2748.log',
+    'port-in-use-errno98-one-line-tuneavideo90.log',
+    'mpirun-ssh-could-not-resolve-orte-torchpack24.log',
+    'rendezvous-gloo-unable-to-find-address-pipedream32.log',
+    'rendezvous-gai-temporary-failure-name-resolution-grendelgs9.log',
+    'rendezvous-host-not-found-tcpstore-examples540.log',
+    'gpu-pcie-aer-nvidia-smi-unknown-error-returnn1486.log',
+    'killed-bare-after-iterations-fastmaskrcnn172.log',
+    'numerics-loss-scale-minimum-one-line-firefly68.log',
+    'dataloader-killed-chained-traceback-pytorch8976.log',
+    'oom-killer-dmesg-then-other-oom-qaconv19.log',
+    'disk-quota-exceeded-two-tracebacks-hostg7.log',
+    'disk-quota-exceeded-triton-cache-eagle121.log',
+}
 
 
 def blob(findings) -> str:
@@ -311,6 +832,8 @@ def blob(findings) -> str:
 
 
 def holds(check: str, findings, text: str) -> bool:
+    if check == "clean":
+        return not any(f.status == "fail" for f in findings)
     if check.startswith("not:"):
         return not holds(check[4:], findings, text)
     if check.startswith("id:"):
@@ -322,9 +845,11 @@ def holds(check: str, findings, text: str) -> bool:
     return check in text
 
 
-def score(split: str, verbose: bool = True) -> tuple[int, int, int, int]:
-    """(checks hit, checks, logs with every check hit, logs)."""
+def score(split: str, verbose: bool = True) -> tuple[int, int, int, int, list[str]]:
+    """(checks hit, checks, logs with every check hit, logs, the failed logs that exit 0: a log
+    whose checks do not ask for a clean end, triaged with no failing finding)."""
     hit = total = whole = 0
+    passed_failures = []
     cases = SPLITS[split]
     for name, checks in cases.items():
         findings, _, _ = jobs.run([LOGS / name])
@@ -333,12 +858,14 @@ def score(split: str, verbose: bool = True) -> tuple[int, int, int, int]:
         hit += len(checks) - len(missed)
         total += len(checks)
         whole += not missed
+        if "clean" not in checks and exit_code(findings) == 0:
+            passed_failures.append(name)
         if verbose:
             print(f"{'hit ' if not missed else 'MISS'} {len(checks) - len(missed)}/{len(checks)} "
                   f"{name}" + "".join(f"\n       missed: {c}" for c in missed))
             if missed:
                 print("       got: " + text.replace("\n", "\n            ")[:1500])
-    return hit, total, whole, len(cases)
+    return hit, total, whole, len(cases), passed_failures
 
 
 def main() -> None:
@@ -346,9 +873,10 @@ def main() -> None:
     ap.add_argument("--split", choices=sorted(SPLITS), default="tune")
     ap.add_argument("-q", "--quiet", action="store_true", help="the score line only")
     a = ap.parse_args()
-    hit, total, whole, logs = score(a.split, not a.quiet)
+    hit, total, whole, logs, passed = score(a.split, not a.quiet)
     print(f"{a.split}: {hit}/{total} checks ({100 * hit / total:.0f}%), {whole}/{logs} logs "
-          f"with every check")
+          f"with every check, {len(passed)} failed log(s) exit 0"
+          + "".join(f"\n  exits 0: {n}" for n in passed))
 
 
 if __name__ == "__main__":

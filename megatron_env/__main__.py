@@ -1,5 +1,5 @@
 """`python -m megatron_env`: the same front door as the `megatron-env` command."""
 
-from megatron_env.main import main
+from megatron_env.commands.main import main
 
 raise SystemExit(main())

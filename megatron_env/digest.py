@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -60,3 +61,31 @@ def of_files(paths: Iterable[Path]) -> str:
 def hexpart(d: str, n: int) -> str:
     """The first n hex digits of a digest, for names (cache slots, mirror directories)."""
     return d.removeprefix("sha256:")[:n]
+
+
+def of_tree(root: Path, leave_out: Iterable[str] = ()) -> str:
+    """A source tree's content: every path under `root` (sorted), its kind, executable bit and
+    bytes (a link by its target), without `.git` (a checkout's own bookkeeping, rewritten by
+    any `git status`) and the top-level names in `leave_out` (the marker that holds this).
+    A file edited, added, removed or made executable changes it."""
+    h = hashlib.sha256()
+    skip = set(leave_out)
+    for d, dirs, names in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x != ".git")
+        rel = os.path.relpath(d, root)
+        for n in sorted(names):
+            if rel == "." and n in skip:
+                continue
+            p = os.path.join(d, n)
+            key = os.path.normpath(os.path.join(rel, n))
+            if os.path.islink(p):
+                h.update(f"l {key}\0{os.readlink(p)}\0".encode())
+                continue
+            x = "x" if os.access(p, os.X_OK) else "f"
+            h.update(f"{x} {key}\0{file_hex(p)}\0".encode())
+        for x in dirs:
+            if os.path.islink(os.path.join(d, x)):
+                h.update(f"l {os.path.normpath(os.path.join(rel, x))}\0"
+                         f"{os.readlink(os.path.join(d, x))}\0".encode())
+        dirs[:] = [x for x in dirs if not os.path.islink(os.path.join(d, x))]
+    return "sha256:" + h.hexdigest()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from megatron_env import output
 from megatron_env.errors import UserError
@@ -50,7 +51,7 @@ class Finding:
         return cls(d["id"], d["status"], d["summary"], list(evidence), d.get("fix") or "",
                    d.get("kind") or "")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON shape scripts/ share (id, status, summary, evidence, fix), plus `kind` where
         a finding has one."""
         d = asdict(self)
@@ -81,7 +82,7 @@ def summary_line(findings: list[Finding]) -> str:
 
 def rows(findings: list[Finding]) -> list[tuple[str, str, str]]:
     """(id, status, summary) worst first; a failed or warned check's fix follows as `hint:`."""
-    out = []
+    out: list[tuple[str, str, str]] = []
     for f in sorted(findings, key=lambda f: ORDER[f.status]):
         text = f.summary + (f"\nhint: {f.fix}" if f.fix and f.status in ("fail", "warn") else "")
         out.append((f.id, f.status, text))
@@ -105,9 +106,20 @@ def emit_json(findings: list[Finding], **extra: Any) -> None:
     output.block(to_json(findings, **extra) + "\n")
 
 
-def print_fleet(nodes, exclude: list[str]) -> None:
+class Node(Protocol):
+    """What the fleet table reads of a node's result (fleet.analysis.NodeResult)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def findings(self) -> list[Finding]: ...
+
+
+def print_fleet(nodes: Iterable[Node], exclude: list[str]) -> None:
     """One row per node (fleet.NodeResult) with its worst findings, then the --exclude line."""
-    rows = []
+    rows: list[tuple[str, str, str]] = []
     for n in nodes:
         worst = [f for f in n.findings if f.status == n.status][:3]
         text = "\n".join(f"{f.id}: {f.summary.split(': ', 1)[-1]}" for f in worst)

@@ -17,7 +17,7 @@ from megatron_env import output
 
 
 @contextmanager
-def exclusive(path: Path, waiting: str, echo=output.status) -> Iterator[None]:
+def exclusive(path: Path, waiting: str, echo: output.Echo = output.status) -> Iterator[None]:
     """Hold the lock file `path`; when another process holds it, echo `waiting`, then wait."""
     lock = FileLock(str(path))
     try:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from megatron_env import redact
+
+#: Where a function says what it is doing: `status` (stderr), or a caller's collector.
+Echo = Callable[[str], object]
 
 _ANSI = {"green": "32", "yellow": "33", "red": "1;31", "cyan": "36", "dim": "2", "bold": "1"}
 # The words that carry a meaning, and the colour that says it.

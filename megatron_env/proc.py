@@ -12,7 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +60,7 @@ def run(
     input: str | None = None,
     log: Path | None = None,
     stream: bool = False,
-    on_line=None,
+    on_line: Callable[[str], object] | None = None,
     stdin_file: Path | None = None,
 ) -> Result:
     """Run `argv`; never raises for a missing program, a failure or a timeout.
@@ -125,7 +125,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _run_streaming(args, cwd, env, timeout, log, on_line=None) -> Result:
+def _run_streaming(args: tuple[str, ...], cwd: str | Path | None, env: Mapping[str, str] | None,
+                   timeout: float | None, log: Path | None,
+                   on_line: Callable[[str], object] | None = None) -> Result:
     lines: list[str] = []
     scrub = redact.Lines()  # one per stream: a PEM block's lines are masked until its END
     fh = log.open("w") if log is not None else None

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from packaging.version import InvalidVersion, Version
 
-from megatron_env import REPO_ROOT, recipes
+from megatron_env import project, recipes
 from megatron_env.errors import UserError
 from megatron_env.recipes.recipe import Recipe
 
@@ -27,7 +27,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-ENVS_DIR = REPO_ROOT / "envs"
 # The files `invoke lock` generates beside a profile.toml (megatron_env.pyenv.lock writes them).
 LOCK_FILE = "requirements.lock"
 ENV_FILE = "environment.yml"
@@ -307,15 +306,23 @@ def is_path(value: str) -> bool:
     return "/" in value and value.endswith(".toml")
 
 
-def names(envs_dir: Path = ENVS_DIR) -> list[str]:
+def envs_root() -> Path:
+    """The project's envs/ (read when asked, never at import: a `--project` given to a front
+    door after this module was imported still counts)."""
+    return project.root() / "envs"
+
+
+def names(envs_dir: Path | None = None) -> list[str]:
+    envs_dir = envs_dir or envs_root()
     if not envs_dir.is_dir():
         return []
     return sorted(p.parent.name for p in envs_dir.glob(f"*/{PROFILE_FILE}"))
 
 
-def load(name: str | None = None, envs_dir: Path = ENVS_DIR) -> Profile:
+def load(name: str | None = None, envs_dir: Path | None = None) -> Profile:
     """Load a profile by name (or the default one), or from a file when `name` says it is one
     (`is_path`: contains '/' and ends with .toml)."""
+    envs_dir = envs_dir or envs_root()
     if name and is_path(name):
         return load_file(Path(name))
     if name and ("/" in name or name.endswith(".toml") or name.startswith("-")):
@@ -337,8 +344,9 @@ def load(name: str | None = None, envs_dir: Path = ENVS_DIR) -> Profile:
     return load_file(envs_dir / name / PROFILE_FILE)
 
 
-def check_default(items: list[Profile], envs_dir: Path = ENVS_DIR) -> None:
+def check_default(items: list[Profile], envs_dir: Path | None = None) -> None:
     """Exactly one profile may say default = true (commands without --profile use it)."""
+    envs_dir = envs_dir or envs_root()
     defaults = [p.name for p in items if p.is_default]
     if items and len(defaults) != 1:
         raise UserError(
@@ -349,5 +357,6 @@ def check_default(items: list[Profile], envs_dir: Path = ENVS_DIR) -> None:
         )
 
 
-def load_all(envs_dir: Path = ENVS_DIR) -> list[Profile]:
+def load_all(envs_dir: Path | None = None) -> list[Profile]:
+    envs_dir = envs_dir or envs_root()
     return [load_file(envs_dir / n / PROFILE_FILE) for n in names(envs_dir)]

@@ -10,6 +10,7 @@ directory instead (`state_root`)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 ENV = "MEGATRON_ENV_PROJECT"
@@ -26,7 +27,7 @@ def is_project(path: Path) -> bool:
     return path.is_dir() and any((path / "envs").glob("*/profile.toml"))
 
 
-def choose(path: str | os.PathLike | None) -> None:
+def choose(path: str | os.PathLike[str] | None) -> None:
     """The front door's `--project`: must be called before the root is first read."""
     global _chosen
     if path is not None:
@@ -40,13 +41,14 @@ def _enclosing(start: Path) -> Path | None:
     return None
 
 
-def resolve(chosen: Path | None = None, environ: dict | None = None,
+def resolve(chosen: Path | None = None, environ: Mapping[str, str] | None = None,
             cwd: Path | None = None) -> tuple[Path, str]:
     """-> (root, how): how is `given`, `checkout`, `package checkout` or `shipped`. Pure given
     its arguments; a named directory that holds no profile is refused."""
     from megatron_env.errors import UserError
 
-    environ = os.environ if environ is None else environ
+    if environ is None:
+        environ = os.environ
     named = chosen or (Path(environ[ENV]).expanduser().absolute() if environ.get(ENV) else None)
     if named is not None:
         if not is_project(named):

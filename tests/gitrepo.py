@@ -31,3 +31,19 @@ def with_submodule(tmp: Path) -> tuple[Path, str, Path, str]:
     git("commit", "-qam", "two", cwd=headers)  # the submodule moved on; the pin did not
     top = repo_with(tmp / "top", {"setup.py": ""})
     return tmp / "top", top, headers, first
+
+
+def project_files(root: Path, untracked: bool = True) -> list[str]:
+    """The files of the checkout at `root` as git sees them (tracked, and with `untracked` the
+    new files git does not ignore). A copy of the tree that git ignores (mutation testing runs the tests in one,
+    mutants/) has no such list: its files as they lie, less caches and build leftovers."""
+    new = ["--others", "--exclude-standard"] if untracked else []
+    files = subprocess.run(["git", "-C", str(root), "ls-files", "--cached", *new],
+                           capture_output=True, text=True, check=True).stdout.split()
+    if files:
+        return files
+    skip = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".nox", ".venv",
+            "mutants", "build", "dist"}
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.is_file() and not skip & set(p.relative_to(root).parts)
+                  and not p.name.endswith((".pyc", ".meta")) and ".egg-info" not in str(p))

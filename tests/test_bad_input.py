@@ -93,6 +93,11 @@ def test_snapshot_of_random_bytes_fails(tmp_path):
                               "ip-br-addr.txt", "env.txt", "nvml.json", "meta.json")):
         (snap / name).write_bytes(os.urandom(2000 + i))
     r = invoke(ROOT, "check", "--snapshot", str(snap), env={"COLUMNS": "200"})
+    # random bytes where the record collect writes last belongs: an incomplete snapshot
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert f"snapshot {snap} is incomplete" in r.stderr and "collect" in r.stderr
+    (snap / "meta.json").write_text('{"files": {}}')  # complete, every other file garbage
+    r = invoke(ROOT, "check", "--snapshot", str(snap), env={"COLUMNS": "200"})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     assert "snapshot" in r.stdout and "nothing in" in r.stdout and "could be parsed" in r.stdout
@@ -170,8 +175,8 @@ def test_killed_run_leaves_no_verify_child(tmp_path):
     pytest.importorskip("torch")
     run_dir = tmp_path / "run"
     code = textwrap.dedent(f"""
-        from megatron_env import commands
-        commands.verify("verify_nccl", ["--current", "--nproc", "2", "--run-dir", {str(run_dir)!r},
+        from megatron_env.commands import setup
+        setup.verify("verify_nccl", ["--current", "--nproc", "2", "--run-dir", {str(run_dir)!r},
                         "--", "--backend", "gloo", "--sizes", "64M:64M", "--iters", "100000"])
     """)
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.DEVNULL,

@@ -1,12 +1,13 @@
 """`invoke report`: the paste-able block, with planted secrets that must never come out."""
 
+import datetime
 import json
 import os
 import subprocess
 import sys
 import sysconfig
-import time
 import venv
+from pathlib import Path
 
 from megatron_env import profile, redact
 from megatron_env.diagnose import report
@@ -185,6 +186,15 @@ def _setup_run(ctx, fail: str | None = None, only: str | None = None):
     return pipeline.execute(ctx, decisions)
 
 
+def _backdate(stamps: Path, seconds: int) -> None:
+    """Every stamp's time moved `seconds` into the past, as if written that long ago."""
+    for f in stamps.glob("*.json"):
+        doc = json.loads(f.read_text())
+        at = datetime.datetime.strptime(doc["at"], "%Y-%m-%dT%H:%M:%S%z")
+        doc["at"] = (at - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S%z")
+        f.write_text(json.dumps(doc))
+
+
 def test_report_says_megatron_is_not_verified_while_setup_fails(tmp_path):
     from megatron_env.setup import pipeline
 
@@ -213,7 +223,7 @@ def test_report_says_megatron_is_not_verified_while_setup_fails(tmp_path):
     (ctx.stamps / "megatron.json").unlink()
     _setup_run(ctx)
     assert report.setup_unverified(prefix) is None
-    time.sleep(1.1)  # stamps record the second
+    _backdate(ctx.stamps, seconds=2)  # stamps record the second: those so far are older
     _setup_run(ctx, only="megatron")  # `invoke megatron`: installed again, imports not proven
     assert report.setup_unverified(prefix).startswith(
         "setup's verify step has not run since its megatron step installed Megatron")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_env import files
 from megatron_env.kernels import build, progress, toolkit
 from megatron_env.pyenv import uv
 from megatron_env.recipes import recipe
@@ -203,7 +204,8 @@ def test_compile_error_names_the_log_and_leaves_no_build_tree(world, tmp_path, m
         "@@ -1,5 +1,6 @@\n+#include \"no_such_header.h\"\n #include <pybind11/pybind11.h>"))
     key = build.build_and_install(package(world), world["python"], [], dry_run=True,
                                   patch_root=root, echo=lambda *_: None).key
-    stale = tmp_path / "cache" / "build" / f"{key}.tmp-999999"  # a killed build's leftovers
+    # a killed build's leftovers on this host (its pid gone): provably dead, removed
+    stale = tmp_path / "cache" / "build" / f"{key}.tmp-{files.host()}-999999-0123abcd"
     (stale / "csrc").mkdir(parents=True)
     with user_error("build.failed") as e:
         build.build_and_install(package(world), world["python"], [], patch_root=root,

@@ -304,10 +304,15 @@ def test_with_builds_takes_only_the_cached_wheels_made_for_the_profile(tmp_path,
             slot = tmp_path / "wheels" / f"{pkg.name}-{key}"
             slot.mkdir(parents=True)
             (slot / f"{pkg.name}-1.0-cp312-linux_x86_64.whl").write_bytes(b"wheel")
-            (slot / "meta.json").write_text(json.dumps({"key": {**doc, **changed}}))
+            (slot / "meta.json").write_text(json.dumps({
+                "key": {**doc, **changed},
+                "wheel_sha256": hashlib.sha256(b"wheel").hexdigest()}))
             (kept if not changed else others).append(slot.name)
+    cut = tmp_path / "wheels" / f"{kept[0].rsplit('-', 1)[0]}-a"  # its wheel changed since
+    next(cut.glob("*.whl")).write_bytes(b"whe")
     found = {arc.split("/")[1] for arc, _ in make._builds(prof)}
-    assert found == set(kept) and not found & set(others)
+    assert found == set(kept) - {cut.name} and not found & set(others)
+    assert not cut.exists()  # discarded: the next build makes it again
 
 
 def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path, monkeypatch):
@@ -357,7 +362,7 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     from .conda_channel import lock_offline
 
     monkeypatch.setenv(repos.CACHE_ENV, str(tmp_path / "cache"))
-    src = profile.ENVS_DIR / PROFILE
+    src = profile.envs_root() / PROFILE
     shutil.copytree(src, tmp_path / "envs" / src.name)
     prof = profile.load_file(tmp_path / "envs" / src.name / "profile.toml")
     assert make.conda_packages(prof) == []  # no conda layer, nothing to carry
@@ -390,7 +395,7 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     bad = [{**pkgs[0], "url": (root / pkgs[0]["path"]).as_uri(), "sha256": "0" * 64}]
     with pytest.raises(UserError, match="does not match the sha256 in conda-lock.yml"):
         make._conda_fetch(bad, said.append)
-    assert not list((tmp_path / "cache" / "conda-pkgs").glob("*.part-*"))
+    assert not list((tmp_path / "cache" / "conda-pkgs").glob("*.tmp-*"))
 
 
 @offline

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_env import files
 from megatron_env.bundle import layout, make, offline, unpack
 from megatron_env.bundle import manifest as manifest_format
 from megatron_env.errors import UserError
@@ -234,7 +235,7 @@ def test_stale_temp_dirs_of_other_hosts_go_after_hours_and_living_ones_stay(tmp_
     root = tmp_path / "bundles"
     old_other = root / "k1.tmp-othernode-123"
     new_other = root / "k2.tmp-othernode-123"
-    mine_alive = root / f"k3.tmp-{unpack.host()}-{os.getpid()}"
+    mine_alive = root / f"k3.tmp-{files.host()}-{os.getpid()}"
     for d in (old_other, new_other, mine_alive):
         d.mkdir(parents=True)
     hours = time.time() - (unpack.STALE_HOURS + 1) * 3600
@@ -364,21 +365,21 @@ def test_the_tools_offline_install_takes_exactly_the_manifests_wheels(tmp_path):
 
 
 def test_a_dead_pid_is_stale_only_on_the_host_that_named_it(tmp_path):
-    """pids are per host: a dead pid of this host (or of a name without a host, made here by
-    older versions) frees its directory at once; the same pid under another host's name waits
-    for STALE_HOURS; a name that is no temporary directory is never stale."""
+    """pids are per host: a dead pid of this host frees its directory at once; the same pid
+    under another host's name, or under no host's (older versions, on any node of a shared
+    cache), waits for STALE_HOURS; a name that is no temporary directory is never stale."""
     child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                            capture_output=True, text=True, check=True)
     dead = int(child.stdout)  # exited: os.kill(dead, 0) fails unless the pid was reused
     made = {name: tmp_path / name for name in (
-        f"k1.tmp-{unpack.host()}-{dead}", f"k2.tmp-{dead}", f"k3.tmp-othernode-{dead}",
-        f"k4.tmp-{unpack.host()}-{os.getpid()}", "k5.tmp-x", "k6")}
+        f"k1.tmp-{files.host()}-{dead}", f"k2.tmp-{dead}", f"k3.tmp-othernode-{dead}",
+        f"k4.tmp-{files.host()}-{os.getpid()}", "k5.tmp-x", "k6")}
     for d in made.values():
         d.mkdir()
     assert [n for n, d in made.items() if unpack.stale(d)] == [
-        f"k1.tmp-{unpack.host()}-{dead}", f"k2.tmp-{dead}"]
+        f"k1.tmp-{files.host()}-{dead}"]
     later = time.time() + (unpack.STALE_HOURS + 1) * 3600
     assert [n for n, d in made.items() if unpack.stale(d, now=later)] == [
-        f"k1.tmp-{unpack.host()}-{dead}", f"k2.tmp-{dead}", f"k3.tmp-othernode-{dead}",
-        f"k4.tmp-{unpack.host()}-{os.getpid()}"]
-    assert not unpack.stale(tmp_path / f"k7.tmp-{unpack.host()}-{dead}")  # gone meanwhile
+        f"k1.tmp-{files.host()}-{dead}", f"k2.tmp-{dead}", f"k3.tmp-othernode-{dead}",
+        f"k4.tmp-{files.host()}-{os.getpid()}"]
+    assert not unpack.stale(tmp_path / f"k7.tmp-{files.host()}-{dead}")  # gone meanwhile

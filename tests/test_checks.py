@@ -97,7 +97,8 @@ def test_driver_minor_version_compatibility_is_warn(make_snapshot):
 
 
 def test_no_driver_is_a_finding(make_snapshot):
-    snap = make_snapshot(base=None, ulimit_l="ulimit-l-8192.txt")
+    snap = make_snapshot(base=None, ulimit_l="ulimit-l-8192.txt",
+                         **{"meta.json": '{"files": {}}'})
     (snap / "nvml.json").write_text('{"error": "NVML init failed: NVML Shared Library Not Found"}')
     f = verdicts(snap)["driver.version"]
     assert f.status == "fail" and "no NVIDIA driver" in f.summary

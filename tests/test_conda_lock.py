@@ -17,7 +17,7 @@ pytest.importorskip("rattler")
 
 
 def test_conda_lock_and_install_from_a_local_channel(tmp_path, monkeypatch):
-    src = profile.ENVS_DIR / "core_v0.4.0-cu121"
+    src = profile.envs_root() / "core_v0.4.0-cu121"
     shutil.copytree(src, tmp_path / "envs" / src.name)
     prof = profile.load_file(tmp_path / "envs" / src.name / "profile.toml")
     # The profile names conda-forge and an NVIDIA label; neither is reachable here: the mirror

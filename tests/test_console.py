@@ -1,5 +1,5 @@
 """The `megatron-env` console command: one project root in a stated order, the argparse front
-door made from `cli.COMMANDS`, completion, --version, --json on errors, and the wheel a user
+door made from `commands.registry()`, completion, --version, --json on errors, and the wheel a user
 installs (its shipped project copy, runnable from any directory, never written into)."""
 
 import inspect
@@ -11,14 +11,17 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from megatron_env import cli, commands, main, project
+from megatron_env import commands, project
+from megatron_env.commands import main, pyenv
 
 from .conftest import FIXTURES, user_error
+from .gitrepo import project_files
 
 ROOT = FIXTURES.parent.parent
 EXE = Path(sys.executable).with_name("megatron-env")
@@ -72,6 +75,25 @@ def _cli(*args, cwd=ROOT, env=None):
                           timeout=120)
 
 
+def test_project_counts_when_the_modules_that_read_it_were_imported_first(tmp_path):
+    """Nothing reads the project root at import: a program that imports the profile, patch and
+    environment modules before calling the front door still gets the --project it gives
+    (before: profile.ENVS_DIR settled the root on import, and `--project` was ignored)."""
+    shutil.copytree(ROOT / "envs" / "core_v0.4.0-cu121", tmp_path / "envs" / "only-here")
+    code = textwrap.dedent(f"""
+        import sys
+        from megatron_env import profile
+        from megatron_env.pyenv import env
+        from megatron_env.sources import patches
+        from megatron_env.commands import main
+        sys.exit(main.main(["--project", {str(tmp_path)!r}, "profiles"]))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env={k: v for k, v in os.environ.items() if k != project.ENV})
+    assert r.returncode == 0, r.stderr
+    assert "only-here" in r.stdout and "core_v0.19.0-cu130" not in r.stdout, r.stdout
+
+
 def test_front_door_takes_project_then_variable(tmp_path):
     a, b = _project(tmp_path / "a"), _project(tmp_path / "b")
     r = _cli("--project", str(a), "--version", env={project.ENV: str(b)})
@@ -97,15 +119,15 @@ def test_python_dash_m_help_lists_every_command():
     r = subprocess.run([sys.executable, "-m", "megatron_env", "--help"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    for name in (*cli.COMMANDS, "completion"):
+    for name in (*commands.registry(), "completion"):
         assert re.search(rf"^\s+{re.escape(name)}\s", r.stdout, re.M), name
 
 
 def test_every_command_and_option_of_the_declaration_is_in_the_front_door():
     top = main.parser()
     subs = next(a for a in top._actions if a.__class__.__name__ == "_SubParsersAction")
-    assert set(subs.choices) == {*cli.COMMANDS, "completion"}
-    for name, cmd in cli.COMMANDS.items():
+    assert set(subs.choices) == {*commands.registry(), "completion"}
+    for name, cmd in commands.registry().items():
         flags = {o for a in subs.choices[name]._actions for o in a.option_strings}
         dests = {a.dest for a in subs.choices[name]._actions if a.option_strings}
         params = inspect.signature(cmd.fn).parameters
@@ -131,7 +153,7 @@ def test_bash_completion(tmp_path):
                             text=True)
     assert syntax.returncode == 0, syntax.stderr
     assert _complete(r.stdout, "megatron-env", "prof") == ["profiles"]
-    assert set(_complete(r.stdout, "megatron-env", "")) >= set(cli.COMMANDS)
+    assert set(_complete(r.stdout, "megatron-env", "")) >= set(commands.registry())
     assert _complete(r.stdout, "megatron-env", "--project", "x", "setup", "--dry") == ["--dry-run"]
     assert _complete(r.stdout, "megatron-env", "--project", "") == []  # a directory's name
     assert _complete(r.stdout, "megatron-env", "completion", "z") == ["zsh"]
@@ -169,9 +191,7 @@ def wheel(tmp_path_factory) -> Path:
     """The wheel built (uv build, about 3 s) from a copy of the files git tracks: what a
     release builds, without the build's leftovers in this checkout."""
     tmp = tmp_path_factory.mktemp("wheel")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for f in filter(None, files):
+    for f in project_files(ROOT, untracked=False):
         if (ROOT / f).is_file():
             (tmp / "src" / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, tmp / "src" / f)
@@ -187,9 +207,9 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_ships_the_project_and_no_path_of_this_machine(wheel):
     names = zipfile.ZipFile(wheel).namelist()
+    files = project_files(ROOT, untracked=False)
     for d in ("envs", "patches", "scripts"):
-        tracked = subprocess.run(["git", "ls-files", d], cwd=ROOT, capture_output=True,
-                                 text=True, check=True).stdout.split()
+        tracked = [f for f in files if f.startswith(d + "/")]
         assert tracked and {f"megatron_env/_project/{f}" for f in tracked} <= set(names), d
     assert any(n.endswith("/profile.toml") for n in names)
     # this checkout, the build directory and the user's home: paths of the machine that built
@@ -243,4 +263,4 @@ def test_lock_refuses_the_shipped_copy(monkeypatch):
     monkeypatch.setattr(project, "_root", (project.SHIPPED, "shipped"))
     for options in ({}, {"refresh": True}):
         with user_error("project.read-only"):
-            commands.lock.__wrapped__(**options)
+            pyenv.lock.fn.__wrapped__(**options)

@@ -187,8 +187,11 @@ def test_cli_bad_threshold_is_one_line(planted, args, words):
 
 def test_fingerprint_kernel_keys_are_the_build_plan_keys():
     """The fingerprint takes torch's facts from its one probe; the keys must still be exactly
-    the cache keys `invoke build` computes for this interpreter."""
+    the cache keys `invoke build` computes for this interpreter (one with torch: the keys are
+    made of torch's facts; CI installs it, so there the skip fails the run)."""
     from pathlib import Path
+
+    pytest.importorskip("torch")
 
     from megatron_env.fleet import fingerprint
     from megatron_env.kernels import build
@@ -238,3 +241,33 @@ def test_garbage_node_files_are_findings_not_crashes(planted):
     assert rep.exclude == fb.FAILING  # the others are judged as before
     topo = _finding(rep, "node01", "gpu.topology")
     assert topo.status == "warn" and "could not be parsed" in topo.summary
+
+
+def test_a_node_with_fewer_active_ib_ports_than_its_peers_fails(tmp_path):
+    """A port gone down (a pulled cable) leaves the node's other port at full rate: only the
+    count of active ports tells it from its peers; a node with as many as its peers passes."""
+    root = tmp_path / "f"
+    for i in range(1, 4):
+        d = fb.node(root, f"n{i}", i)
+    text = (d / "ibstatus.txt").read_text()
+    port2 = text.index("port 2 status:")
+    (d / "ibstatus.txt").write_text(text[:port2] + text[port2:].replace(
+        "4: ACTIVE", "1: DOWN").replace("5: LinkUp", "3: Disabled"))
+    rep = analyse(root)
+    bad = _finding(rep, "n3", "fleet.ib")
+    assert bad.status == "fail" and "1 active port(s), its peers 2" in bad.summary
+    assert "n3" in rep.exclude
+    for host in ("n1", "n2"):
+        assert _finding(rep, host, "fleet.ib").status == "pass"
+
+
+def test_a_node_finding_keeps_its_kind_in_the_fleet_report(tmp_path):
+    """Code decides by a finding's kind, never its text: the fleet report puts the host in
+    front of the summary and keeps the kind (a node without a driver: driver.version, absent)."""
+    root = tmp_path / "f"
+    for i in range(1, 3):
+        d = fb.node(root, f"n{i}", i)
+    for name in ("nvml.json", "nvidia-smi.txt", "nvidia-smi-q.txt"):
+        (d / name).unlink()
+    f = _finding(analyse(root), "n2", "driver.version")
+    assert f.status == "fail" and f.kind == "absent" and f.summary.startswith("n2: no NVIDIA")

@@ -60,6 +60,20 @@ def test_committed_locks_are_fresh():
         assert lock.stale(prof) == []
 
 
+def test_an_environment_yml_edited_or_missing_makes_the_lock_stale(tmp_path):
+    """environment.yml is generated from the profile like the lock: one edited by hand (a
+    channel added) or deleted is named, while the lock itself is still fresh."""
+    src = profile.envs_root() / DEFAULT.name
+    shutil.copytree(src, tmp_path / DEFAULT.name)
+    prof = profile.load(DEFAULT.name, envs_dir=tmp_path)
+    assert lock.stale(prof) == []
+    env = prof.env_file
+    env.write_text(env.read_text().replace("channels:\n", "channels:\n  - defaults\n", 1))
+    assert [str(env) in p for p in lock.stale(prof)] == [True]
+    env.unlink()
+    assert [str(env) in p for p in lock.stale(prof)] == [True]
+
+
 def copy_repo(tmp_path: Path) -> Path:
     dst = tmp_path / "repo"
     files = subprocess.run(["git", "-C", ROOT, "ls-files", "--cached", "--others", "--exclude-standard"],

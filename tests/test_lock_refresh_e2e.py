@@ -25,6 +25,8 @@ from megatron_env.errors import UserError
 from megatron_env.pyenv import lockdiff
 from megatron_env.sources import index as sources_index
 
+from .gitrepo import project_files
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 GIT = ["git", "-c", "user.name=bot", "-c", "user.email=bot@example.invalid",
@@ -167,10 +169,7 @@ def repo_with_remote(tmp_path: Path, profile_text: str, extra: dict[str, str] | 
                      ) -> Path:
     """This checkout's code plus envs/tiny in a work tree whose origin is a bare repository."""
     work = tmp_path / "work"
-    files = subprocess.run(["git", "-C", ROOT, "ls-files", "--cached", "--others",
-                            "--exclude-standard"], capture_output=True, text=True,
-                           check=True).stdout.split()
-    for rel in files:
+    for rel in project_files(ROOT):
         if rel.startswith("megatron_env/") or rel in ("tasks.py", "pyproject.toml"):
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / rel, work / rel)
@@ -396,6 +395,20 @@ def test_a_node_fetches_the_best_wheel_the_lock_allows():
     assert lockdiff.pick(files, set("abcde"), "3.12").sha256 == "d"
     assert lockdiff.pick(files, set("abcde"), "3.11").sha256 == "e"
     assert lockdiff.pick(files, {"b"}, "3.12") is None
+
+
+def test_a_wheel_with_several_tags_ranks_by_its_best_one():
+    """numpy's real compressed tag set (manylinux_2_17 and manylinux2014): pip ranks a wheel by
+    the best tag it carries, so it beats a manylinux_2_12-only wheel whatever the order; a wheel
+    ranked by its worst tag would lose to it."""
+    def f(name, sha):
+        return sources_index.IndexFile(name, "u", sha, size=1)
+
+    both = f("numpy-1.21.6-cp310-cp310-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "a")
+    older = f("numpy-1.21.6-cp310-cp310-manylinux_2_12_x86_64.whl", "b")
+    for files in ([both, older], [older, both]):
+        assert lockdiff.pick(files, {"a", "b"}, "3.10") is both
+    assert lockdiff.pick([older, f("numpy-1.21.6.zip", "c")], {"b", "c"}, "3.10") is older
 
 
 def test_added_profile_is_one_line_and_shallow_or_no_git_say_what_to_do(tmp_path, index):

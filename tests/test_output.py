@@ -3,7 +3,8 @@ colour only on a terminal and never with NO_COLOR, no markup shown literally."""
 
 import io
 
-from megatron_env import commands, output
+from megatron_env import output
+from megatron_env.commands import cli
 from megatron_env.errors import UserError
 
 
@@ -42,7 +43,7 @@ def test_colour_only_for_a_terminal_and_not_with_no_color(monkeypatch):
 
 
 def test_a_user_error_is_one_error_line_and_its_hint(capsys):
-    @commands.guarded
+    @cli.guarded
     def broken() -> int:
         raise UserError("profile x: bad key", fix="edit profile x", kind="profile.invalid")
 

@@ -19,7 +19,7 @@ def test_shipped_profiles():
 
 
 def write_variant(tmp_path, old: str, new: str):
-    src = (profile.ENVS_DIR / "core_v0.4.0-cu121" / "profile.toml").read_text()
+    src = (profile.envs_root() / "core_v0.4.0-cu121" / "profile.toml").read_text()
     assert old in src
     d = tmp_path / "envs" / "broken"
     d.mkdir(parents=True)

@@ -5,7 +5,8 @@ import re
 import zipfile
 from pathlib import Path
 
-from megatron_env import commands, profile, recipes
+from megatron_env import profile, recipes
+from megatron_env.commands import host
 from megatron_env.findings import Finding
 from megatron_env.kernels import build, compiler
 from megatron_env.recipes import recipe
@@ -155,7 +156,7 @@ def test_transformer_engine_plan_takes_headers_from_the_environments_wheels(tmp_
 
 
 def test_transformer_engine_table_must_pin_every_submodule(tmp_path):
-    src = (profile.ENVS_DIR / "core_v0.19.0-cu130" / "profile.toml").read_text()
+    src = (profile.envs_root() / "core_v0.19.0-cu130" / "profile.toml").read_text()
     (tmp_path / "p").mkdir()
     path = tmp_path / "p" / "profile.toml"
     line = f'"3rdparty/cudnn-frontend" = "{TE_SUBMODULES["3rdparty/cudnn-frontend"]}"'
@@ -185,7 +186,7 @@ def test_variants_default_and_build_options():
 
 
 def test_listing_shows_every_recipe_with_each_profiles_pins(capsys):
-    assert commands.kernels() == 0
+    assert host.kernels() == 0
     out = capsys.readouterr().out
     lines = [" ".join(line.split()) for line in out.splitlines()]
     assert "apex git NVIDIA apex fused kernels (layer norm, amp_C, masked softmax, " \
@@ -237,7 +238,7 @@ def test_submodule_pins_are_validated(tmp_path, monkeypatch):
     r = recipe.Recipe("withsub", "a test recipe", "git", repo="/x",
                       submodules={"3rdparty/cutlass": "/y"})
     monkeypatch.setitem(recipes.declared(), "withsub", r)
-    src = (profile.ENVS_DIR / "core_v0.4.0-cu121" / "profile.toml").read_text()
+    src = (profile.envs_root() / "core_v0.4.0-cu121" / "profile.toml").read_text()
     (tmp_path / "p").mkdir()
     path = tmp_path / "p" / "profile.toml"
     path.write_text(src + f'\n[kernels.withsub]\ncommit = "{"b" * 40}"\n')

@@ -277,7 +277,7 @@ def _flat(x: str) -> str:
 
 def _command_outputs(planted: list[tuple[list[str], str]], tmp: Path) -> dict[str, str]:
     """Every command's output, with the secrets planted in what each reads."""
-    from megatron_env import commands
+    from megatron_env.commands import host as commands
 
     frags = [x for _, x in planted]
     env = {f"NCCL_PLANTED_{i}": x for i, x in enumerate(frags)}
@@ -326,7 +326,7 @@ def test_no_command_prints_a_generated_secret(planted, tmp_path_factory):
 
 
 def test_commands_keep_lookalikes(tmp_path):
-    from megatron_env import commands
+    from megatron_env.commands import host as commands
 
     env = {"NCCL_IB_HCA": "mlx5_0:1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
            "TOKENIZERS_PARALLELISM": "false", "NCCL_IB_AUTH_MODE_X": "true"}

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import cli, disk, proc
+from megatron_env import files, proc
+from megatron_env.commands import cli
 from megatron_env.sources import repos
 
 from .conftest import FIXTURES, user_error
@@ -48,13 +49,17 @@ def _wait_for(p: subprocess.Popen, path: Path, text: str, limit: float = 60) -> 
 FETCH = """
 import sys
 from pathlib import Path
-from megatron_env import cli
+from megatron_env.commands import cli
 from megatron_env.sources import repos
 Path(sys.argv[1]).write_text("fetching")
 sys.exit(cli.guarded(lambda: repos.mirror("megatron", "ext::sh -c sleep% 60") and 0)())
 """
 GIT_EXT = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "protocol.ext.allow",
            "GIT_CONFIG_VALUE_0": "always"}
+
+
+def _descendants(pid: int) -> list[str]:
+    return proc.run(["pgrep", "-P", str(pid)]).stdout.split()
 
 
 def test_sigint_during_a_git_fetch_is_an_interrupt_not_an_unreachable_mirror(tmp_path):
@@ -69,7 +74,12 @@ def test_sigint_during_a_git_fetch_is_an_interrupt_not_an_unreachable_mirror(tmp
     while not (proc.run(["pgrep", "-P", str(p.pid), "git"]).stdout.split()):
         assert time.monotonic() < end and p.poll() is None, p.communicate()
         time.sleep(0.1)
-    time.sleep(0.3)
+    # git has started its remote helper (ext:: runs `sh -c sleep 60` under it): the fetch is
+    # under way when the interrupt comes
+    git = proc.run(["pgrep", "-P", str(p.pid), "git"]).stdout.split()[0]
+    while not _descendants(int(git)):
+        assert time.monotonic() < end and p.poll() is None, p.communicate()
+        time.sleep(0.01)
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
@@ -77,12 +87,22 @@ def test_sigint_during_a_git_fetch_is_an_interrupt_not_an_unreachable_mirror(tmp
     assert "MIRROR" not in err and "hint" not in err
 
 
+def _catches_sigint(pid: int) -> bool:
+    """The process has a handler for SIGINT (/proc/PID/status SigCgt: a bit per signal)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # it ended
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (signal.SIGINT - 1)))
+
+
 def test_sigint_inherited_as_ignored_still_interrupts():
     """A job started with `&` by a script inherits SIGINT ignored; the front door restores it
     (before: the signal was swallowed, a complete bundle and exit 0)."""
     code = """
     import sys, time
-    from megatron_env import main
+    from megatron_env.commands import main
     sys.argv = ["megatron-env", "triage", "-"]
     sys.exit(main.main())
     """
@@ -90,7 +110,12 @@ def test_sigint_inherited_as_ignored_still_interrupts():
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    time.sleep(3)  # reading stdin (or refused it): either way SIGINT must not be ignored
+    # once the front door has taken SIGINT back (caught, no longer ignored), send it: while it
+    # reads stdin, or after it refused `-`, either way SIGINT must not be ignored
+    end = time.monotonic() + 60
+    while p.poll() is None and not _catches_sigint(p.pid):
+        assert time.monotonic() < end, "SIGINT still ignored after 60 s"
+        time.sleep(0.01)
     if p.poll() is None:
         os.kill(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=30)
@@ -213,6 +238,6 @@ def test_full_disk_during_a_mirror_fetch_is_not_an_unreachable_mirror(full_tmpfs
 
 def test_ensure_refuses_before_writing(full_tmpfs):
     with user_error("disk.full") as e:
-        disk.ensure(full_tmpfs / "out" / "b.tar", 5 * 2**20, "bundle b.tar")
+        files.ensure(full_tmpfs / "out" / "b.tar", 5 * 2**20, "bundle b.tar")
     assert f"no space left on {full_tmpfs} for bundle b.tar (needs 5 MiB" in e.value.message
-    disk.ensure(full_tmpfs, 10, "a few bytes")  # room for that
+    files.ensure(full_tmpfs, 10, "a few bytes")  # room for that

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron_env.diagnose import events as events_mod
-from megatron_env.diagnose import joblog, jobs, launch, logfiles, triage
+from megatron_env.diagnose import joblog, jobs, launch, logfiles, model, triage
 
 from .conftest import FIXTURES, user_error
 
@@ -69,7 +69,7 @@ def test_bus_error_names_each_process_and_points_at_shared_memory():
     fs, f = run("bus-error-two-pids-resiliency6.log")
     s = f["job.signal"]
     assert fs[0].id == "job.signal" and "SIGBUS (Bus error)" in s.summary
-    assert "dgxa100 (pid 1034)" in s.summary and "dgxa100 (pid 1035)" in s.summary
+    assert s.summary.startswith("pids 1034, 1035 on dgxa100 killed by SIGBUS")
     assert "--ipc=host" in s.fix
 
 
@@ -83,7 +83,7 @@ def test_torchrun_table_sigbus_root_cause_with_pid():
     _, f = run("sigbus-torchrun-table-openocr71.log")
     r = f["job.root_cause"]
     assert r.summary == ("torchrun's first observed failure: rank 0 (local rank 0) on host "
-                         "server (pid 467397), killed by signal SIGBUS (exit code -7)")
+                         "server (pid 467397), killed by signal SIGBUS (exit code -7); failed: ranks 0 and 1")
     assert "/dev/shm" in r.fix
 
 
@@ -112,7 +112,7 @@ def test_nccl_init_line_ties_rank_to_host_and_gpu():
 
 
 def test_job_model_links_rank_host_gpu_and_pid_from_any_two():
-    job = events_mod.Job()
+    job = model.Job()
     job.note(rank=None, host="node5", pid="240", gpu=6)  # an NCCL INFO line
     job.note(rank=14, host=None, pid="240")  # a line with a rank tag and the pid
     assert job.who(rank=14) == {"rank": 14, "host": "node5", "pid": "240", "gpu": 6}
@@ -252,7 +252,7 @@ def test_signal_forms_name_signal_host_and_pid(line, name, host, pid):
 
 
 def test_job_model_keeps_what_it_knew_first():
-    job = events_mod.Job()
+    job = model.Job()
     job.note(host="node5", pid="240", gpu=1)
     job.note(pid="240", gpu=2)  # a later line does not overwrite the GPU already known
     assert job.who(pid="240")["gpu"] == 1

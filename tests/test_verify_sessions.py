@@ -32,7 +32,7 @@ def test_command_shapes(tmp_path):
 def test_missing_environment_says_what_to_do(monkeypatch, tmp_path):
     from megatron_env.pyenv import env
 
-    monkeypatch.setattr(env, "ENV_ROOT", tmp_path)
+    monkeypatch.setattr(env, "env_root", lambda: tmp_path)
     with user_error("env.missing") as e:
         programs.interpreter(programs.parse(["--profile", "core_v0.4.0-cu121"]))
     assert "invoke setup" in e.value.fix

@@ -9,13 +9,13 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from megatron_env import REPO_ROOT, __version__, digest, disk, output, proc
+from megatron_env import REPO_ROOT, __version__, digest, files, output, proc
 from megatron_env.bundle import tool
 from megatron_env.bundle.layout import (
     MACHINE,
@@ -27,12 +27,15 @@ from megatron_env.bundle.layout import (
     repo_path,
     role,
 )
-from megatron_env.bundle.manifest import FORMAT
+from megatron_env.bundle.manifest import FORMAT, Manifest
 from megatron_env.errors import UserError
-from megatron_env.kernels import build
+from megatron_env.kernels import build, compiler
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock
-from megatron_env.sources import patches, repos, resources
+from megatron_env.recipes.recipe import Package
+from megatron_env.redact import mask_urls
+from megatron_env.sources import http, patches, repos, resources
+from megatron_env.units import MIB
 
 # The tool's own tree as shipped (envs/ holds only the bundled profile).
 SOURCE_ITEMS = ("megatron_env", "scripts", "patches", "docs", "tasks.py", "noxfile.py",
@@ -52,7 +55,7 @@ class Entry:
 @dataclass
 class Made:
     out: Path
-    manifest: dict
+    manifest: dict[str, Any]
     written: int  # files in this archive
     reused: int  # files a --since base already holds
     size: int
@@ -72,13 +75,13 @@ def _source_tree(prof: Profile, dest: Path) -> None:
     shutil.copytree(prof.dir, dest / "envs" / prof.name, ignore=ignore)
 
 
-def _env_wheels(prof: Profile, echo) -> list[Path]:
+def _env_wheels(prof: Profile, echo: output.Echo, *, cache: Path | None = None) -> list[Path]:
     """The lock's files, downloaded once into the cache and each checked against the lock."""
     lockfile = prof.lock_file
     text = lockfile.read_text()
     allowed = lock.parse_hashes(text)
     total = len(allowed)
-    house = repos.cache_dir() / "bundle-wheels"
+    house = (cache or repos.cache_dir()) / "bundle-wheels"
     house.mkdir(parents=True, exist_ok=True)
     seen = [0]
 
@@ -119,7 +122,7 @@ def _env_wheels(prof: Profile, echo) -> list[Path]:
     return chosen
 
 
-def conda_packages(prof: Profile) -> list[dict]:
+def conda_packages(prof: Profile) -> list[dict[str, Any]]:
     """The linux-64 conda packages of the profile's conda-lock.yml (none without one): name,
     url, the file's place in a bundle (`conda/<subdir>/<file>`) and the lock's hashes."""
     f = prof.conda_lock_file
@@ -148,12 +151,11 @@ def conda_packages(prof: Profile) -> list[dict]:
     return out
 
 
-def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
+def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo, *,
+                 cache: Path | None = None) -> list[Path]:
     """Each conda package downloaded once into the cache and checked against the lock's sha256
     (md5 where the lock has none), as the lock's wheels are."""
-    import urllib.request
-
-    cache = repos.cache_dir() / "conda-pkgs"
+    cache = (cache or repos.cache_dir()) / "conda-pkgs"
     cache.mkdir(parents=True, exist_ok=True)
     out = []
     for i, p in enumerate(pkgs, 1):
@@ -165,26 +167,28 @@ def _conda_fetch(pkgs: list[dict], echo) -> list[Path]:
         dest = cache / f"{want[:16]}-{Path(p['path']).name}"
         if not (dest.exists() and digest.file_hex(dest, algo) == want):
             echo(f"conda: {i}/{len(pkgs)} downloading {Path(p['path']).name}")
-            part = dest.with_name(dest.name + f".part-{os.getpid()}")
-            try:
-                urllib.request.urlretrieve(p["url"].split("#")[0], part)
-            except OSError as e:
-                part.unlink(missing_ok=True)
-                raise UserError(f"cannot download {p['url']}: {e}",
-                                fix="lock the conda layer against a reachable channel "
-                                    f"({lock.CHANNELS_ENV}=MIRROR invoke lock)",
-                                kind="source.unreachable") from None
-            if digest.file_hex(part, algo) != want:
-                part.unlink()
-                raise UserError(f"{p['url']} does not match the {algo} in conda-lock.yml",
-                                fix="the channel serves another file: check the mirror, "
-                                    "or lock again", kind="source.sha256")
-            os.replace(part, dest)
+            with files.publishing(dest) as part:
+                try:
+                    with http.open_url(p["url"].split("#")[0]) as r:
+                        digest.copy_hashed(r, part)
+                except (OSError, ValueError) as e:
+                    if files.no_space(e):
+                        raise
+                    raise UserError(f"cannot download {mask_urls(p['url'])}: "
+                                    f"{getattr(e, 'reason', e)}",
+                                    fix="lock the conda layer against a reachable channel "
+                                        f"({lock.CHANNELS_ENV}=MIRROR invoke lock)",
+                                    kind="source.unreachable") from None
+                if digest.file_hex(part, algo) != want:
+                    raise UserError(f"{mask_urls(p['url'])} does not match the {algo} in "
+                                    "conda-lock.yml", fix="the channel serves another file: "
+                                    "check the mirror, or lock again", kind="source.sha256")
         out.append(dest)
     return out
 
 
-def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, echo) -> None:
+def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path,
+               echo: output.Echo) -> None:
     """A fresh bare repository holding only `commit` (and `tag`, checked to point at it)."""
     url = repos.repo_url(name, url)
     echo(f"{name}: fetching {tag or commit[:12]} (depth 1) from {url}")
@@ -218,7 +222,7 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path, ec
 
 
 def git_pins(prof: Profile, without: Iterable[str] = (),
-             kernels: Mapping[str, build.Package] | None = None
+             kernels: Mapping[str, Package] | None = None
              ) -> list[tuple[str, str, str, str | None]]:
     """(name, repository, commit, tag) of every git source the profile's setup checks out:
     Megatron-LM, each git-sourced kernel package (but those `without` names) and each submodule
@@ -231,7 +235,7 @@ def git_pins(prof: Profile, without: Iterable[str] = (),
               for name, url, commit, tag, _path in build.git_sources(k))]
 
 
-def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, build.Package]
+def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, Package]
               ) -> list[str]:
     """The kernel packages a bundle leaves out, each checked against the profile's recipes."""
     known = sorted(kernels)
@@ -243,9 +247,10 @@ def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, build
 
 
 def _builds(prof: Profile, without: Iterable[str] = (),
-            kernels: Mapping[str, build.Package] | None = None) -> list[tuple[str, Path]]:
+            kernels: Mapping[str, Package] | None = None, *,
+            cache: Path | None = None) -> list[tuple[str, Path]]:
     """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
-    out = []
+    out: list[tuple[str, Path]] = []
     kernels = build.packages(prof) if kernels is None else kernels
     for k in kernels.values():
         if k.name in without:
@@ -255,13 +260,15 @@ def _builds(prof: Profile, without: Iterable[str] = (),
                 "python": py_tag(prof.python), "cuda": prof.cuda,
                 "archs": sorted(prof.archs) if k.cuda else [],
                 "switches": k.switches, "build_options": list(k.build_options)}
-        for meta in sorted((build.cache_dir() / "wheels").glob(f"{k.name}-*/meta.json")):
-            try:
-                doc = json.loads(meta.read_text()).get("key") or {}
-            except (OSError, json.JSONDecodeError):
-                continue
+        wheels = (cache or build.cache_dir()) / "wheels"
+        for meta in sorted(wheels.glob(f"{k.name}-*/meta.json")):
+            record, _why = files.read_json(meta)
+            if not isinstance(record, dict) or not isinstance(record.get("key"), dict):
+                continue  # unreadable: not this profile's, whatever it was
+            doc = record["key"]
             if (all(doc.get(f) == v for f, v in want.items())
-                    and str(doc.get("torch", "")).split("+")[0] == prof.torch):
+                    and str(doc.get("torch", "")).split("+")[0] == prof.torch
+                    and compiler.cached(meta.parent)):  # its wheel checked, as a build does
                 out.extend((f"builds/{meta.parent.name}/{f.name}", f)
                            for f in sorted(meta.parent.iterdir()) if f.is_file())
     return out
@@ -290,23 +297,23 @@ def _tree(root: Path, prefix: str) -> list[Entry]:
             for p in sorted(root.rglob("*")) if p.is_file()]
 
 
-def _sdists(kernels: Mapping[str, build.Package], without: Iterable[str], entries: list[Entry],
-            echo) -> list[dict]:
+def _sdists(kernels: Mapping[str, Package], without: Iterable[str], entries: list[Entry],
+            echo: output.Echo, cache: Path) -> list[dict[str, Any]]:
     """Each sdist-sourced kernel's source, fetched once into the cache (sha256 checked)."""
     sdists = []
     for k in kernels.values():
         if k.source.repo or k.name in without:  # a repository (git pins), or left out
             continue
         echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
-        build.fetch(k, echo)  # downloads once by file name, checks the sha256; runs nothing
+        build.fetch(k, echo, cache=cache)  # once by file name, sha256 checked, nothing run
         name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
-        entries.append(Entry(name, build.sdist_archive(k), ""))
+        entries.append(Entry(name, build.sdist_archive(k, cache), ""))
         sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
     return sdists
 
 
-def _resources(kernels: Mapping[str, build.Package], without: Iterable[str], stage: Path,
-               entries: list[Entry], echo) -> list[dict]:
+def _resources(kernels: Mapping[str, Package], without: Iterable[str], stage: Path,
+               entries: list[Entry], echo: output.Echo) -> list[dict[str, Any]]:
     """Each recipe resource the kept kernels use, as one file checked against its pin (the
     wheel by sha256, a tar.gz of the paths by git tree id): what builds them offline."""
     carried = []
@@ -323,8 +330,9 @@ def _resources(kernels: Mapping[str, build.Package], without: Iterable[str], sta
     return carried
 
 
-def _git(prof: Profile, without: Iterable[str], kernels: Mapping[str, build.Package],
-         base: dict | None, stage: Path, entries: list[Entry], echo) -> list[dict]:
+def _git(prof: Profile, without: Iterable[str], kernels: Mapping[str, Package],
+         base: Manifest | None, stage: Path, entries: list[Entry],
+         echo: output.Echo) -> list[dict[str, Any]]:
     """A bare repository of each git pin, but those a --since base already holds."""
     bares = []
     for name, url, commit, tag in git_pins(prof, without, kernels):
@@ -338,33 +346,34 @@ def _git(prof: Profile, without: Iterable[str], kernels: Mapping[str, build.Pack
     return bares
 
 
-def _hashed(entries: list[Entry], base: dict | None, bares: list[dict]
-            ) -> tuple[dict[str, dict], list[Entry]]:
+def _hashed(entries: list[Entry], base: Manifest | None, bares: list[dict[str, Any]]
+            ) -> tuple[dict[str, dict[str, Any]], list[Entry]]:
     """The manifest's files (sha256, size, role) and the entries this archive writes: those a
     --since base does not hold already."""
-    files: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}
     for e in entries:
         e.role = role(e.arcname)
         e.sha256, e.size = digest.file_hex(e.path), e.path.stat().st_size
-        files[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
+        rows[e.arcname] = {"sha256": e.sha256, "size": e.size, "role": e.role}
     written = []
     for e in entries:
         old = base.files.get(e.arcname) if base else None
         if old and old.sha256 == e.sha256:
-            files[e.arcname]["in"] = "base"
+            rows[e.arcname]["in"] = "base"
         else:
             written.append(e)
     if base:  # git repositories the base already holds: its entries stand
         for rel in (r["path"] for r in bares):
             for f, meta in base.files.items():
                 if f.startswith(rel + "/"):
-                    files[f] = {"sha256": meta.sha256, "size": meta.size,
-                                "role": meta.role, "in": "base"}
-    return files, written
+                    rows[f] = {"sha256": meta.sha256, "size": meta.size,
+                               "role": meta.role, "in": "base"}
+    return rows, written
 
 
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
-         since: Path | None = None, without: Iterable[str] = (), echo=output.status) -> Made:
+         since: Path | None = None, without: Iterable[str] = (),
+         echo: output.Echo = output.status) -> Made:
     """Write the bundle of `prof` to `out` (a .tar); with `since`, only what that bundle lacks.
 
     `without` leaves kernel packages out (their sources and builds): a smaller archive for nodes
@@ -372,6 +381,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
     side refuses to build them by name instead of reaching for the network."""
     t0 = time.monotonic()
     kernels = build.packages(prof)  # resolved once for the whole bundle
+    cache = repos.cache_dir()  # and the cache root read once
     without = _left_out(prof, without, kernels)
     if problems := lock.stale(prof):
         raise UserError("; ".join(problems),
@@ -380,8 +390,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
     out = check_out(out, [since] if since else [])
     base = read_manifest(since) if since else None
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".bundle-", dir=out.parent) as tmp:
-        stage = Path(tmp)
+    files.sweep(out.parent, out.name)  # what killed runs left: this host's, or long dead
+    with files.scratch(out) as stage:
         entries: list[Entry] = []
         _source_tree(prof, stage / "source")
         entries += _tree(stage / "source", "source")
@@ -392,22 +402,23 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         tool.requirements(stage / "tool")
         entries += _tree(stage / "tool", "tool")
         if not adopt:
-            entries += [Entry(f"wheels/{w.name}", w, "") for w in _env_wheels(prof, echo)]
+            entries += [Entry(f"wheels/{w.name}", w, "")
+                        for w in _env_wheels(prof, echo, cache=cache)]
         have = {e.arcname for e in entries}  # the kernels' run-time requirements, beside the lock's
         entries += [Entry(f"wheels/{w.name}", w, "") for w in tool.kernel_requirements(
             [k for n, k in kernels.items() if n not in without], stage / "kernel-requires",
             prof.python, echo, prof.lock_file) if f"wheels/{w.name}" not in have]
-        entries += [Entry(c["path"], f, "") for c, f in zip(conda, _conda_fetch(conda, echo),
-                                                            strict=True)]
-        sdists = _sdists(kernels, without, entries, echo)
+        entries += [Entry(c["path"], f, "")
+                    for c, f in zip(conda, _conda_fetch(conda, echo, cache=cache), strict=True)]
+        sdists = _sdists(kernels, without, entries, echo, cache)
         carried = _resources(kernels, without, stage, entries, echo)
         bares = _git(prof, without, kernels, base, stage, entries, echo)
         if with_builds:
-            found = _builds(prof, without, kernels)
+            found = _builds(prof, without, kernels, cache=cache)
             echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]
-        files, written = _hashed(entries, base, bares)
+        listed, written = _hashed(entries, base, bares)
         manifest = {
             "format": FORMAT, "tool": {"name": "megatron-env", "version": __version__},
             "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -419,22 +430,18 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             "base": manifest_digest(base) if base else None, "without": without,
             "git": bares, "sources": sdists, "resources": carried,
             "conda": [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda],
-            "files": dict(sorted(files.items())),
+            "files": dict(sorted(listed.items())),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        part = out.with_name(out.name + f".part-{os.getpid()}")
         # the archive's size is known before it is written: a full disk is said up front
-        disk.ensure(out.parent, sum(e.size for e in written) + 2**20, f"bundle {out.name}")
+        files.ensure(out.parent, sum(e.size for e in written) + MIB, f"bundle {out.name}")
         echo(f"writing {out.name}: {len(written)} files, "
-             f"{sum(e.size for e in written) / 2**20:.1f} MiB")
-        try:
-            with tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
-                tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
-                for e in written:
-                    tar.add(e.path, arcname=e.arcname, recursive=False)
-            os.replace(part, out)
-        finally:
-            part.unlink(missing_ok=True)
+             f"{sum(e.size for e in written) / MIB:.1f} MiB")
+        with files.publishing(out) as part, tarfile.open(part, "w",
+                                                         format=tarfile.PAX_FORMAT) as tar:
+            tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
+            for e in written:
+                tar.add(e.path, arcname=e.arcname, recursive=False)
     by_role: dict[str, int] = {}
     for e in written:
         by_role[e.role] = by_role.get(e.role, 0) + e.size

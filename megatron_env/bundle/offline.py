@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_env import digest, output, proc
+from megatron_env import digest, files, output, proc
 from megatron_env.bundle import unpack
 from megatron_env.bundle.layout import (
     MANIFEST,
@@ -54,13 +54,13 @@ def _chain(docs: dict[Path, Manifest]) -> list[Path]:
     return chain[::-1]
 
 
-def unpacked(paths: list[Path], echo) -> Path:
+def unpacked(paths: list[Path], echo: output.Echo) -> Path:
     """Archives unpacked once (base first, deltas over it) under the cache, keyed by the chain
     of manifests, and verified (by the run that unpacked them, and again when reused)."""
     return _unpacked(paths, echo)[0]
 
 
-def _unpacked(paths: list[Path], echo) -> tuple[Path, Manifest]:
+def _unpacked(paths: list[Path], echo: output.Echo) -> tuple[Path, Manifest]:
     """`unpacked`, with the manifest of the newest bundle, read once."""
     for p in paths:
         if p.is_dir():
@@ -83,7 +83,7 @@ def _unpacked(paths: list[Path], echo) -> tuple[Path, Manifest]:
     except UserError as e:
         echo(f"bundle: the cached copy {dest} changed since it was unpacked ({e.message}); "
              "unpacking again")
-        unpack.discard(dest)
+        files.discard(dest)
         unpack.unpack(ordered, docs, raws[ordered[-1]], dest, echo)
     return dest, top
 
@@ -160,9 +160,7 @@ def local_conda_lock(prof: Profile, root: Path, conda: Sequence[Item]) -> Path:
         text = text.replace(c["url"], local + ("#" + c["url"].split("#")[1] if "#" in c["url"]
                                                else ""))
     out = repos.cache_dir() / "bundle-conda" / f"{digest.hexpart(digest.of(text), 16)}.yml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    return out
+    return files.write_text(out, text)
 
 
 @dataclass(frozen=True)
@@ -197,7 +195,8 @@ class Bundle:
 
 def use(paths: Iterable[str | Path], profile_name: str | None,
         python: str | Path | Callable[[Profile], str | Path] | None,
-        builds: str | None = "all", echo=output.status, *, adopt_flag: str = "--adopt PYTHON",
+        builds: str | None = "all", echo: output.Echo = output.status, *,
+        adopt_flag: str = "--adopt PYTHON",
         build_cache: Path | None = None) -> Bundle:
     """Check the bundle (unpacking an archive once under the cache); -> the `Bundle` the chain
     is given. Nothing reaches the network afterwards: git sources come from the bundle's
@@ -210,14 +209,14 @@ def use(paths: Iterable[str | Path], profile_name: str | None,
     and the profile are each read once."""
     from megatron_env.profile import load as load_profile
 
-    paths = [Path(p).absolute() for p in paths]
+    given_paths = [Path(p).absolute() for p in paths]
     t0 = time.monotonic()
-    if len(paths) == 1 and paths[0].is_dir():
-        root = paths[0]
+    if len(given_paths) == 1 and given_paths[0].is_dir():
+        root = given_paths[0]
         doc = read_manifest(root)
         verify(root, doc)
     else:
-        root, doc = _unpacked(paths, echo)
+        root, doc = _unpacked(given_paths, echo)
     prof = load_profile(profile_name or doc.profile.name)
     if callable(python):
         python = python(prof)
@@ -266,10 +265,5 @@ def _cached_builds(root: Path, doc: Manifest, cache: Path) -> None:
     for slot in sorted({Path(f).parent for f in doc.files if f.startswith("builds/")}):
         target = cached / slot.name
         if not target.exists():
-            cached.mkdir(parents=True, exist_ok=True)
-            tmp = unpack.tmp_dir(target)
-            shutil.copytree(root / slot, tmp, dirs_exist_ok=True)
-            try:
-                os.rename(tmp, target)
-            except OSError:  # another run put it there first
-                shutil.rmtree(tmp, ignore_errors=True)
+            with files.publishing(target, tree=True) as tmp:  # another run's first: kept
+                shutil.copytree(root / slot, tmp, dirs_exist_ok=True)

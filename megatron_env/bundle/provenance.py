@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from megatron_env import digest, proc
+from megatron_env import digest, files, proc
 from megatron_env.errors import UserError
 
 NAMESPACE = "megatron-env-bundle"
@@ -30,7 +30,7 @@ def sig_file(archive: Path) -> Path:
 def write_sum(archive: Path) -> str:
     """The archive's sha256, also written beside it in sha256sum's format (`sha256sum -c`)."""
     hexd = digest.file_hex(archive)
-    sum_file(archive).write_text(f"{hexd}  {archive.name}\n")
+    files.write_text(sum_file(archive), f"{hexd}  {archive.name}\n")
     return hexd
 
 

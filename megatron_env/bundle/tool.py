@@ -9,19 +9,22 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from megatron_env import __version__, digest, proc
+from megatron_env import __version__, digest, output, proc
 from megatron_env.bundle.layout import MACHINE
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock, uv
+from megatron_env.recipes.recipe import Package
 
 _PIP_NAME = re.compile(r"[-_.]+")
 
 
 def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) -> None:
-    argv = [sys.executable, "-m", "pip", "download", "-q", "-d", dest, "--python-version", python,
+    argv: list[str | Path] = [sys.executable, "-m", "pip", "download", "-q", "-d", dest,
+                              "--python-version", python,
             "--implementation", "cp", "--only-binary=:all:"]
     for plat in lock.WHEEL_PLATFORMS:
         argv += ["--platform", plat]
@@ -32,7 +35,8 @@ def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) ->
                             "or PIP_FIND_LINKS", kind="source.unreachable")
 
 
-def wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...] = ()
+def wheels(prof: Profile, source: Path, dest: Path, echo: output.Echo,
+           extras: tuple[str, ...] = ()
                  ) -> None:
     """megatron-env as a wheel, its runtime dependencies and its build backend, for the profile's
     Python: `pip install --no-index --find-links tool megatron-env` then needs nothing else."""
@@ -54,7 +58,8 @@ def wheels(prof: Profile, source: Path, dest: Path, echo, extras: tuple[str, ...
     _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
 
 
-def kernel_requirements(kernels: list, dest: Path, python: str, echo,
+def kernel_requirements(kernels: list[Package], dest: Path, python: str,
+                        echo: Callable[[str], object],
                         constraints: Path | None = None) -> list[Path]:
     """What the kernels' Python packages import at run time (each recipe's `requires`), with
     their dependencies but torch and what torch itself brings (the environment the kernels
@@ -82,7 +87,7 @@ def _resolve(reqs: list[str], python: str, constraints: Path | None) -> list[str
         (Path(tmp) / "reqs.in").write_text("\n".join(reqs) + "\n")
         r = proc.run([uv.exe(), "pip", "compile", Path(tmp) / "reqs.in", "--python-version",
                       python, "--python-platform", lock.PLATFORM, "--no-header",
-                      *(["--constraint", constraints] if constraints else []),
+                      *(["--constraint", str(constraints)] if constraints else []),
                       "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
     if not r.ok:
         raise UserError(f"cannot resolve {', '.join(reqs)} for Python {python}: {r.tail(4)}",

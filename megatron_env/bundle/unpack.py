@@ -11,73 +11,29 @@ and uses it. So a published entry is only ever a verified one, and a tampered co
 the key of the good bundle it claims to be.
 
 What killed runs leave is removed by later runs: on this host once its process is gone, from
-any host after STALE_HOURS (another node's process cannot be asked).
+any host after files.STALE_HOURS (another node's process cannot be asked).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import shutil
-import socket
 import tarfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 
-from megatron_env import digest, mutex, output
+from megatron_env import digest, files, mutex, output
 from megatron_env.bundle.layout import MANIFEST, truncated_error
 from megatron_env.bundle.manifest import Manifest
 from megatron_env.errors import UserError
 from megatron_env.sources import archive
 
-STALE_HOURS = 12.0
-_TMP = re.compile(r"\.tmp-(?:(?P<host>[^/]+)-)?(?P<pid>\d+)$")
-
-
-def host() -> str:
-    """This node's name as it appears in temporary names (no dashes: they separate the pid)."""
-    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
-
-
-def tmp_dir(dest: Path) -> Path:
-    return dest.with_name(f"{dest.name}.tmp-{host()}-{os.getpid()}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stale(path: Path, now: float | None = None) -> bool:
-    """A temporary directory no living run owns: this host's with its process gone (names
-    without a host are from older versions, made here), or any older than STALE_HOURS."""
-    m = _TMP.search(path.name)
-    if not m:
-        return False
-    try:
-        age = (now or time.time()) - path.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age > STALE_HOURS * 3600:
-        return True
-    return m.group("host") in (None, host()) and not _alive(int(m.group("pid")))
+STALE_HOURS = files.STALE_HOURS
+stale = files.dead  # the temporaries of killed runs: megatron_env.files decides for every writer
 
 
 def sweep(root: Path) -> list[Path]:
-    """Remove the temporary directories killed runs left under `root`; -> those removed."""
-    gone = []
-    for d in root.glob("*.tmp-*"):
-        if d.is_dir() and stale(d):
-            shutil.rmtree(d, ignore_errors=True)
-            gone.append(d)
-    return gone
+    """Remove the temporaries killed runs left under `root`; -> those removed."""
+    return files.sweep(root)
 
 
 @contextlib.contextmanager
@@ -185,14 +141,7 @@ def refusal(where: Path | str, changed: list[str], missing: list[str], done: str
                          "unpacked first)", kind="bundle.changed")
 
 
-def discard(path: Path) -> None:
-    """Out of the way by a rename first (then no run can mistake it for a published entry)."""
-    aside = path.with_name(f"{path.name}.tmp-{host()}-{os.getpid()}-old")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(aside, ignore_errors=True)
+discard = files.discard  # out of the way by a rename first, then removed
 
 
 def unpack(paths: list[Path], docs: dict[Path, Manifest], top_raw: bytes, dest: Path,
@@ -209,10 +158,10 @@ def unpack(paths: list[Path], docs: dict[Path, Manifest], top_raw: bytes, dest: 
             return False
         for d in sweep(root):
             echo(f"bundle: removed {d.name}, left by a run that was killed")
-        tmp = tmp_dir(dest)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
+        if dest.exists() and not (dest / MANIFEST).exists():
+            discard(dest)  # half an entry (older versions): never trusted
+        lost: list[bool] = []
+        with files.publishing(dest, tree=True, lost=lambda: lost.append(True)) as tmp:
             sums = _extract(paths, docs, tmp, dest, echo)
             changed, missing = mismatch(docs[paths[-1]], sums)
             if changed or missing:
@@ -220,15 +169,6 @@ def unpack(paths: list[Path], docs: dict[Path, Manifest], top_raw: bytes, dest: 
             for extra in set(sums) - set(docs[paths[-1]].files):  # a base's file dropped
                 (tmp / extra).unlink()
             (tmp / MANIFEST).write_bytes(top_raw)
-            if dest.exists() and not (dest / MANIFEST).exists():
-                discard(dest)  # half an entry (older versions): never trusted
-            try:
-                os.rename(tmp, dest)
-            except OSError:
-                if not (dest / MANIFEST).exists():
-                    raise
-                echo(f"bundle: another run published {dest} first; using it")
-                return False
-            return True
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if lost:
+            echo(f"bundle: another run published {dest} first; using it")
+        return not lost

@@ -40,6 +40,10 @@ _BRACKET_TAG = re.compile(
     r"|\[\d+,(\d+)\]<std(?:out|err)>:"                         # mpirun --tag-output
     r"|\[([A-Za-z][\w.-]*?\d[\w.-]*|[A-Za-z][\w.-]*):(\d+)\]:"  # accelerate/deepspeed host:rank
     r"|\[(?:default|[a-z]+_?)(\d+)\]:")                        # torchrun role+local rank
+# a row of a table printed in columns (`kubectl get pods`, `squeue`): its own record even when
+# the rows are as wide as the terminal
+_TABLE_ROW = re.compile(r"\S+ {3,}\S+ {3,}\S")
+_ROLE_TAG = re.compile(r"\[(?:default|[a-z]+_?)(\d+)\]:")
 # what a prefix before a tag may say about the host: Ray's `ip=`, an aggregator's `job.host [std..]`
 _PREFIX_IP = re.compile(r"\bip=((?:\d{1,3}\.){3}\d{1,3})")
 # Ray's `(Actor pid=123, ip=10.0.0.1) ` in front of every line a worker printed
@@ -66,6 +70,8 @@ class Line(NamedTuple):
     number: int  # its first physical line there (1-based)
     rank: int | None = None  # from a launcher tag (or the file's name)
     host: str | None = None
+    raw: str = ""  # its first physical line as written (the prefix may hold its time)
+    words: tuple[str, ...] | None = None  # the trigger words in it, when already found
 
 
 def normalise(text: str, source: str = "-") -> list[Line]:
@@ -74,13 +80,17 @@ def normalise(text: str, source: str = "-") -> list[Line]:
     return list(lines(raw[:-1] if raw and raw[-1] == "" else raw, source))
 
 
-def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
+def lines(raw: Iterable[str | int | tuple[str, tuple[str, ...]]], source: str = "-",
+          searched: bool = False) -> Iterator[Line]:
     """The logical lines of one log's physical lines (without their line ends), streamed. An
-    int among them says that many lines were passed over there (nothing joins across it)."""
+    int among them says that many lines were passed over there (nothing joins across it); a
+    (line, words) pair is a line whose trigger words the reader already found (`searched`:
+    a plain line then holds none), kept in `Line.words` so that no line is searched twice."""
     default_rank = int(m.group(1)) if (m := _RANK_IN_NAME.search(Path(source).name)) else None
     it = iter(raw)
     head = list(islice(it, _WIDTH_SAMPLE))
-    width = _wrap_width([x for x in head if isinstance(x, str)])  # tags included
+    width = _wrap_width([x if x.__class__ is str else x[0] for x in head  # type: ignore[index]
+                         if x.__class__ is not int])  # tags included
     cur: list | None = None  # [text, number, rank, host] of the message being built
     prev_full = False
     number = 0
@@ -88,9 +98,13 @@ def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
         if line.__class__ is int:
             number += line
             if cur is not None:
-                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
             cur, prev_full = None, False
             continue
+        if line.__class__ is tuple:
+            line, words = line
+        else:
+            words = () if searched else None
         number += 1
         line = _plain(line)
         # terminal padding goes before the tags are read (a wrapped line's one space stays)
@@ -101,14 +115,15 @@ def lines(raw: Iterable[str | int], source: str = "-") -> Iterator[Line]:
             glue = "" if prev_full or cur[0].endswith(" ") else " "
             if len(cur[0]) < MAX_LINE:
                 cur[0] = cur[0] + glue + body.lstrip() if glue else cur[0] + body
+            cur[5] = None  # a word may straddle the join: searched again, whole
         else:
             if cur is not None:
-                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
-            cur = [body, number, rank if rank is not None else default_rank, host]
+                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
+            cur = [body, number, rank if rank is not None else default_rank, host, line, words]
         # a wrapped line fills the width with text; a padded one ends in spaces
         prev_full = width is not None and len(line) == width and line[-2:] != "  "
     if cur is not None:
-        yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3])
+        yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
 
 
 def tagged_ranks(text: str) -> set[int]:
@@ -140,7 +155,9 @@ def _continues(cur: list, body: str, rank: int | None, host: str | None,
     text = cur[0]
     if not prev_full and "NCCL" not in text and "atchdog" not in text:
         return False
-    if _RECORD.match(body):
+    # (a launcher's tag is followed by a space that is not part of the message)
+    head = body.lstrip() if rank is not None or host is not None else body
+    if _RECORD.match(head) or _TABLE_ROW.match(body):
         return False
     if prev_full or text.count("(") > text.count(")"):
         return True
@@ -196,7 +213,15 @@ def _bracket(m: re.Match[str], rank: int | None, host: str | None) -> tuple[int 
         return int(m.group(2)), host
     if m.group(3) is not None:
         return int(m.group(4)), m.group(3)
-    return (int(m.group(5)) if rank is None else rank), host
+    return rank, host  # a role's tag (`[default3]:`) is a local rank: `local_rank` reads it
+
+
+def local_rank(raw: str) -> int | None:
+    """The local rank a torchrun role tag (`[default3]:`, `[trainer1]:`) names in a physical
+    line: kept apart from the global rank (rank 3 of node 2 is not global rank 3)."""
+    if "]:" in raw and (m := _ROLE_TAG.search(raw)):
+        return int(m.group(1))
+    return None
 
 
 def _host_of(prefix: str) -> str | None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from megatron_env.diagnose import events as events_mod
-from megatron_env.diagnose import joblog, logfiles, nccl_log, triage
+from megatron_env.diagnose import joblog, logfiles, nccl_log, sig_table, triage
 from megatron_env.diagnose.events import Events
+from megatron_env.errors import UserError
 from megatron_env.findings import Finding
 
 _JOB_ID = re.compile(r"\d{3,}")
@@ -26,13 +28,16 @@ _JOB_ID = re.compile(r"\d{3,}")
 def merge(evs: list[Events]) -> Events:
     """The events of several files of one job as one (each kind still capped)."""
     out = Events()
+    out.tail = _tails([ev.tail for ev in evs])
     for ev in evs:
+        offset = out.lines
         for f in fields(Events):
-            if f.name.startswith("_") or f.name in ("lines", "nccl", "job"):
+            if f.name.startswith("_") or f.name in ("lines", "nccl", "job", "current", "tail",
+                                                         "recent"):
                 continue
             have, more = getattr(out, f.name), getattr(ev, f.name)
             if isinstance(have, list):
-                have += more[:max(0, events_mod._CAP - len(have))]
+                have += [_shift(x, offset) for x in more[:max(0, events_mod.CAP - len(have))]]
             elif isinstance(have, set):
                 have |= more
             else:  # dicts: work status by rank, facts by source
@@ -45,12 +50,17 @@ def merge(evs: list[Events]) -> Events:
     return out
 
 
+def _shift(x: object, offset: int) -> object:
+    """An event of a later file, placed after the files read before it."""
+    return {**x, "seq": x["seq"] + offset} if isinstance(x, dict) and "seq" in x else x
+
+
 def _day(date: str) -> int:
     month, day = date.split("-")
     return int(month) * 31 + int(day)
 
 
-def _differ(a: str, fa: dict, b: str, fb: dict) -> str:
+def _differ(a: str, fa: dict[str, Any], b: str, fb: dict[str, Any]) -> str:
     """Why files `a` and `b` cannot be one job's ('' when nothing says so)."""
     if fa["timeout_ms"] and fb["timeout_ms"] and fa["timeout_ms"].isdisjoint(fb["timeout_ms"]):
         return (f"Timeout(ms) {min(fa['timeout_ms'])} in {Path(a).name} vs "
@@ -90,22 +100,51 @@ def _label(srcs: list[str]) -> str:
     return ", ".join(names[:2]) + (f" +{len(names) - 2} more" if len(names) > 2 else "")
 
 
-def read(path: Path) -> Events:
-    """One file's events, its cold lines passed over (counted, their rank tags read)."""
+def read(path: Path) -> Events | None:
+    """One file's events, its cold lines passed over (counted, their rank tags read); None for
+    a file with nothing but blank lines."""
     tally = logfiles.Tally()
-    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally,
-                                                          events_mod.HOT_RARE), str(path)))
+    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally),
+                                        str(path), searched=True))
+    if not tally.text:
+        return None
     ev.lines += tally.skipped
     ev.ranks_seen |= tally.ranks
     ev.sources.setdefault(str(path), events_mod.new_facts())["ranks"] |= tally.ranks
+    ev.tail = sig_table.end_state(list(tally.tail), str(path))
     return ev
+
+
+def _tails(tails: list[dict[str, Any]]) -> dict[str, Any]:
+    """How several files of one job end, together: the ranks printing at the end of any, the
+    latest time, the progress and last line of the last file."""
+    tails = [t for t in tails if t]
+    if not tails:
+        return {}
+    times = sorted(t["time"] for t in tails if t.get("time"))
+    return {"time": times[-1] if times else None,
+            "iteration": next((t["iteration"] for t in reversed(tails) if t.get("iteration")),
+                              None),
+            "ranks": sorted({r for t in tails for r in t.get("ranks", [])}),
+            "last": tails[-1].get("last", ""),
+            "progress_after_end": any(t.get("progress_after_end") for t in tails)}
 
 
 def run(paths: list[str | Path], skipped: list[str] | None = None,
         ) -> tuple[list[Finding], int, list[str]]:
     """Findings of the logs named (grouped into jobs), the number of lines and the files read;
     the files of a directory that could not be read are left out, each named in `skipped`."""
-    per_file = {str(f): read(f) for f in logfiles.files(paths, skipped)}
+    named = logfiles.files(paths, skipped)
+    read_ = {str(f): read(f) for f in named}
+    per_file = {k: ev for k, ev in read_.items() if ev is not None}
+    empty = [k for k, ev in read_.items() if ev is None]
+    if not per_file:
+        raise UserError(f"{', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''} "
+                        f"{'is' if len(empty) == 1 else 'are'} empty: no log lines to triage",
+                        fix="pass the job's console output (stdout/stderr of every rank)",
+                        kind="triage.empty-log")
+    if skipped is not None:
+        skipped += [f"{k} (empty)" for k in empty]
     groups, reasons = group(per_file)
     lines = sum(ev.lines for ev in per_file.values())
     if len(groups) == 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from megatron_env.diagnose.events import Events, describe
+from megatron_env.diagnose.model import Events, first, in_time_order
 from megatron_env.findings import Finding
 
 
@@ -42,22 +42,48 @@ _ranks = ranks
 
 
 def rendezvous(ev: Events) -> list[Finding]:
-    if not ev.rendezvous:
+    """The rendezvous or store that failed: where the store was, who could not reach it, and
+    whether a heartbeat was lost or a name did not resolve (the table's `job.rendezvous` hits)."""
+    hits = [h for h in ev.hits if h["id"] == "job.rendezvous"]
+    if not ev.rendezvous and not hits:
         return []
-    r = ev.rendezvous[0]
-    hosts = sorted({x["host"] for x in ev.rendezvous if x["host"]})
-    store = next((x["store"] for x in ev.rendezvous if x["store"]), None) or next(
+    items = in_time_order(ev.rendezvous + hits)
+    r = first(items)
+    store = next((x["store"] for x in items if x.get("store")), None) or next(
         iter(ev.stores), None)
+    failed = [x for x in items if x.get("rank") is not None or x.get("host")]
+    rs = sorted({x["rank"] for x in failed if x.get("rank") is not None})
+    hosts = list(dict.fromkeys(x["host"] for x in failed if x.get("host")))
+    who = " on ".join(x for x in (ranks(rs) if rs else "", ", ".join(hosts[:4])) if x)
+    what = r.get("error", "") + (": " if r.get("error") else "") + r["what"]
+    kinds = {h["kind"] for h in hits}
+    kind = ("name resolution" if "name resolution" in kinds else
+            "heartbeat" if "heartbeat" in kinds else "store")
     return [Finding(
         "job.rendezvous", "fail",
-        f"the rendezvous failed{' on ' + ', '.join(hosts[:4]) if hosts else ''}: {r['error']}"
-        + (f", the store at {store} could not be reached" if store else "")
-        + f" ({r['what'][-80:]})" * bool(r["what"]),
-        [f"{x['host'] or 'a rank'}: {x['error']}: {x['what']}" for x in ev.rendezvous[:4]]
-        + [f"store address: {s}" for s in ev.stores[:4]],
-        "every node must reach MASTER_ADDR:MASTER_PORT (the rank-0 host) before the job starts: "
-        "check the address is the right interface, a firewall allows the port, and rank 0 "
-        "started; `invoke preflight` on the nodes checks the links")]
+        {"name resolution": "a host name did not resolve",
+         "heartbeat": "a node lost the rendezvous' heartbeat",
+         "store": "the rendezvous failed"}[kind]
+        + (f": {who} could not reach" if who else ": could not reach")
+        + (f" the store at {store}" if store else " the store")
+        + (f" ({what})" if what else ""),
+        [x["line"] if "line" in x else f"{x['host'] or 'a rank'}: {x['error']}: {x['what']}"
+         for x in items[:4]] + [f"store address: {s}" for s in ev.stores[:4]],
+        _RDZV_FIX[kind], kind)]
+
+
+_RDZV_FIX = {
+    "store": "every node must reach MASTER_ADDR:MASTER_PORT (the rank-0 host, or "
+             "--rdzv_endpoint) while the job starts: check the address is the right interface, "
+             "a firewall allows the port, and the store's host (rank 0) was up and had not "
+             "already failed; `invoke preflight` on the nodes checks the links",
+    "heartbeat": "a node stopped answering the rendezvous' keep-alive heartbeats: it died (its "
+                 "own log and `dmesg`: OOM killer, a hardware fault) or the network to it "
+                 "failed; `invoke preflight` on it before it rejoins",
+    "name resolution": "a host name did not resolve: use an IP address or a name every node "
+                       "resolves for MASTER_ADDR / --rdzv_endpoint (`getent hosts NAME` on each "
+                       "node), and check /etc/hosts or DNS inside the container",
+}
 
 
 def ray_deaths(ev: Events) -> list[Finding]:
@@ -101,36 +127,58 @@ _SIGNAL_FIX = {
                "the library",
     "SIGABRT": "an abort: usually PyTorch's NCCL watchdog ending the process after a timeout or "
                "an NCCL error (see those findings), else a failed C++ assertion just above",
-    "SIGKILL": "killed from outside: the kernel's OOM killer (`dmesg`, host memory) or the "
-               "scheduler (time or memory limit: `sacct -j JOB -o State,MaxRSS`)",
+    "SIGKILL": "killed from outside, most often by the host's OOM killer: `dmesg -T | grep -i "
+               "-e oom -e 'Killed process'` on that node, the job's peak host memory (`sacct -j "
+               "JOB -o MaxRSS,ReqMem`), the container's memory limit (exit 137, OOMKilled); "
+               "else the scheduler (time limit, scancel) or a person",
     "SIGTERM": "terminated from outside: the scheduler (time limit, preemption, scancel) or "
-               "torchrun ending the other workers after one failed: find that one first",
+               "the launcher ending the other workers after one failed: find that one first",
 }
 
 
+def _subject(ev: Events, ss: list[dict]) -> str:
+    """Who a signal hit: ranks as ranges, srun task ids and local ranks named as such."""
+    rs = sorted({s["rank"] for s in ss if s.get("rank") is not None})
+    tasks = sorted({t for s in ss for t in s.get("tasks") or []})
+    local = sorted({s["local"] for s in ss if s.get("local") is not None})
+    hosts = list(dict.fromkeys(h for s in ss if (h := ev.who(s)["host"])))
+    pids = list(dict.fromkeys(s["pid"] for s in ss if s.get("pid")))
+    parts = [ranks(rs)] if rs else []
+    parts += ["srun " + ranks(tasks).replace("rank", "task")] if tasks else []
+    parts += [ranks(local).replace("rank", "local rank")] if local and not rs else []
+    parts += [("pid " if len(pids) == 1 else "pids ") + ", ".join(pids[:6])] if pids and not (
+        rs or tasks) else []
+    who = ", ".join(parts) or ("torchrun's agent" if all(s["agent"] for s in ss)
+                               else "a process")
+    if not hosts and len(ev.pods) == 1:
+        return f"{who} in pod {ev.pods[0]}"
+    return who + (f" on {', '.join(hosts[:4])}" if hosts else "")
+
+
 def signals(ev: Events) -> list[Finding]:
-    """Processes a signal killed: one finding per signal, who it hit named from the job model."""
+    """Processes a signal killed: one finding per signal, the first in time first."""
     by: dict[str, list[dict]] = {}
-    for s in ev.signals:
+    for s in in_time_order(ev.signals):
         by.setdefault(s["signal"], []).append(s)
+    oom = any(h["id"] == "job.oom_killer" for h in ev.hits)
     out = []
     for name, ss in by.items():
-        who = sorted({describe(ev.who(s)) for s in ss})
         what = ss[0]["what"]
-        worker = all(s["worker"] for s in ss)
-        agent = all(s["agent"] for s in ss)
-        subject = ("a DataLoader worker" if worker else "torchrun's agent" if agent else
-                   f"{len(who)} process(es)" if len(who) > 4 else ", ".join(who))
+        code = next((s["code"] for s in ss if s.get("code") not in (None, 0)), None)
         fix = _SIGNAL_FIX.get(name, "the lines before it in that process's log say what it was "
                                     "doing; `py-spy dump` or a core dump says where")
-        if worker and name == "SIGBUS":
-            fix = ("DataLoader workers pass batches through /dev/shm: give the container "
-                   "--shm-size or --ipc=host, or fewer workers (num_workers)")
+        if name == "SIGKILL" and oom:
+            fix = "the host's OOM killer sent it (see job.oom_killer): " + fix
+        agent = all(s["agent"] for s in ss)
+        op = next((ev.collective[s["rank"]] for s in ss if s.get("rank") in ev.collective),
+                  None) or ev.collective.get(None)
         out.append(Finding(
             "job.signal", "fail",
-            f"{subject} killed by {name}" + (f" ({what})" if what != name else "")
-            + (f" on {', '.join(who[:4])}" if worker and who != ["a process"] else ""),
-            [s["line"] for s in ss[:4]] + (who[4:8] if len(who) > 4 else []), fix))
+            f"{_subject(ev, ss)} killed by {name}" + (f" ({what})" if what != name else "")
+            + (f" in {op}" if op else "")
+            + (f", exit code {code}" if code is not None else ""),
+            [s["line"] for s in ss[:4]], fix,
+            "agent" if agent else "launcher" if any(s.get("table") for s in ss) else name))
     return out
 
 
@@ -153,7 +201,7 @@ def stalls(ev: Events) -> list[Finding]:
         f"{len(ops)} tensor(s) the other ranks wait on"
         + (f" ({', '.join(kinds)})" if kinds else "")
         + (f" ({ranks(ready)} ready)" if ready else "")
-        + f", e.g. {ops[0][:120]}",
+        + f", e.g. {ops[0]}",
         [f"{o} [missing {ranks({r for s in ev.stalls if s['op'] == o for r in s['ranks']})}]"
          if not ready else f"{o} [ready {ranks(ready)}]" for o in ops[:6]],
         f"{ranks(missing) if missing else 'the rank not ready'} took another code path or died: "
@@ -181,19 +229,36 @@ def bootstrap(ev: Events) -> list[Finding]:
 
 
 def cancelled(ev: Events) -> list[Finding]:
-    """Slurm cancelled the step or job: nothing inside the job failed first, or it did earlier."""
-    if not ev.cancelled:
+    """The scheduler ended the job: Slurm's cancellation line (the reason it names), and the
+    table's scheduler hits (PBS, LSF, Kubernetes eviction, srun's force-terminate)."""
+    hits = [h for h in ev.hits if h["id"] == "job.scheduler"]
+    if not ev.cancelled and not hits:
         return []
-    c = ev.cancelled[0]
+    if not ev.cancelled:
+        return []  # the table's own finding says it (outcome.table)
+    c = first(ev.cancelled)
+    why = c["why"]
+    kind = ("time limit" if "time limit" in why else "preemption" if "preempt" in why else
+            "node failure" if "node fail" in why else "cancelled")
     return [Finding(
-        "job.slurm_cancelled", "fail",
+        "job.scheduler", "fail",
         f"Slurm cancelled {c['what']} {c['id']} on {c['host']} at {c['at']}"
-        + (f" due to {c['why']}" if c["why"] else ""),
-        [f"{x['what']} {x['id']} on {x['host']} cancelled at {x['at']}"
-         + (f" ({x['why']})" if x["why"] else "") for x in ev.cancelled[:4]],
-        "a time limit raises --time (or checkpoint more often and requeue); otherwise someone or "
-        "something ran scancel (preemption, a node failure, the job's own error handler): "
-        "`sacct -j JOB -o JobID,State,ExitCode,Reason` says which")]
+        + (f" due to {why}" if why else " (scancel, or the scheduler without a reason)"),
+        [x["line"] if "line" in x else f"{x['what']} {x['id']} on {x['host']} cancelled at "
+         f"{x['at']}" for x in ev.cancelled[:4]] + [h["line"] for h in hits[:2]],
+        _CANCEL_FIX[kind], kind)]
+
+
+_CANCEL_FIX = {
+    "time limit": "the job reached its time limit: raise --time, or checkpoint more often and "
+                  "requeue (--signal=USR1@120 lets the job save before it is killed)",
+    "preemption": "a higher-priority job preempted it: requeue (--requeue) and resume from the "
+                  "last checkpoint",
+    "node failure": "a node failed under the job: `sinfo -R` names it; drain and check it "
+                    "(`invoke preflight`) before it rejoins",
+    "cancelled": "someone or something ran scancel (a person, a workflow, the job's own error "
+                 "handler): `sacct -j JOB -o JobID,State,ExitCode,Reason` says which",
+}
 
 
 def findings(ev: Events) -> list[Finding]:

@@ -22,6 +22,7 @@ import os
 import re
 import stat
 import sys
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -159,16 +160,23 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
+TAIL = 200  # last lines of a file kept for how the log ends (job.stopped, a clean end)
+
+
 class Tally:
-    """What `physical` passed over without handing it on: how many lines, which ranks."""
+    """What `physical` passed over without handing it on (how many lines, which ranks), and
+    how the file ends."""
 
     def __init__(self) -> None:
         self.skipped = 0
         self.ranks: set[int] = set()
+        self.tail: deque[str] = deque(maxlen=TAIL)  # the file's last lines, hot or not
+        self.text = False  # any line that is not blank
 
 
 def physical(path: Path, hot: re.Pattern[str] | None = None,
-             tally: Tally | None = None, rare: tuple[str, ...] = ()) -> Iterator[str | int]:
+             tally: Tally | None = None, rare: tuple[str, ...] = (),
+             ) -> Iterator[str | int | tuple[str, tuple[str, ...]]]:
     """The file's lines without line ends, NULs removed, each at most joblog.MAX_LINE long.
 
     Read in blocks of a MiB. With `hot` (what a line must hold to matter), only the lines near
@@ -184,6 +192,7 @@ def physical(path: Path, hot: re.Pattern[str] | None = None,
     with f:
         rest = b""
         tail: list[str] = []  # the last lines of the block before, not handed on
+        tail_found: dict[int, tuple[str, ...]] = {}  # the words found in them
         after = 0  # lines of this block still inside a hot line's window
         while True:
             try:
@@ -200,18 +209,23 @@ def physical(path: Path, hot: re.Pattern[str] | None = None,
                 continue
             data, rest = data[:cut], data[cut + 1:]
             text, lines = _decode(data)
+            if tally is not None:
+                tally.tail.extend(lines[-TAIL:])
+                tally.text = tally.text or not text.isspace() and text != ""
             if hot is None:
                 yield from lines
                 continue
             if tally is not None and len(tally.ranks) < _MAX_RANKS:
                 tally.ranks |= joblog.tagged_ranks(text)
             lines = tail + lines
-            keep = _windows(text, hot, len(tail), after, rare)
+            keep, found = _windows(text, hot, len(tail), after, rare)
+            found.update(tail_found)
             after = max(0, keep[-1][1] - len(lines)) if keep else 0
             # the last lines near no hot one wait for the next block (a hot line may follow)
             held = max(min(keep[-1][1], len(lines)) if keep else 0, len(lines) - _BEFORE)
-            yield from _handed_on(lines, keep, held, tally)
+            yield from _handed_on(lines, keep, held, tally, found)
             tail = lines[held:]
+            tail_found = {i - held: w for i, w in found.items() if i >= held}
         if tail:
             if tally is not None:
                 tally.skipped += len(tail)
@@ -232,55 +246,76 @@ def _decode(data: bytes) -> tuple[str, list[str]]:
 
 
 def _windows(text: str, hot: re.Pattern[str], offset: int, after: int,
-             rare: tuple[str, ...] = ()) -> list[tuple[int, int]]:
-    """[start, end) line ranges around the hot lines of `text` (`offset` lines on), merged."""
+             rare: tuple[str, ...] = ()) -> tuple[list[tuple[int, int]],
+                                                   dict[int, tuple[str, ...]]]:
+    """[start, end) line ranges around the hot lines of `text` (`offset` lines on), merged, and
+    the words `hot` found in each hot line (so that no line is searched twice)."""
     spans: list[tuple[int, int]] = [(offset, offset + after)] if after else []
+    found: dict[int, tuple[str, ...]] = {}
     line = at = 0
-    for pos in _hits(text, hot, rare):
+    for pos, words in _hits(text, hot, rare):
         line += text.count("\n", at, pos)
         at = pos
         idx = offset + line
+        found[idx] = words
         start, end = max(0, idx - _BEFORE), idx + 1 + _AFTER
         if spans and start <= spans[-1][1]:
             spans[-1] = (spans[-1][0], max(spans[-1][1], end))
         else:
             spans.append((start, end))
-    return spans
+    return spans, found
 
 
-def _hits(text: str, hot: re.Pattern[str], rare: tuple[str, ...]) -> list[int]:
-    """Where the hot lines of `text` start, in order (one position per line and word kind)."""
-    out = []
-    pos = 0
-    while m := hot.search(text, pos):
-        out.append(text.rfind("\n", 0, m.start()) + 1)
-        pos = text.find("\n", m.end()) + 1
-        if pos == 0:
-            break
+def _hits(text: str, hot: re.Pattern[str],
+          rare: tuple[str, ...]) -> list[tuple[int, tuple[str, ...]]]:
+    """Where the hot lines of `text` start, in order, with the words found in each: one pass
+    of `hot` over the whole block (its matches grouped by line), then the `rare` words."""
+    out: list[tuple[int, tuple[str, ...]]] = []
+    start = end = -1
+    words: list[str] = []
+    for m in hot.finditer(text):
+        if m.start() >= end:  # a new line
+            if words:
+                out.append((start, tuple(words)))
+            start = text.rfind("\n", 0, m.start()) + 1
+            end = text.find("\n", m.end())
+            end = len(text) if end < 0 else end
+            words = []
+        words.append(m.group())
+    if words:
+        out.append((start, tuple(words)))
     for word in rare:
         i = text.find(word)
         while i >= 0:
-            out.append(text.rfind("\n", 0, i) + 1)
+            out.append((text.rfind("\n", 0, i) + 1, (word,)))
             nl = text.find("\n", i)
             if nl < 0:
                 break
             i = text.find(word, nl)
     if rare:
-        out = sorted(set(out))
+        merged: dict[int, tuple[str, ...]] = {}
+        for pos, ws in out:
+            merged[pos] = merged.get(pos, ()) + ws
+        out = sorted(merged.items())
     return out
 
 
 def _handed_on(lines: list[str], keep: list[tuple[int, int]], held: int,
-               tally: Tally | None) -> Iterator[str | int]:
-    """lines[:held]: those in `keep`, an int for each run of others."""
+               tally: Tally | None, found: dict[int, tuple[str, ...]] | None = None,
+               ) -> Iterator[str | int | tuple[str, tuple[str, ...]]]:
+    """lines[:held]: those in `keep` (a hot one with the words found in it), an int for each
+    run of others."""
     at = 0
+    found = found or {}
     for start, end in keep:
         end = min(end, held)
         if start > at:
             if tally is not None:
                 tally.skipped += start - at
             yield start - at
-        yield from lines[start:end]
+        for i in range(start, end):
+            w = found.get(i)
+            yield (lines[i], w) if w else lines[i]
         at = max(at, end)
     if held > at:
         if tally is not None:

@@ -9,10 +9,11 @@ when nothing has been built yet.
 
 `gather` is the only part with side effects (it probes the host and the environment, each
 through the modules that own that knowledge); `render` is pure, the redaction is
-megatron_env/redact.py's (shared with the snapshot's env.txt). Secrets:
-a variable whose name looks like a token, key, password or secret is shown as `<redacted>`,
-`user:pass@` in any URL becomes `***@`, and as a last pass the values of every such variable in
-the process environment are removed from the text wherever they appear.
+megatron_env.redact's (shared with the snapshot's env.txt): a variable whose name says it holds
+a secret is shown as `<redacted>`, every other value it prints (NCCL_*, MEGATRON_ENV_* ...)
+passes the whole redaction (structure, then shape: what looks generated is masked), and as a
+last pass the values of every secret-named variable of the process are removed wherever they
+appear.
 """
 
 from __future__ import annotations

@@ -14,12 +14,14 @@ always waiting for the one that failed.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 
-from megatron_env.diagnose import launch, nccl_log
+from megatron_env.diagnose import families, launch, nccl_log, outcome
 from megatron_env.diagnose.events import SIGNALS, XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
+from megatron_env.diagnose.model import first, in_time_order
 from megatron_env.findings import Finding
 
 NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
@@ -37,8 +39,11 @@ def _where(rank: int | None, host: str | None) -> str:
 def _who(items: list[dict]) -> str:
     """'rank 1 on gpu187', 'ranks 0 and 3', 'a rank': who printed these events."""
     rs = sorted({e["rank"] for e in items if e.get("rank") is not None})
+    local = sorted({e["local"] for e in items if e.get("local") is not None})
     hosts = sorted({e["host"] for e in items if e.get("host")})
-    return (ranks(rs) if rs else "a rank") + (f" on {', '.join(hosts)}" if hosts else "")
+    who = (ranks(rs) if rs else ranks(local).replace("rank", "local rank") if local
+           else "a rank")
+    return who + (f" on {', '.join(hosts)}" if hosts else "")
 
 
 def _seconds(ms: int) -> str:
@@ -180,7 +185,7 @@ _NCCL_FIX = {
 def _nccl_errors(ev: Events) -> list[Finding]:
     out = []
     by_kind: dict[str, list[dict]] = defaultdict(list)
-    for e in ev.nccl_errors:
+    for e in in_time_order(ev.nccl_errors):
         by_kind[e["kind"]].append(e)
     for kind, es in by_kind.items():
         where = sorted({describe(ev.who(e)) for e in es} - {"a process"})
@@ -223,10 +228,15 @@ def _op(ev: Events, es: list[dict]) -> str | None:
         next(iter(ev.collective.values())) if len(set(ev.collective.values())) == 1 else None)
 
 
+# CUDA errors that are the hardware's, not the code's (cudaErrorECCUncorrectable,
+# cudaErrorNvlinkUncorrectable, cudaErrorHardwareStackError, a GPU that is lost)
+_HARDWARE = re.compile(r"ECC|NVLink|hardware|fallen off|GPU is lost|uncorrectable", re.I)
+
+
 def _cuda(ev: Events) -> list[Finding]:
     out = []
     by_what: dict[str, list[dict]] = defaultdict(list)
-    for e in ev.cuda_errors:
+    for e in in_time_order(ev.cuda_errors):
         by_what[e["what"]].append(e)
     for what, es in by_what.items():
         if "ECC" in what:
@@ -239,15 +249,17 @@ def _cuda(ev: Events) -> list[Finding]:
                    "cause: `invoke build-check`; if it moves between nodes, check Xid lines")
         else:
             fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
-        out.append(Finding("job.cuda_error", "fail", f"{_who(es)} hit CUDA error: {what}",
-                           [e["line"] for e in es[:4]], fix))
+        hardware = _HARDWARE.search(what) is not None
+        out.append(Finding("job.cuda_error", "fail", f"{_who(es)} hit CUDA error: {what}"
+                           + (" (a GPU hardware fault, not the code's)" if hardware else ""),
+                           [e["line"] for e in es[:4]], fix, "hardware" if hardware else ""))
     if ev.ooms:
-        o = ev.ooms[0]
+        o = first(ev.ooms)
         out.append(Finding(
             "job.cuda_oom", "fail",
             f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o['size']}"
             + (f" on GPU {o['gpu']} ({o['total']} total)" if o["gpu"] else ""),
-            [e["line"][:300] for e in ev.ooms[:4]],
+            [e["line"] for e in ev.ooms[:4]],
             "smaller micro-batch, activation recomputation, more tensor/pipeline parallelism, or "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation"))
     return out
@@ -290,7 +302,8 @@ def _stuck(ev: Events) -> list[Finding]:
 def _root_cause(ev: Events) -> list[Finding]:
     if not ev.failures:
         return []
-    root = next((f for f in ev.failures if f["root"]), ev.failures[0])
+    roots = [f for f in ev.failures if f["root"]]
+    root = first(roots or ev.failures)  # each node's agent prints its own: the first in time
     code = root["exitcode"]
     how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
            if code is not None and code < 0 else f"exit code {code}" if code is not None
@@ -316,9 +329,11 @@ def _root_cause(ev: Events) -> list[Finding]:
                     "`@record` on the entry point (torch.distributed.elastic.multiprocessing."
                     "errors) so torchrun prints it here")
     others = [f for f in ev.failures if f is not root]
+    failed = sorted({f["rank"] for f in ev.failures if f["rank"] is not None})
     return [Finding(
         "job.root_cause", "fail",
-        f"torchrun's first observed failure: {who}, {how}",
+        f"{root.get('launcher', 'torchrun')}'s first observed failure: {who}, {how}"
+        + (f"; failed: {ranks(failed)}" if len(failed) > 1 else ""),
         [f"{'root cause' if f['root'] else 'also failed'}: "
          + _proc(f)
          + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
@@ -387,36 +402,38 @@ def _ibv(ev: Events) -> list[Finding]:
     return out
 
 
-ORDER = ["job.gpu_xid", "job.cuda_error", "nccl.ib_completion", "nccl.cuda", "job.cuda_oom",
+ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_error",
+         "nccl.ib_completion", "nccl.cuda", "job.cuda_oom", "job.numerics", "job.data",
          "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "nccl.ibverbs",
          "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.bootstrap",
-         "job.rendezvous",
-         "nccl.socket", "job.nccl_error", "job.root_cause",
-         "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.slurm_cancelled",
+         "job.rendezvous", "nccl.socket", "job.nccl_net", "job.nccl_error", "job.root_cause",
+         "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.scheduler",
          "nccl.net", "nccl.transport"]
 
 
+def _rank_of(f: Finding) -> tuple[int, int]:
+    rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
+    if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
+        rank = ORDER.index("job.timeout") + 1
+    if f.id == "job.signal" and f.kind == "launcher":  # the root cause's exit code, again
+        rank = ORDER.index("job.root_cause") + 1
+    if f.id == "job.signal" and f.kind in ("agent", "SIGTERM"):  # sent from outside
+        rank = ORDER.index("job.scheduler") + 1
+    return (f.status != "fail", rank)
+
+
 def findings(ev: Events) -> list[Finding]:
-    """Most likely cause first (see the module's docstring); one finding when nothing matched."""
+    """Most likely cause first (see the module's docstring), each in its family (its `kind`);
+    when no signature names a failure, the log's outcome (`outcome`): unrecognised, stopped
+    or a clean end."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
-          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev))
-
-    def key(f: Finding) -> tuple[int, int]:
-        rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
-        if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
-            rank = ORDER.index("job.timeout") + 1
-        if f.id == "job.signal" and f.summary.startswith("torchrun's agent"):  # from outside
-            rank = ORDER.index("job.slurm_cancelled") + 1
-        return (f.status != "fail", rank)
-
-    fs.sort(key=key)
-    if not any(f.status == "fail" for f in fs):
-        fs.append(Finding(
-            "job.unknown", "skip",
-            f"no known failure signature in {ev.lines} lines of {len(ev.sources)} log(s)",
-            [], f"pass the logs of every rank (srun --label, torchrun --tee 3) from a run with "
-                f"{NEXT_RUN}"))
-    return fs
+          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
+          + outcome.table(ev, skip=frozenset({"job.rendezvous"} | (
+              {"job.scheduler"} if ev.cancelled else set()))))
+    fs.sort(key=_rank_of)
+    fs += outcome.outcome(ev, any(f.status == "fail" for f in fs))
+    return [Finding(f.id, f.status, f.summary, f.evidence, f.fix,
+                    families.family(f.id, f.kind).name) for f in fs]
 
 
 def triage(lines: Iterable[Line]) -> list[Finding]:

@@ -10,6 +10,7 @@ differ from the majority. Every finding's summary names its host (and GPU where 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import statistics
 from collections import Counter, defaultdict
@@ -71,7 +72,7 @@ def _json(path: Path) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(path.read_text(errors="replace"))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return {"_error": f"{path.name} is not valid JSON"}
     return data if isinstance(data, dict) else {"_error": f"{path.name} is not a JSON object"}
 
@@ -317,7 +318,8 @@ def _node_findings(node: Node, profile: Profile) -> list[Finding]:
         except UserError as e:  # one node's bad file is said, the fleet still compared
             own.append(Finding("fleet.input", "warn", f"{e.message}: left out",
                                [f"file: {node.host}/gpu_health.json"], fix=e.fix))
-    return [Finding(f.id, f.status, f"{node.host}: {f.summary}", f.evidence, f.fix) for f in own]
+    # the host in front of the summary; id, kind, evidence and fix as the check gave them
+    return [dataclasses.replace(f, summary=f"{node.host}: {f.summary}") for f in own]
 
 
 def analyse(nodes: list[Node], profile: Profile, *, slow: float = DEFAULT_SLOW,

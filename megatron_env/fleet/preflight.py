@@ -65,7 +65,7 @@ def gpu_health(python: Path, snap: snapshot.Snapshot, out: Path, size: int,
             {"id": "gpu.health", "status": "skip", "summary": why, "evidence": [], "fix": ""}]}
     else:
         with tempfile.TemporaryDirectory(prefix="gpu-health-") as tmp:
-            argv = [python, REPO_ROOT / "scripts" / "gpu_health.py", "--out", tmp,
+            argv: list[str | Path] = [python, REPO_ROOT / "scripts" / "gpu_health.py", "--out", tmp,
                     "--size", str(size), "--head-dims",
                     ",".join(map(str, head_dims))]
             env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
@@ -99,7 +99,7 @@ def apply_override(host: str, out: Path) -> list[str]:
 
 
 def run_node(run_dir: Path, profile_name: str | None, python: str | None, *,
-             health: bool = True, size: int = 8192, echo=print) -> Path:
+             health: bool = True, size: int = 8192, echo: output.Echo=print) -> Path:
     """Everything one node contributes to a preflight, into run_dir/<host>/."""
     t0 = time.monotonic()
     host = host_name()
@@ -172,7 +172,7 @@ def srun_argv(run_dir: Path, nodes: int, profile_name: str | None, python: str |
 
 
 def launch(run_dir: Path, profile_name: str | None, python: str | None, *, health: bool = True,
-           size: int = 8192, echo=print) -> tuple[int, list[str]]:
+           size: int = 8192, echo: output.Echo=print) -> tuple[int, list[str]]:
     """srun one task per node of the allocation; (srun's exit status, the expected hosts)."""
     job, nodes = allocation()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +184,7 @@ def launch(run_dir: Path, profile_name: str | None, python: str | None, *, healt
 
 
 def verify_nccl(run_dir: Path, healthy: list[str], gpus_per_node: int, python: Path,
-                extra: list[str], echo=print) -> int | None:
+                extra: list[str], echo: output.Echo=print) -> int | None:
     """scripts/verify_nccl.py through srun across the healthy nodes (one rank per GPU); its
     exit status, or None when fewer than two nodes are left to test."""
     if len(healthy) < 2:

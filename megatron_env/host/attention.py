@@ -21,7 +21,7 @@ from megatron_env.profile import Profile
 DEFAULT_HEAD_DIM = 128  # Megatron's GPT configs: hidden / heads = 128
 
 
-def _attention_kernels(prof: Profile) -> dict[str, dict]:
+def _attention_kernels(prof: Profile) -> dict[str, dict[str, Any]]:
     """The profile's kernel tables whose recipe chooses head dims: its attention kernels."""
     return {name: table for name, table in prof.kernels.items()
             if any(c.name == "hdims" for c in recipes.get(name).choices)}
@@ -56,5 +56,5 @@ def from_file(path: Path, prof: Profile | None = None) -> Finding | None:
     """finding() of a gpu_health JSON file, None when it is absent or unreadable."""
     try:
         return finding(json.loads(path.read_text()), prof)
-    except (OSError, json.JSONDecodeError, AttributeError, TypeError):
+    except (OSError, ValueError, RecursionError, AttributeError, TypeError):
         return None

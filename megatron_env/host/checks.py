@@ -12,14 +12,16 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from packaging.version import Version
 
-from megatron_env.findings import Finding
+from megatron_env.findings import Finding, Status
 from megatron_env.host import parsers
 from megatron_env.host.parsers import ParseError
 from megatron_env.host.snapshot import Snapshot, collect
 from megatron_env.profile import Profile
+from megatron_env.units import GIB, MIB
 
 Check = Callable[[Snapshot, Profile], Finding]
 CHECKS: list[tuple[str, Check]] = []
@@ -27,7 +29,7 @@ CHECKS: list[tuple[str, Check]] = []
 # Oldest driver that runs a CUDA major release through minor-version compatibility
 # (CUDA compatibility guide, "Minor Version Compatibility").
 MINOR_COMPAT_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
-GIB = 1024**3
+T = TypeVar("T")
 
 
 def check(check_id: str) -> Callable[[Check], Check]:
@@ -76,15 +78,17 @@ def _unparseable(check_id: str, name: str, err: ParseError) -> Finding:
                         "again")
 
 
-def _parsed(snap: Snapshot, cid: str, name: str, parser, missing: str):
-    """(value, None) from the snapshot file `name`, or (None, a finding) when absent/unparseable."""
+def _parsed(snap: Snapshot, cid: str, name: str, parser: Callable[[str], T],
+            missing: str) -> T | Finding:
+    """The value parsed from the snapshot file `name`, or the finding that says why there is
+    none (absent: skip; unparseable)."""
     text = snap.text(name)
     if text is None:
-        return None, Finding(cid, "skip", missing)
+        return Finding(cid, "skip", missing)
     try:
-        return parser(text), None
+        return parser(text)
     except ParseError as e:
-        return None, _unparseable(cid, name, e)
+        return _unparseable(cid, name, e)
 
 
 def _driver(snap: Snapshot) -> str | None:
@@ -158,7 +162,7 @@ def cuda_toolkit(snap: Snapshot, profile: Profile) -> Finding:
     evidence = [e for v in sorted(versions) for e in sorted(versions[v])]
     text = snap.text("nvcc-version.txt")
     if not text:
-        status = "warn" if len(versions) > 1 else "skip"
+        status: Status = "warn" if len(versions) > 1 else "skip"
         return Finding(cid, status,
                        f"no nvcc on the host; the environment's CUDA {profile.cuda} toolkit "
                        "(conda) builds the kernels" + (
@@ -189,7 +193,7 @@ def cuda_toolkit(snap: Snapshot, profile: Profile) -> Finding:
     return Finding(cid, "pass", f"nvcc {nvcc} matches the profile", evidence)
 
 
-def _nvml_disagreement(pairs: list[tuple[str, str, str]], nvml: dict) -> list[str]:
+def _nvml_disagreement(pairs: list[tuple[str, str, str]], nvml: dict[str, Any]) -> list[str]:
     """Pairs where `nvidia-smi topo -m` and NVML's NVLink P2P status tell different stories."""
     m = nvml.get("nvlink_p2p")
     if not isinstance(m, list) or not pairs or len(m) != len({g for a, b, _ in pairs
@@ -281,10 +285,10 @@ _BENIGN_REASONS = ("Idle", "Applications Clocks Setting", "Display Clock Setting
 @check("gpu.throttle")
 def gpu_throttle(snap: Snapshot, profile: Profile) -> Finding:
     cid = "gpu.throttle"
-    gpus, finding = _parsed(snap, cid, "nvidia-smi-q.txt", parsers.clock_event_reasons,
-                            "no `nvidia-smi -q` output in the snapshot")
-    if finding:
-        return finding
+    gpus = _parsed(snap, cid, "nvidia-smi-q.txt", parsers.clock_event_reasons,
+               "no `nvidia-smi -q` output in the snapshot")
+    if isinstance(gpus, Finding):
+        return gpus
     bad = [(g.bus_id, r) for g in gpus for r in g.active if r in _BAD_REASONS]
     other = [(g.bus_id, r) for g in gpus for r in g.active
              if r not in _BAD_REASONS and r not in _BENIGN_REASONS]
@@ -340,9 +344,9 @@ def net_ib(snap: Snapshot, profile: Profile) -> Finding:
 @check("limits.memlock")
 def limits_memlock(snap: Snapshot, profile: Profile) -> Finding:
     cid = "limits.memlock"
-    kib, finding = _parsed(snap, cid, "ulimit-l.txt", parsers.ulimit, "ulimit -l not recorded")
-    if finding:
-        return finding
+    kib = _parsed(snap, cid, "ulimit-l.txt", parsers.ulimit, "ulimit -l not recorded")
+    if isinstance(kib, Finding):
+        return kib
     if kib is None:
         return Finding(cid, "pass", "locked memory is unlimited", ["ulimit -l: unlimited"])
     ib = bool(_active_ib(snap))
@@ -357,14 +361,14 @@ def limits_memlock(snap: Snapshot, profile: Profile) -> Finding:
 @check("sys.shm")
 def sys_shm(snap: Snapshot, profile: Profile) -> Finding:
     cid = "sys.shm"
-    size, finding = _parsed(snap, cid, "shm.txt", parsers.df_size_bytes,
-                            "/dev/shm size not recorded")
-    if finding:
-        return finding
+    size = _parsed(snap, cid, "shm.txt", parsers.df_size_bytes,
+                  "/dev/shm size not recorded")
+    if isinstance(size, Finding):
+        return size
     evidence = [f"/dev/shm: {size / GIB:.2f} GiB"]
     fix = "give the container --shm-size=64g (or --ipc=host); on bare metal remount /dev/shm larger"
     if size < 1 * GIB:
-        return Finding(cid, "fail", f"/dev/shm is only {size / 2**20:.0f} MiB: NCCL's SHM "
+        return Finding(cid, "fail", f"/dev/shm is only {size / MIB:.0f} MiB: NCCL's SHM "
                        "transport and data-loader workers will fail", evidence, fix)
     if size < 8 * GIB:
         return Finding(cid, "warn", f"/dev/shm is {size / GIB:.1f} GiB: tight for 8 ranks of "

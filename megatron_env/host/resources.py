@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from megatron_env.units import GIB
+
 UNLIMITED = 2**60  # cgroup v1 writes "no limit" as 9223372036854771712
 
 
@@ -37,7 +39,7 @@ def memory(root: Path = Path("/")) -> tuple[int, str]:
     for limit, used in _cgroup_limits(root):
         if limit - used < avail:
             avail = max(0, limit - used)
-            source = f"free under a {limit / 2**30:.0f} GiB cgroup limit"
+            source = f"free under a {limit / GIB:.0f} GiB cgroup limit"
     return avail, source
 
 
@@ -48,7 +50,7 @@ def _meminfo_available(root: Path) -> int:
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 8 * 2**30  # unreadable: assume a small machine
+    return 8 * GIB  # unreadable: assume a small machine
 
 
 def _cgroup_limits(root: Path) -> list[tuple[int, int]]:

@@ -4,6 +4,13 @@ A snapshot is a plain directory: one raw text file per command (exactly what it 
 `nvml.json` with what NVML reports, and `meta.json` saying for every file how it was made and
 whether the command was missing on the host. The same directory can be collected on a compute
 node and analysed anywhere with `invoke check --snapshot DIR`.
+
+`meta.json` is the snapshot's completeness marker: `collect` has written it last from its first
+version on, and now writes it whole (a temporary renamed into place) after every other file is
+on disk; a replacement (--force) removes the old one first. A directory without a readable
+meta.json is a collect that stopped part way (a full disk, a kill) and is refused: its absent
+files would read as absent tools ("no nvcc on the host"). A snapshot an older version collected
+to the end has its meta.json and is read as before.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megatron_env import output, proc, redact
+from megatron_env import files, output, proc, redact
 from megatron_env.errors import UserError
 
 # file name -> command. ulimit is a shell builtin, hence sh -c.
@@ -60,6 +67,15 @@ class Snapshot:
                 fix="pass a directory written by `invoke collect --out DIR`",
                 kind="snapshot.empty",
             )
+        meta, why = files.read_json(path / "meta.json")
+        if not isinstance(meta, dict):  # a cut-short one is not JSON: written whole, last
+            why = why or "meta.json is not a JSON object"
+            raise UserError(
+                f"snapshot {path} is incomplete ({why}; `collect` writes it last): it stopped "
+                "part way and its absent files would read as absent tools",
+                fix=f"collect it again on its node: invoke collect --out {path} --force",
+                kind="snapshot.incomplete",
+            )
         return cls(path)
 
     def text(self, name: str) -> str | None:
@@ -76,7 +92,7 @@ class Snapshot:
 
     def missing(self, name: str) -> bool:
         """True when the command behind `name` was recorded as not installed on the host."""
-        return self.meta().get("files", {}).get(name, {}).get("status") == "missing"
+        return bool(self.meta().get("files", {}).get(name, {}).get("status") == "missing")
 
     def env(self) -> dict[str, str]:
         from megatron_env.host.parsers import env_file
@@ -89,7 +105,7 @@ class Snapshot:
             return {}
         try:
             data = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return {"_error": f"{name} is not valid JSON"}
         return data if isinstance(data, dict) else {"_error": f"{name} is not a JSON object"}
 
@@ -174,7 +190,7 @@ def _nvlink_p2p(nv: Any, handles: list[Any]) -> list[list[bool]]:
     return [[linked(i, j) for j in range(len(handles))] for i in range(len(handles))]
 
 
-def collect(out: Path, *, echo=output.status, force: bool = False) -> Snapshot:
+def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False) -> Snapshot:
     """Record this host into `out` (created). A snapshot already there is replaced only with
     `force`: it may be the only record of a node as it was. Every file is written through
     megatron_env.redact (command outputs can hold a token in a URL or a variable)."""
@@ -188,34 +204,35 @@ def collect(out: Path, *, echo=output.status, force: bool = False) -> Snapshot:
                         kind="snapshot.exists")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        files.remove(out / "meta.json")  # until the new one: incomplete, not the old snapshot
     except OSError as e:
         raise UserError(f"cannot create {out}: {e.strerror}",
                         fix="pass --out a directory you can write",
                         kind="path.cannot-create") from None
-    files: dict[str, dict[str, Any]] = {}
+    record: dict[str, dict[str, Any]] = {}
     for name, argv in COMMANDS.items():
         if name == "nvcc-version.txt":
             argv = _nvcc_argv()
         r = proc.run(argv, timeout=120)
         if r.missing:
-            files[name] = {"argv": argv, "status": "missing"}
+            record[name] = {"argv": argv, "status": "missing"}
             (out / name).unlink(missing_ok=True)
         else:
-            (out / name).write_text(redact.text(r.output))
-            files[name] = {"argv": argv, "status": "ok" if r.ok else "failed",
+            files.write_text(out / name, redact.text(r.output))
+            record[name] = {"argv": argv, "status": "ok" if r.ok else "failed",
                            "returncode": r.returncode}
-        echo(f"  {name:<24} {files[name]['status']}")
+        echo(f"  {name:<24} {record[name]['status']}")
     env = redact.variables({k: v for k, v in os.environ.items()
                             if k in ENV_NAMES or k.startswith(ENV_PREFIXES)})
-    (out / "env.txt").write_text(redact.text("".join(f"{k}={v}\n" for k, v in env.items())))
-    files["env.txt"] = {"status": "ok", "source": "environment (GPU-related variables only)"}
-    (out / "nvml.json").write_text(redact.text(json.dumps(nvml_facts(), indent=2) + "\n"))
-    files["nvml.json"] = {"status": "ok", "source": "nvidia-ml-py"}
+    files.write_text(out / "env.txt", redact.text("".join(f"{k}={v}\n" for k, v in env.items())))
+    record["env.txt"] = {"status": "ok", "source": "environment (GPU-related variables only)"}
+    files.write_text(out / "nvml.json", redact.text(json.dumps(nvml_facts(), indent=2) + "\n"))
+    record["nvml.json"] = {"status": "ok", "source": "nvidia-ml-py"}
     meta = {
         "hostname": socket.gethostname(),
         "collected_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "platform": platform.platform(),
-        "files": files,
+        "files": record,
     }
-    (out / "meta.json").write_text(redact.text(json.dumps(meta, indent=2) + "\n"))
+    files.write_text(out / "meta.json", redact.text(json.dumps(meta, indent=2) + "\n"))  # last
     return Snapshot(out)

@@ -17,13 +17,12 @@ import shutil
 import tarfile
 import time
 import urllib.parse
-import urllib.request
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from megatron_env import digest, mutex, output, proc, recipes
+from megatron_env import digest, files, mutex, output, proc, recipes
 from megatron_env.errors import UserError
 from megatron_env.host import resources
 from megatron_env.kernels import compiler, jobserver, libstdcxx
@@ -33,8 +32,9 @@ from megatron_env.profile import Profile
 from megatron_env.pyenv import probe, uv
 from megatron_env.recipes import recipe
 from megatron_env.recipes.recipe import Package, source_var
+from megatron_env.redact import mask_urls
 from megatron_env.sources import archive as archive_mod
-from megatron_env.sources import index, patches, repos
+from megatron_env.sources import http, index, patches, repos
 from megatron_env.sources.given import Given
 from megatron_env.sources.resources import place as place_resource
 
@@ -65,45 +65,70 @@ def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
     root = cache or cache_dir()
     if src.repo:
         dest = pristine_path(pkg, root)
-        if not (dest / ".megatron-env-pristine").exists():
-            for name, repo, commit, tag, path in git_sources(pkg):
-                repos.checkout(name, repo, tag, commit, dest / path, echo=echo, given=given)
-            for res in src.resources:  # pinned content in place of a submodule
-                echo(f"{pkg.name}: {res.path} from {res.origin} ({', '.join(res.take)})")
-                place_resource(res, dest, echo=echo, given=given and given.resource(res.name))
-            (dest / ".megatron-env-pristine").write_text(src.digest + "\n")
+        if not _whole(dest, PRISTINE, f"{pkg.name}: the cached source tree"):
+            files.sweep(dest.parent, dest.name)
+            with files.publishing(dest, tree=True) as tmp:
+                for name, repo, commit, tag, path in git_sources(pkg):
+                    repos.checkout(name, repo, tag, commit, tmp / path, echo=echo, given=given)
+                for res in src.resources:  # pinned content in place of a submodule
+                    echo(f"{pkg.name}: {res.path} from {res.origin} ({', '.join(res.take)})")
+                    place_resource(res, tmp, echo=echo,
+                                   given=given and given.resource(res.name))
+                seal(tmp, PRISTINE, src.digest)
         return dest
     archive = sdist_archive(pkg, root)
+    if archive.exists() and (got := digest.file_hex(archive)) != src.sha256:
+        output.warning(f"{pkg.name}: the cached sdist {archive} has sha256 {got}, the profile "
+                       f"pins {src.sha256}: it changed in the cache; fetching it again")
+        files.discard(archive)
     if not archive.exists():
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        tmp = archive.with_suffix(f".tmp-{os.getpid()}")
-        origin = _download(pkg, tmp, echo, given)
-        got = digest.file_hex(tmp)
-        if got != src.sha256:
-            tmp.unlink()
-            raise UserError(f"{pkg.name} source {origin}: sha256 {got}, the profile pins "
-                            f"{src.sha256}", fix="the file was changed or is another version: "
-                                                 "use the original sdist", kind="source.sha256")
-        os.replace(tmp, archive)
+        with files.publishing(archive) as tmp:
+            origin = _download(pkg, tmp, echo, given)
+            got = digest.file_hex(tmp)
+            if got != src.sha256:
+                raise UserError(f"{pkg.name} source {origin}: sha256 {got}, the profile pins "
+                                f"{src.sha256}", fix="the file was changed or is another "
+                                "version: use the original sdist", kind="source.sha256")
     dest = pristine_path(pkg, root)
-    if not (dest / ".megatron-env-pristine").exists():
-        tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not _whole(dest, PRISTINE, f"{pkg.name}: the cached source tree"):
+        _unpack_sdist(pkg, archive, dest)
+    return dest
+
+
+def _unpack_sdist(pkg: Package, archive: Path, dest: Path) -> None:
+    """The verified sdist's top directory published as `dest`, sealed."""
+    files.sweep(dest.parent, dest.name)
+    with files.publishing(dest, tree=True) as tmp:
         try:
             with tarfile.open(archive) as tar:
-                archive_mod.extract(tar, tmp, f"the {pkg.name} {pkg.pin} sdist")
+                archive_mod.extract(tar, tmp / "x", f"the {pkg.name} {pkg.pin} sdist")
         except (tarfile.TarError, ValueError, OSError) as e:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if files.no_space(e):
+                raise
             raise UserError(f"cannot unpack {archive}: {e}",
                             fix=f"remove {archive} and fetch it again",
                             kind="source.unreadable") from None
-        tops = list(tmp.iterdir())
-        top = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp
-        (top / ".megatron-env-pristine").write_text(src.sha256 + "\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(top, dest)
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+        tops = list((tmp / "x").iterdir())
+        top = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp / "x"
+        for item in top.iterdir():
+            os.rename(item, tmp / item.name)
+        shutil.rmtree(tmp / "x", ignore_errors=True)
+        seal(tmp, PRISTINE, pkg.source.sha256 or "")
+
+
+PRISTINE, PATCHED = ".megatron-env-pristine", ".megatron-env-patched"
+
+
+seal = files.seal
+
+
+def _whole(tree: Path, marker: str, what: str) -> bool:
+    """Whether a cached tree is whole as it was sealed; else it is gone (the caller makes it
+    again from its pinned source), with a warning when it had changed."""
+    why = files.unsealed(tree, marker)
+    if why:
+        output.warning(f"{what} {tree} {why}; making it again")
+    return why is None
 
 
 def pristine_path(pkg: Package, cache: Path) -> Path:
@@ -152,13 +177,17 @@ def _download(pkg: Package, target: Path, echo, given: Given | None) -> str:
     url = str((given and given.sdist(pkg.name)) or os.environ.get(source_var(pkg.name)) or "")
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme in ("http", "https", "file"):
-        echo(f"{pkg.name}: downloading {url}")
+        shown = mask_urls(url)
+        echo(f"{pkg.name}: downloading {shown}")
         try:
-            urllib.request.urlretrieve(url, target)
-        except OSError as e:
-            raise UserError(f"cannot download {url}: {e}", fix=fix,
+            with http.open_url(url) as r:
+                digest.copy_hashed(r, target)
+        except (OSError, ValueError) as e:
+            if files.no_space(e):
+                raise
+            raise UserError(f"cannot download {shown}: {getattr(e, 'reason', e)}", fix=fix,
                             kind="source.unreachable") from None
-        return url
+        return shown
     if url:
         if not Path(url).is_file():
             raise UserError(f"{source_var(pkg.name)}={url}: no such file", fix=fix,
@@ -304,15 +333,11 @@ def torch_facts(python: Path, cache: Path | None = None) -> dict:
     if not cheap.get("stamp") or not cheap.get("torch"):
         return probe.torch_facts(python)  # its error says what is wrong
     known = (cache or cache_dir()) / "facts" / f"{digest.hexpart(digest.of(cheap), 24)}.json"
-    try:
-        return json.loads(known.read_text())
-    except (OSError, json.JSONDecodeError):
-        pass
+    facts, _why = files.read_json(known)
+    if isinstance(facts, dict):
+        return facts
     facts = probe.torch_facts(python)
-    known.parent.mkdir(parents=True, exist_ok=True)
-    tmp = known.with_suffix(f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(facts))
-    os.replace(tmp, known)
+    files.write_text(known, json.dumps(facts))
     return facts
 
 
@@ -366,33 +391,17 @@ def patched(pkg: Package, series: list[Path], echo=output.status, *, given: Give
     step makes it; a build copies it (a build writes objects into its tree)."""
     root = cache or cache_dir()
     dest = patched_path(pkg, series, root)
-    if (dest / ".megatron-env-patched").exists():
+    if _whole(dest, PATCHED, f"{pkg.name}: the cached patched tree"):
         return dest
     pristine = fetch(pkg, echo, given=given, cache=root)
-    for leftover in dest.parent.glob(f"{dest.name}.tmp-*"):  # of killed runs
-        if not _alive(leftover.name.rsplit("-", 1)[-1]):
-            shutil.rmtree(leftover, ignore_errors=True)
-    staged = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
-    patches.apply_series(pristine, staged, series)  # on failure nothing is left
-    for x in series:
-        echo(f"{pkg.name}: applied {x.name}")
-    (staged / ".megatron-env-patched").write_text(json.dumps([x.name for x in series]) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)  # an unmarked (incomplete) tree
-    try:
-        os.replace(staged, dest)
-    except OSError:  # another run put the same tree there first
-        shutil.rmtree(staged, ignore_errors=True)
+    files.sweep(dest.parent, dest.name)  # of killed runs, this host's or long dead only
+    with files.publishing(dest, tree=True) as staged:
+        staged.rmdir()  # apply_series makes it
+        patches.apply_series(pristine, staged, series)  # on failure nothing is left
+        for x in series:
+            echo(f"{pkg.name}: applied {x.name}")
+        seal(staged, PATCHED, json.dumps([x.name for x in series]))
     return dest
-
-
-def _alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
@@ -416,12 +425,12 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
     log = None
     with mutex.exclusive(Path(str(slot) + ".lock"), f"{pkg.name}: another build of this key "
                            f"is running ({slot}.lock); waiting for it", echo):  # one per key
-        wheels = list(slot.glob("*.whl"))
-        hit = bool(wheels)
-        if not hit:
+        found = compiler.cached(slot)  # checked against its record at every use
+        hit = found is not None
+        if found is None:
             _sweep(p.key, cache)
             tree = patched(pkg, p.patches, echo, given=given, cache=cache)
-            work = cache / "build" / f"{p.key}.tmp-{os.getpid()}"
+            work = files.temp_for(cache / "build" / p.key)
             work.parent.mkdir(parents=True, exist_ok=True)
             log = cache / "logs" / f"{p.key}-{time.strftime('%Y%m%d%H%M%S')}.log"
             try:  # the tree and its objects take GBs: gone on success and on failure alike
@@ -442,22 +451,23 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                         fix="the compiler linked libstdc++ statically: give it a libstdc++.so "
                             f"(LDFLAGS=-L<dir>), or use a complete g++ (log: {log})",
                         kind="build.static-libstdcxx")
-                staging = slot.with_name(slot.name + f".tmp-{os.getpid()}")
-                staging.mkdir()
-                shutil.copy(wheel, staging / wheel.name)
-                timings = compiler.keep_ninja_logs(work, staging / "ninja-logs")
-                (staging / "meta.json").write_text(json.dumps(
-                    {"plan": p.lines(), "max_jobs": p.max_jobs, "why_jobs": p.why_jobs,
-                     "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     "build_seconds": built_in, "log": str(log), "ninja": timings,
-                     "key": p.key_doc},
-                    indent=2) + "\n")
-                os.replace(staging, slot)
+                with files.publishing(slot, tree=True) as staging:
+                    shutil.copy(wheel, staging / wheel.name)
+                    timings = compiler.keep_ninja_logs(work, staging / "ninja-logs")
+                    (staging / "meta.json").write_text(json.dumps(
+                        {"plan": p.lines(), "max_jobs": p.max_jobs, "why_jobs": p.why_jobs,
+                         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         "build_seconds": built_in, "log": str(log), "ninja": timings,
+                         "key": p.key_doc, "wheel_sha256": digest.file_hex(wheel)},
+                        indent=2) + "\n")
             finally:
                 for d in (work, compiler.dist_dir(work)):
                     shutil.rmtree(d, ignore_errors=True)
-            wheels = list(slot.glob("*.whl"))
-    wheel = wheels[0]
+            found = compiler.cached(slot)
+    if found is None:  # published by another run meanwhile, and not intact
+        raise UserError(f"{pkg.name}: the cached build {slot} changed while it was being used",
+                        fix="run the build again", kind="build.cache-changed")
+    wheel = found
     t_install = time.monotonic()
     if hit and installed_from(wheel, p.torch.get("platlib")):
         echo(f"{pkg.name}: cache hit, {wheel.name} is installed already (same files)")
@@ -468,15 +478,7 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         if not r.ok:
             raise UserError(f"installing {wheel.name} failed: {r.tail(5)}",
                             kind="build.install-failed")
-    if pkg.requires:  # what it imports at run time: installed where missing, nothing else moved
-        r = proc.run([uv.exe(), "pip", "install", "--python", python, *pkg.requires],
-                     env=uv.env(**(child_env or {})), timeout=1800)
-        if not r.ok:
-            raise UserError(f"{pkg.name} needs {', '.join(pkg.requires)} at run time; installing "
-                            f"them failed: {r.tail(5)}",
-                            fix="a bundle carries them among its wheels (make it again with this "
-                                "version), or install them into the environment",
-                            kind="build.requires-failed")
+    _install_requires(pkg, python, child_env)
     t_verify = time.monotonic()
     missing, facts = probe.imports(python, pkg.modules)
     echo(f"{pkg.name}: plan {t_install - t0 - (built_in or 0):.1f} s, install "
@@ -492,12 +494,26 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                   facts["imported"])
 
 
+def _install_requires(pkg: Package, python: Path, child_env: Mapping[str, str] | None) -> None:
+    """What the package imports at run time (Recipe.requires), installed where missing; what
+    the environment has already satisfied is not moved (uv pip install, no --upgrade)."""
+    if not pkg.requires:
+        return
+    r = proc.run([uv.exe(), "pip", "install", "--python", python, *pkg.requires],
+                 env=uv.env(**(child_env or {})), timeout=1800)
+    if not r.ok:
+        raise UserError(f"{pkg.name} needs {', '.join(pkg.requires)} at run time; installing "
+                        f"them failed: {r.tail(5)}",
+                        fix="a bundle carries them among its wheels (make it again with this "
+                            "version), or install them into the environment",
+                        kind="build.requires-failed")
+
+
 def _sweep(key: str, cache: Path) -> None:
-    """Remove what killed builds of this key left (the caller holds the key's lock, so no
-    living build owns any of it)."""
-    for pattern in (f"build/{key}.tmp-*", f"wheels/{key}.tmp-*"):
-        for d in cache.glob(pattern):
-            shutil.rmtree(d, ignore_errors=True)
+    """Remove what killed builds of this key left: only what is provably dead (the key's lock
+    is a courtesy a shared filesystem may not honour across nodes)."""
+    for sub in ("build", "wheels"):
+        files.sweep(cache / sub, key)
 
 
 def selected(profile: Profile, which: str, archs: list[str]) -> list[Package]:

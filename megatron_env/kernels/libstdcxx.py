@@ -9,7 +9,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from megatron_env import proc
+from megatron_env import files, proc
 from megatron_env.errors import UserError
 
 
@@ -45,10 +45,8 @@ def shared_libstdcxx(build_env: dict[str, str], cache: Path) -> dict[str, str]:
     d.mkdir(parents=True, exist_ok=True)
     link = d / "libstdc++.so"
     if not link.exists() or link.resolve() != runtime.resolve():
-        tmp = d / f".libstdc++.so.tmp-{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(runtime)
-        os.replace(tmp, link)
+        with files.publishing(link) as tmp:
+            tmp.symlink_to(runtime)
     return {"LDFLAGS": " ".join(filter(None, [f"-L{d}", build_env.get("LDFLAGS")]))}
 
 

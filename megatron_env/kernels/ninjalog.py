@@ -16,6 +16,7 @@ import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _HEADER = re.compile(r"^# ninja log v(\d+)\s*$")
 
@@ -105,7 +106,7 @@ def concurrency(steps: list[Step], every: float = 10.0) -> list[tuple[float, flo
     return out
 
 
-def summary(steps: list[Step], top: int = 10) -> dict:
+def summary(steps: list[Step], top: int = 10) -> dict[str, Any]:
     """Wall time, compile time summed over steps, mean and peak parallelism, the slowest steps,
     and the tail: how long the build ran with fewer steps than its peak (waiting on the last,
     slowest objects rather than on cores)."""

@@ -4,18 +4,19 @@ environment without dependency resolution (the lock already decided), and its C+
 helpers built by that install.
 
 Checkouts live in `.megatron-env/<profile>.megatron/<commit>-<patch digest>/`, complete and
-stamped before they are used; an interrupted run leaves only a `.tmp-*` that the next one removes.
+stamped before they are used, published by megatron_env.files: an interrupted run leaves only
+a temporary that a later run removes once it is provably dead (never another node's live one).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from megatron_env import digest, output, proc
+from megatron_env import digest, files, output, proc
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import env, manifest, probe, uv
@@ -37,10 +38,11 @@ def key(profile: Profile) -> str:
 
 
 def source_dir(profile: Profile) -> Path:
-    return env.ENV_ROOT / f"{profile.name}.megatron" / key(profile)
+    return env.env_root() / f"{profile.name}.megatron" / key(profile)
 
 
-def prepare(profile: Profile, echo=output.status, given: Given | None = None) -> Path:
+def prepare(profile: Profile, echo: output.Echo = output.status,
+            given: Given | None = None) -> Path:
     """The patched source tree of the profile's Megatron, made once per commit and patch series
     (`given`: a bundle's repository instead of the profile's URL)."""
     dest = source_dir(profile)
@@ -48,31 +50,29 @@ def prepare(profile: Profile, echo=output.status, given: Given | None = None) ->
         return dest
     root = dest.parent
     root.mkdir(parents=True, exist_ok=True)
-    for leftover in root.glob("*.tmp-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    files.sweep(root)  # only what killed runs left: this host's dead ones, or long dead
     m = profile.megatron
-    pristine = root / f".pristine-{m['commit'][:12]}.tmp-{os.getpid()}"
-    repos.checkout("megatron", m["repo"], m["tag"], m["commit"], pristine, echo=echo,
-                   given=given)
+    pristine = files.temp_for(root / f".pristine-{m['commit'][:12]}")
     series = patch_series(profile)
-    staged = root / f"{dest.name}.tmp-{os.getpid()}"
-    try:
-        patches.apply_series(pristine, staged, series)
-    finally:
-        shutil.rmtree(pristine, ignore_errors=True)
-    for p in series:
-        echo(f"megatron: applied {p.name}")
-    (staged / STAMP).write_text(json.dumps(
-        {"tag": m["tag"], "commit": m["commit"], "patches": [p.name for p in series],
-         "patch_digest": digest.of_files(series)}, indent=2) + "\n")
     if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(staged, dest)
+        files.discard(dest)  # unstamped: half a checkout, never used
+    try:
+        repos.checkout("megatron", m["repo"], m["tag"], m["commit"], pristine, echo=echo,
+                       given=given)
+        with files.publishing(dest, tree=True) as staged:
+            patches.apply_series(pristine, staged, series)
+            for p in series:
+                echo(f"megatron: applied {p.name}")
+            (staged / STAMP).write_text(json.dumps(
+                {"tag": m["tag"], "commit": m["commit"], "patches": [p.name for p in series],
+                 "patch_digest": digest.of_files(series)}, indent=2) + "\n")
+    finally:
+        files.remove(pristine)
     return dest
 
 
-def install(profile: Profile, python: Path, src: Path, echo=output.status,
-            child_env: Mapping[str, str] | None = None) -> dict:
+def install(profile: Profile, python: Path, src: Path, echo: output.Echo = output.status,
+            child_env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Editable install of `src` for the interpreter `python`; returns the import check.
     `child_env`: what uv is told besides (a bundle's offline settings)."""
     if not python.exists():
@@ -93,7 +93,7 @@ def install(profile: Profile, python: Path, src: Path, echo=output.status,
     return check_import(python)
 
 
-def check_import(python: Path) -> dict:
+def check_import(python: Path) -> dict[str, Any]:
     """torch, megatron.core and its compiled dataset helpers import; returns the probe's facts."""
     missing, facts = probe.missing_modules(python, MODULES)
     if missing or "torch" not in facts:
@@ -129,7 +129,6 @@ def not_installed(python: Path, profile: Profile) -> str | None:
 
 def _direct_url(info: Path) -> str | None:
     """Where an installed distribution came from (PEP 610 direct_url.json), if it says."""
-    try:
-        return json.loads((info / "direct_url.json").read_text()).get("url")
-    except (OSError, ValueError, AttributeError):
-        return None
+    doc, _why = files.read_json(info / "direct_url.json")
+    url = doc.get("url") if isinstance(doc, dict) else None
+    return url if isinstance(url, str) else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from megatron_env import recipes
 from megatron_env.profile import Profile
@@ -38,7 +39,7 @@ STACK = {"python", "torch", "torch-cuda", "torch-import"}  # what an adopted env
 
 @dataclass
 class Verification:
-    facts: dict
+    facts: dict[str, Any]
     differences: list[Mismatch] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 

@@ -27,15 +27,16 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from megatron_env import digest, mutex, output, proc, project
+from megatron_env import digest, files, mutex, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, lock, manifest, uv
 from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
 from megatron_env.pyenv.probe import probe
+from megatron_env.units import GIB
 
-ENV_ROOT = project.state_root() / ".megatron-env"
 STAMP = ".megatron-env.json"
 MANIFEST = ".megatron-env-manifest.json"  # every installed file; see megatron_env.pyenv.manifest
 MIN_FREE_ENV = "MEGATRON_ENV_MIN_FREE_GB"
@@ -44,18 +45,23 @@ DEFAULT_MIN_FREE_GB = 8.0  # a CUDA torch environment with its nvidia-* wheels: 
 
 # Installed by the venv or conda machinery, not by the lock; never counted as "extra".
 def default_prefix(profile: Profile) -> Path:
-    return ENV_ROOT / profile.name
+    return env_root() / profile.name
+
+
+def env_root() -> Path:
+    """Where environments live by default (.megatron-env under the project, or under the
+    working directory for the wheel's read-only copy); read when asked, never at import."""
+    return project.state_root() / ".megatron-env"
 
 
 def python_of(prefix: Path) -> Path:
     return prefix / "bin" / "python"
 
 
-def read_stamp(prefix: Path) -> dict | None:
-    try:
-        return json.loads((prefix / STAMP).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+def read_stamp(prefix: Path) -> dict[str, Any] | None:
+    """The environment's stamp; None when it is missing or not a JSON object (rebuilt then)."""
+    doc, _why = files.read_json(prefix / STAMP)
+    return doc if isinstance(doc, dict) else None
 
 
 @dataclass
@@ -65,7 +71,7 @@ class Summary:
     mode: str
     action: str  # "built", "up to date", "repaired", "verified"
     seconds: float
-    facts: dict
+    facts: dict[str, Any]
     size: int = 0  # bytes installed, from the manifest (walking 20,000 files costs seconds)
 
     def line(self) -> str:
@@ -74,7 +80,7 @@ class Summary:
         return (f"{self.profile}: {self.action} at {self.prefix} ({self.mode}); Python "
                 f"{f.get('python')}, torch {f.get('torch')}, CUDA {f.get('torch_cuda')}, "
                 f"NCCL {f.get('nccl', '?')}, {len(f.get('dists', {}))} packages"
-                + (f", {size / 2**30:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
+                + (f", {size / GIB:.2f} GiB" if size else "") + f", {self.seconds:.1f} s")
 
 
 def min_free_gb() -> float:
@@ -92,9 +98,9 @@ def min_free_gb() -> float:
     return value
 
 
-def check_free_space(where: Path, echo=output.status) -> None:
+def check_free_space(where: Path, echo: output.Echo = output.status) -> None:
     need_gb = min_free_gb()
-    free_gb = shutil.disk_usage(where).free / 2**30
+    free_gb = shutil.disk_usage(where).free / GIB
     if free_gb < need_gb:
         raise UserError(
             f"only {free_gb:.1f} GiB free under {where}; building an environment needs about "
@@ -157,7 +163,7 @@ def _refuse(prefix: Path, profile: Profile) -> None:
 def build(profile: Profile, prefix: Path | None = None, *, python: str | None = None,
           conda: str | None = None, use_conda: bool | None = None,
           find_links: list[str] | None = None, no_index: bool = False, deep: bool = False,
-          conda_lock: Path | None = None, echo=output.status,
+          conda_lock: Path | None = None, echo: output.Echo = output.status,
           child_env: Mapping[str, str] | None = None) -> Summary:
     """Create, check or repair the profile's environment at `prefix` (see the module docstring).
 
@@ -218,15 +224,37 @@ class Sources:
 
 
 def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: str,
-          sources: Sources, t0: float, echo, **how) -> Summary:
+          sources: Sources, t0: float, echo: output.Echo, *, python: str | None,
+          conda: str | None, use_conda: bool | None, conda_lock: Path | None) -> Summary:
     keep = prefix.resolve() if prefix.is_symlink() else None
-    for leftover in store.iterdir():  # what interrupted runs left: never trusted, removed
-        if leftover.is_dir() and leftover != keep:
-            shutil.rmtree(leftover, ignore_errors=True)
-        elif leftover.name.startswith(".link-"):
-            leftover.unlink(missing_ok=True)
+    _clear(store, keep)
+    files.sweep(prefix.parent, prefix.name)  # a switch's link a killed run left
     target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
-    mode = _create(profile, target, lockfile, sources=sources, echo=echo, **how)
+    claim = files.temp_for(target)  # this run's, until the environment is whole
+    claim.touch()
+    try:
+        return _make(profile, prefix, target, keep, lockfile, wanted, sources, t0, echo,
+                     python=python, conda=conda, use_conda=use_conda, conda_lock=conda_lock)
+    finally:
+        claim.unlink(missing_ok=True)
+
+
+def _clear(store: Path, keep: Path | None) -> None:
+    """What interrupted runs left in `store`, removed: a claimed environment (a file
+    `<name>.tmp-<host>-<pid>-<random>` beside it) only once its claim is provably dead (another
+    node's run on a shared filesystem keeps its work), an unclaimed one (older versions) at once."""
+    claims = [c for c in store.glob("*.tmp-*") if c.is_file()]
+    claimed = {c.name.split(".tmp-")[0] for c in claims if not files.dead(c)}
+    for d in [*(d for d in store.iterdir() if d.is_dir()), *claims]:  # not the lock file
+        if d != keep and d.name.split(".tmp-")[0] not in claimed and d.exists():
+            files.remove(d)
+
+
+def _make(profile: Profile, prefix: Path, target: Path, keep: Path | None, lockfile: Path,
+          wanted: str, sources: Sources, t0: float, echo: output.Echo, *, python: str | None,
+          conda: str | None, use_conda: bool | None, conda_lock: Path | None) -> Summary:
+    mode = _create(profile, target, lockfile, python=python, conda=conda, use_conda=use_conda,
+                   sources=sources, echo=echo, conda_lock=conda_lock)
     try:
         facts = probe(python_of(target), torch=False)
         bad = manifest.hash_check(manifest.scan(facts["sites"]))
@@ -247,21 +275,21 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
                         fix="re-run `invoke lock`, then `invoke env`", kind="env.verify-failed")
     m = _record(target, profile, wanted, mode, v.facts)
     _switch(prefix, target)
-    if keep and keep != target and keep.parent == store:
+    if keep and keep != target and keep.parent == target.parent:
         shutil.rmtree(keep, ignore_errors=True)
     return Summary(profile.name, prefix, mode, "built", time.monotonic() - t0, v.facts,
                    m["bytes"])
 
 
 def _record(target: Path, profile: Profile, lock_digest: str, mode: str,
-            facts: dict) -> dict:
+            facts: dict[str, Any]) -> dict[str, Any]:
     """Write the manifest of a verified environment, then its stamp (which names the manifest).
     The manifest holds what this step installs; what the megatron and builds steps install on
     top (ON_TOP: megatron-core editable, the kernel wheels) is theirs to check and re-install,
     so that re-installing it is never a change of the environment."""
     m = manifest.without(manifest.scan(facts["sites"]), ON_TOP)
     manifest_digest = manifest.save(m, target / MANIFEST)
-    (target / STAMP).write_text(json.dumps(
+    files.write_text(target / STAMP, json.dumps(
         {"profile": profile.name, "lock_digest": lock_digest, "mode": mode,
          "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
          "python": facts["python"], "torch": facts.get("torch"),
@@ -291,8 +319,8 @@ def _unchanged(profile: Profile, prefix: Path, wanted: str) -> Summary | None:
                    current.get("facts") or {}, m["bytes"])
 
 
-def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources: Sources,
-          deep: bool, echo) -> Summary | None:
+def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict[str, Any], sources: Sources,
+          deep: bool, echo: output.Echo) -> Summary | None:
     """Check an environment built from this very lock; repair what changed. None: rebuild it."""
     python = python_of(prefix.resolve())  # the manifest names files by their real paths
     m = manifest.load(prefix / MANIFEST)
@@ -326,7 +354,8 @@ def _warm(profile: Profile, prefix: Path, lockfile: Path, current: dict, sources
                    "repaired" if diffs else "verified", 0.0, v.facts, m["bytes"])
 
 
-def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, echo) -> None:
+def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
+           echo: output.Echo) -> None:
     """Reinstall `names` from the lock, with uv's cache entries of them refreshed from the
     package source (an entry edited in place would otherwise be installed again), then prove
     every reinstalled file against its wheel's RECORD."""
@@ -353,8 +382,9 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources, ech
                             "source (index, mirror or --find-links)", kind="env.repair-failed")
 
 
-def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, use_conda,
-            sources: Sources, echo, conda_lock: Path | None = None) -> str:
+def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | None,
+            conda: str | None, use_conda: bool | None,
+            sources: Sources, echo: output.Echo, conda_lock: Path | None = None) -> str:
     log = target.with_suffix(".log")
     conda_lock_file = lock.conda_lockfile(profile, conda_lock)
     solver = conda or lock.conda_solver()
@@ -393,15 +423,9 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python, conda, us
 
 def _switch(prefix: Path, target: Path) -> None:
     """Point `prefix` at `target` in one atomic rename of a fresh symbolic link."""
-    if prefix.exists() and not prefix.is_symlink():
-        # an environment from before this layout: move it aside, it is replaced below
-        aside = prefix.with_name(f".{prefix.name}.replaced-{os.getpid()}")
-        os.rename(prefix, aside)
-        shutil.rmtree(aside, ignore_errors=True)
-    link = target.parent / f".link-{os.getpid()}"
-    link.unlink(missing_ok=True)
-    os.symlink(os.path.relpath(target, prefix.parent), link)
-    os.replace(link, prefix)
+    # an environment from before this layout (a directory at `prefix`) is discarded first
+    with files.publishing(prefix) as link:
+        os.symlink(os.path.relpath(target, prefix.parent), link)
 
 
 # --- adopting --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_env import digest, output, proc
+from megatron_env import digest, files, output, proc
 from megatron_env.errors import UserError
 from megatron_env.profile import LOCK_FILE, Profile
 from megatron_env.pyenv import uv
@@ -76,7 +76,7 @@ def write_environment_yml(profile: Profile) -> None:
     """envs/<name>/environment.yml, written only when it changes (a refresh touches nothing)."""
     path, text = profile.env_file, environment_yml(profile)
     if not path.exists() or path.read_text() != text:
-        path.write_text(text)
+        files.write_text(path, text)
 
 
 def inputs_digest(profile: Profile) -> str:
@@ -263,9 +263,7 @@ def compile_lock(profile: Profile, *, python: str | None = None,
     text = seal(profile, body)
     changed = not target.exists() or target.read_text() != text
     if changed:
-        tmp_target = target.with_suffix(".lock.tmp")
-        tmp_target.write_text(text)
-        os.replace(tmp_target, target)  # a reader never sees half a lock
+        files.write_text(target, text)  # a reader never sees half a lock
     return LockResult(target, exe, where, len(parse_lock(text)), changed)
 
 

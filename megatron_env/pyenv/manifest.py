@@ -21,12 +21,18 @@ import base64
 import csv
 import json
 import os
+from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from megatron_env import digest
+from megatron_env import digest, files
 
 FORMAT = 1
+
+#: A manifest as saved (JSON): {"format", "roots": [site-packages], "bytes", "dists": {dist-info
+#: name: {"name", "version", "files": [[path, size, mtime_ns, inode, sha256]], "absent": [path]}}}
+Manifest = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -96,17 +102,18 @@ def _bytecode(record_path: str) -> bool:
     return record_path.endswith(".pyc") and "__pycache__/" in record_path
 
 
-def scan(roots: list[str], names: set[str] | None = None) -> dict:
+def scan(roots: list[str], names: set[str] | None = None) -> Manifest:
     """The manifest of the distributions installed under `roots` (site-packages directories);
     `names`: of these distributions only."""
-    dists = {}
+    dists: dict[str, dict[str, Any]] = {}
     total = 0
     for info_name, info in sorted(dist_infos(roots).items()):
         name, version = _dist_name(info)
         if names is not None and name not in names:
             continue
         root = str(info.parent)
-        files, absent = [], []
+        files: list[list[Any]] = []
+        absent: list[str] = []
         try:
             with open(info / "RECORD", newline="", encoding="utf-8") as fh:
                 rows = list(csv.reader(fh))
@@ -128,16 +135,16 @@ def scan(roots: list[str], names: set[str] | None = None) -> dict:
     return {"format": FORMAT, "roots": list(roots), "dists": dists, "bytes": total}
 
 
-def without(manifest: dict, names: set[str]) -> dict:
+def without(manifest: Manifest, names: set[str]) -> Manifest:
     """The manifest less the distributions called `names` (and their bytes)."""
     dists = {k: d for k, d in manifest["dists"].items() if d["name"] not in names}
     return {**manifest, "dists": dists,
             "bytes": sum(f[1] for d in dists.values() for f in d["files"])}
 
 
-def stat_check(manifest: dict, ignore_extra: set[str] = frozenset()) -> list[Difference]:
+def stat_check(manifest: Manifest, ignore_extra: Set[str] = frozenset()) -> list[Difference]:
     """Differences visible to `stat` alone: missing or changed files, packages added."""
-    out = []
+    out: list[Difference] = []
     for d in manifest["dists"].values():
         for path, size, mtime, ino, _sha in d["files"]:
             try:
@@ -155,9 +162,9 @@ def stat_check(manifest: dict, ignore_extra: set[str] = frozenset()) -> list[Dif
     return out
 
 
-def hash_check(manifest: dict, packages: set[str] | None = None) -> list[Difference]:
+def hash_check(manifest: Manifest, packages: set[str] | None = None) -> list[Difference]:
     """Every file (of `packages`, or all) re-hashed against the sha256 its RECORD gives."""
-    out = []
+    out: list[Difference] = []
     for d in manifest["dists"].values():
         if packages is not None and d["name"] not in packages:
             continue
@@ -183,25 +190,21 @@ def summarize(differences: list[Difference], most: int = 3) -> list[str]:
     for pkg in packages(differences):
         mine = [d for d in differences if d.package == pkg]
         for kind in sorted({d.kind for d in mine}):
-            files = [d.file for d in mine if d.kind == kind]
-            shown = ", ".join(files[:most]) + (f" and {len(files) - most} more"
-                                               if len(files) > most else "")
+            names = [d.file for d in mine if d.kind == kind]
+            shown = ", ".join(names[:most]) + (f" and {len(names) - most} more"
+                                               if len(names) > most else "")
             lines.append(f"{pkg}: {kind} {shown}")
     return lines
 
 
-def save(manifest: dict, path: Path) -> str:
+def save(manifest: Manifest, path: Path) -> str:
     """Write atomically; returns the digest that names this manifest (stamps refer to it)."""
     text = json.dumps(manifest, separators=(",", ":"))
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    files.write_text(path, text)
     return digest.of_bytes(text.encode())
 
 
-def load(path: Path) -> dict | None:
-    try:
-        m = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+def load(path: Path) -> Manifest | None:
+    """The manifest at `path`, or None when it is absent or not one (any content: redone)."""
+    m, _why = files.read_json(path)
     return m if isinstance(m, dict) and m.get("format") == FORMAT else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from megatron_env import proc
 from megatron_env.errors import UserError
@@ -111,7 +112,23 @@ print(json.dumps(out))
 """
 
 
-def metadata(python: Path | str, *modules: str) -> dict:
+def _last_json(python: Path | str, r: proc.Result) -> dict[str, Any]:
+    """The JSON object a probe prints as its last line; anything else (nothing printed, a
+    line a site hook added after it) is one error naming the interpreter, not a traceback."""
+    lines = r.stdout.strip().splitlines()
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise UserError(f"{python} ran the probe but printed no JSON object last: "
+                        f"{(lines or ['nothing'])[-1][:200]!r}",
+                        fix="check the interpreter's site hooks (sitecustomize, .pth files) for "
+                            "output, or rebuild it with `invoke env`", kind="python.probe-output")
+    return doc
+
+
+def metadata(python: Path | str, *modules: str) -> dict[str, Any]:
     """What `python` has, read from its files without importing anything of it (see _METADATA):
     distributions, torch's version/CUDA/ABI, NCCL and cuDNN wheel versions, module files."""
     r = proc.run([str(python), "-I", "-c", _METADATA, *modules], timeout=120,
@@ -119,10 +136,10 @@ def metadata(python: Path | str, *modules: str) -> dict:
     if not r.ok:
         raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`",
                         kind="python.broken")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _last_json(python, r)
 
 
-def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
+def probe(python: Path | str, *imports: str, torch: bool = True) -> dict[str, Any]:
     """What `python` has: distributions, its site-packages directories (where a manifest looks
     for RECORDs), and (unless torch=False) torch's facts and `imports`."""
     args = [*imports] if torch else ["--no-torch"]
@@ -131,11 +148,11 @@ def probe(python: Path | str, *imports: str, torch: bool = True) -> dict:
     if not r.ok:
         raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`",
                         kind="python.broken")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _last_json(python, r)
 
 
 def missing_modules(python: Path | str,
-                    modules: tuple[str, ...] | list[str]) -> tuple[list[str], dict]:
+                    modules: tuple[str, ...] | list[str]) -> tuple[list[str], dict[str, Any]]:
     """(the modules that do not import, in the given order; the probe's facts)."""
     facts = probe(python, *modules)
     return [m for m in modules if m not in facts["imported"]], facts
@@ -156,7 +173,8 @@ except Exception as e:
 """ + _IMPORT_NAMED
 
 
-def imports(python: Path | str, modules: tuple[str, ...] | list[str]) -> tuple[list[str], dict]:
+def imports(python: Path | str,
+            modules: tuple[str, ...] | list[str]) -> tuple[list[str], dict[str, Any]]:
     """(the modules that do not import, in order; {imported, errors}): one interpreter that
     imports torch and the modules and nothing else (no distribution listing, no cuDNN or NCCL
     query): what a kernel's install check needs, in the time of one torch import."""
@@ -165,7 +183,7 @@ def imports(python: Path | str, modules: tuple[str, ...] | list[str]) -> tuple[l
     if not r.ok:
         raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`",
                         kind="python.broken")
-    facts = json.loads(r.stdout.strip().splitlines()[-1])
+    facts = _last_json(python, r)
     return [m for m in modules if m not in facts["imported"]], facts
 
 
@@ -186,7 +204,7 @@ print(json.dumps({"torch": ns.get("__version__"), "cuda": ns.get("cuda"),
 """
 
 
-def torch_stamp(python: Path) -> dict:
+def torch_stamp(python: Path) -> dict[str, Any]:
     """torch's version, CUDA, the Python tag and platlib read from files, without importing
     torch (50 ms instead of seconds), and `stamp`: the path, size and mtime of torch's _C
     extension, which changes whenever torch does (None when torch is not found): a key under
@@ -195,17 +213,17 @@ def torch_stamp(python: Path) -> dict:
     if not r.ok:
         raise UserError(f"{python} does not run: {r.tail(3)}",
                         fix="build the environment first (`invoke env`)", kind="python.broken")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _last_json(python, r)
 
 
-def torch_facts(python: Path) -> dict:
+def torch_facts(python: Path) -> dict[str, Any]:
     """What a compiled extension depends on: torch's version, its CUDA, C++ ABI, the Python tag."""
     r = proc.run([python, "-c", _TORCH], timeout=300, cwd="/")
     if not r.ok:
         raise UserError(f"{python} cannot import torch: {r.tail(3)}",
                         fix="build the environment first (`invoke env`)",
                         kind="torch.import-failed")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _last_json(python, r)
 
 
 def native_archs(python: Path) -> list[str]:

@@ -20,7 +20,7 @@ def exe() -> str:
     try:
         from uv import find_uv_bin
 
-        return find_uv_bin()
+        return str(find_uv_bin())
     except (ImportError, FileNotFoundError):
         raise UserError("uv is not installed", fix="python3 -m pip install uv",
                         kind="tool.no-uv") from None

@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Sequence
 from functools import cache
+from typing import Any, Protocol
 
 from megatron_env.errors import UserError
 from megatron_env.recipes.recipe import Recipe
+
+
+class Pinned(Protocol):
+    """What the table reads of a profile (megatron_env.profile.Profile, which imports this)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kernels(self) -> dict[str, dict[str, Any]]: ...
 
 
 @cache
@@ -36,7 +47,7 @@ def get(name: str) -> Recipe:
     return recipes[name]
 
 
-def table(profiles: list) -> list[tuple[str, str]]:
+def table(profiles: Sequence[Pinned]) -> list[tuple[str, str]]:
     """`invoke kernels`: each recipe (source, what it is, variants and choices), then what each
     of `profiles` pins of it (version or tag @ commit, variants chosen)."""
     rows = []

@@ -33,7 +33,7 @@ from megatron_env.errors import UserError
 from megatron_env.host import checks
 from megatron_env.setup import state
 from megatron_env.setup.state import Action, Status
-from megatron_env.setup.steps import (  # noqa: F401  (the chain's names, used from here)
+from megatron_env.setup.steps import (  # the chain's names, used from here
     ADOPTED_MANIFEST,
     STEPS,
     Context,
@@ -44,6 +44,9 @@ from megatron_env.setup.steps import (  # noqa: F401  (the chain's names, used f
     _verify_run,
     steps,
 )
+
+__all__ = ["ADOPTED_MANIFEST", "STEPS", "Context", "Decision", "Row", "Step", "_adopt",
+           "_verify_run", "decide", "execute", "one_step", "predict", "run", "steps"]
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@ not at all (a temporary file renamed over the old one).
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+
+from megatron_env import files
 
 
 class Action(Enum):
@@ -67,6 +68,13 @@ class Stamp:
             doc = json.loads(text)
         except json.JSONDecodeError as e:
             raise BadStamp(f"not JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise BadStamp("nested deeper than any stamp") from None
+        return cls.of(doc)
+
+    @classmethod
+    def of(cls, doc: object) -> Stamp:
+        """The stamp a parsed JSON value holds (BadStamp when it holds none)."""
         if not isinstance(doc, dict):
             raise BadStamp(f"a JSON {type(doc).__name__}, not an object")
         if "digest" not in doc:
@@ -83,25 +91,22 @@ def path(stamps: Path, step: str) -> Path:
 
 def read(stamps: Path, step: str) -> tuple[Stamp | None, str]:
     """(the step's stamp, "") or (None, why there is none usable)."""
-    try:
-        text = path(stamps, step).read_text()
-    except FileNotFoundError:
+    where = path(stamps, step)
+    if not where.exists() and not where.is_symlink():
         return None, "no stamp"
-    except (OSError, UnicodeDecodeError) as e:
-        return None, f"its stamp cannot be read ({e})"
+    doc, why = files.read_json(where)
+    if why:
+        return None, f"its stamp is not a stamp ({why})"
     try:
-        return Stamp.parse(text), ""
+        return Stamp.of(doc), ""
     except BadStamp as e:
-        return None, f"its stamp {path(stamps, step).name} is not a stamp ({e})"
+        return None, f"its stamp {where} is not a stamp ({e})"
 
 
 def write(stamps: Path, step: str, digest: str, detail: str) -> Stamp:
     """Record a step's success in one rename: a kill leaves the old stamp or the new one."""
     s = Stamp(digest, detail, time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-    target = path(stamps, step)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.write_text(s.text())
-    os.replace(tmp, target)
+    files.write_text(path(stamps, step), s.text())
     return s
 
 

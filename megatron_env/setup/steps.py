@@ -16,6 +16,7 @@ from megatron_env.kernels import build, together
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, env, lock, manifest
+from megatron_env.recipes.recipe import Package
 from megatron_env.setup.state import Status
 from megatron_env.sources import patches, repos
 from megatron_env.sources.given import Given
@@ -38,7 +39,7 @@ class Context:
     jobs: int | None = None  # --jobs: caps the kernels' shared pool of compile jobs
     deep: bool = False  # re-hash every installed file and import again (--verify-deep)
     bundle: Bundle | None = None  # where sources, wheels and the conda layer come from offline
-    kernels: dict[str, build.Package] = field(default_factory=dict)  # resolved once, below
+    kernels: dict[str, Package] = field(default_factory=dict)  # resolved once, below
     cache: Path = field(default_factory=repos.cache_dir)  # sources, patched trees, builds
 
     def __post_init__(self) -> None:
@@ -115,6 +116,7 @@ def _env_run(ctx: Context) -> str:
 def _adopt(ctx: Context) -> str:
     """An existing environment: Python, torch and its CUDA must match; other packages may differ
     from the lock (an NGC container has its own), and each difference is listed."""
+    assert ctx.adopt is not None  # the env step adopts only with --adopt
     v = audit.verify(ctx.adopt, ctx.profile, ctx.profile.lock_file)
     f = v.facts
     if fatal := v.text(audit.STACK):
@@ -163,7 +165,7 @@ def _builds_skip(ctx: Context) -> str | None:
     return _no_gpu_or_toolkit(ctx)
 
 
-def _kernel_packages(ctx: Context) -> list[build.Package]:
+def _kernel_packages(ctx: Context) -> list[Package]:
     return list(ctx.kernels.values())
 
 

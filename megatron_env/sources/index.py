@@ -15,13 +15,10 @@ An index URL may carry credentials (user:pass@): they go into a header, never in
 
 from __future__ import annotations
 
-import base64
 import configparser
 import json
 import os
 import re
-import shutil
-import ssl
 import sys
 import urllib.error
 import urllib.parse
@@ -34,7 +31,9 @@ from typing import Any
 
 from megatron_env import digest, output
 from megatron_env.errors import UserError
+from megatron_env.files import no_space, publishing
 from megatron_env.redact import mask_urls
+from megatron_env.sources import http
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -254,22 +253,11 @@ def installer_index(environ: Mapping[str, str] | None = None) -> str:
 # --- reading an index ------------------------------------------------------------------------
 
 
-def _open(url: str, cfg: Config, accept: str | None = None, method: str = "GET") -> Any:
-    """urlopen with the index's credentials (user:pass@ in its URL) as a header, not a URL."""
-    parts = urllib.parse.urlsplit(url)
-    headers = {"User-Agent": "megatron-env"}
-    if accept:
-        headers["Accept"] = accept
-    if parts.username is not None:
-        unq = urllib.parse.unquote
-        cred = f"{unq(parts.username)}:{unq(parts.password or '')}"
-        headers["Authorization"] = "Basic " + base64.b64encode(cred.encode()).decode()
-        url = urllib.parse.urlunsplit(parts._replace(netloc=(parts.hostname or "") + (
-            f":{parts.port}" if parts.port else "")))
-    ctx = ssl.create_default_context(cafile=cfg.cert) if cfg.cert and parts.scheme == "https" \
-        else None
-    return urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method),
-                                  timeout=cfg.timeout, context=ctx)
+def _open(url: str, cfg: Config, accept: str | None = None, method: str = "GET",
+          also: tuple[str, ...] = ()) -> Any:
+    """The request, credentials bound to their origins (sources/http.py)."""
+    return http.open_url(url, timeout=cfg.timeout, cafile=cfg.cert, method=method,
+                         headers={"Accept": accept} if accept else None, also=also)
 
 
 def files(project: str, index_url: str, cfg: Config | None = None) -> list[IndexFile]:
@@ -336,7 +324,7 @@ def size(f: IndexFile, index_url: str = "", cfg: Config | None = None) -> int | 
         except OSError:
             return None
     try:
-        with _open(_credentials(f.url, index_url), cfg or Config(), method="HEAD") as r:
+        with _open(f.url, cfg or Config(), method="HEAD", also=(index_url,)) as r:
             length = r.headers.get("Content-Length")
     except (OSError, ValueError):
         return None
@@ -350,19 +338,29 @@ class Fetched:
     yanked: IndexFile | None = None
 
 
-def _credentials(url: str, index_url: str) -> str:
-    """The index's user:pass@ carried to a file on the same host (as pip does)."""
-    f, i = urllib.parse.urlsplit(url), urllib.parse.urlsplit(index_url)
-    if i.username is None or f.username is not None or (f.hostname, f.port) != (i.hostname,
-                                                                                 i.port):
-        return url
-    return urllib.parse.urlunsplit(f._replace(netloc=i.netloc))
+def _download(url: str, dest: Path, sha256: str, cfg: Config, index: str = "") -> str | None:
+    """`url` published at `dest` when its sha256 is `sha256`; -> None, else the sha256 it had
+    (nothing written). `index`'s credentials go with it to the index's own origin."""
+    try:
+        with publishing(dest) as tmp:
+            try:
+                with _open(url, cfg, also=(index,) if index else ()) as r:
+                    got = digest.copy_hashed(r, tmp)[0]
+            except (OSError, ValueError) as e:
+                if no_space(e):
+                    raise
+                raise UserError(f"cannot download {mask_urls(url)}: {getattr(e, 'reason', e)}",
+                                fix="check the index and the network",
+                                kind="source.unreachable") from None
+            if got != sha256:
+                raise _Mismatch(got)
+    except _Mismatch as e:
+        return str(e)
+    return None
 
 
-def _download(url: str, dest: Path, cfg: Config) -> str:
-    """Stream `url` to `dest`; -> its sha256."""
-    with _open(url, cfg) as r:
-        return digest.copy_hashed(r, dest)[0]
+class _Mismatch(Exception):
+    """A download whose sha256 is not the pin's (its temporary is gone): the next index."""
 
 
 def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | None = None,
@@ -375,12 +373,8 @@ def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | No
     for link in cfg.find_links:
         local = Path(link[len("file://"):] if link.startswith("file://") else link) / filename
         if local.is_file():
-            tmp = dest.with_name(dest.name + ".part")
-            shutil.copy(local, tmp)
-            if (got := digest.file_hex(tmp)) == sha256:
-                os.replace(tmp, dest)
+            if not (got := _download(local.as_uri(), dest, sha256, cfg)):
                 return Fetched(dest, str(local))
-            tmp.unlink()
             wrong.append(f"{local} (sha256 {got})")
         tried.append(link)
     unreadable: list[UserError] = []
@@ -399,20 +393,9 @@ def fetch(project: str, filename: str, sha256: str, dest: Path, cfg: Config | No
             continue
         echo(f"{project}: downloading {filename} from {mask_urls(index)}"
              + (f" ({hit.size / 2**20:.1f} MiB)" if hit.size else ""))
-        tmp = dest.with_name(dest.name + ".part")
-        try:
-            got = _download(_credentials(hit.url, index), tmp, cfg)
-        except (OSError, ValueError) as e:
-            tmp.unlink(missing_ok=True)
-            raise UserError(f"cannot download {mask_urls(hit.url)}: "
-                            f"{getattr(e, 'reason', e)}",
-                            fix="check the index and the network",
-                            kind="source.unreachable") from None
-        if got != sha256:
-            tmp.unlink()
+        if got := _download(hit.url, dest, sha256, cfg, index):
             wrong.append(f"{mask_urls(hit.url)} (sha256 {got})")
             continue
-        os.replace(tmp, dest)
         return Fetched(dest, mask_urls(hit.url), hit if hit.yanked else None)
     if unreadable:
         raise unreadable[0]

@@ -13,14 +13,24 @@ import re
 import shutil
 from pathlib import Path
 
-from megatron_env import REPO_ROOT, proc
+from megatron_env import proc, project
 from megatron_env.errors import UserError
 
-PATCHES_DIR = REPO_ROOT / "patches"
+
+def root() -> Path:
+    """The project's patches/ (read when asked, never at import: see megatron_env.project)."""
+    return project.root() / "patches"
 
 
-def series(package: str, pin: str, root: Path = PATCHES_DIR) -> list[Path]:
-    d = root / package / pin
+def __getattr__(name: str) -> Path:
+    """`PATCHES_DIR`, as before: the same directory as `root()`, computed when read."""
+    if name == "PATCHES_DIR":
+        return root()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def series(package: str, pin: str, patches_root: Path | None = None) -> list[Path]:
+    d = (patches_root or root()) / package / pin
     return sorted(d.glob("[0-9][0-9][0-9][0-9]-*.patch")) if d.is_dir() else []
 
 
@@ -30,7 +40,8 @@ def header(patch: Path) -> str:
 
 
 def _show(path: Path) -> str:
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+    top = project.root()
+    return str(path.relative_to(top)) if path.is_relative_to(top) else str(path)
 
 
 def _where(output: str) -> str:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 
-from megatron_env import digest, disk, output, proc, project
+from megatron_env import digest, files, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.sources.given import Given
 
@@ -51,7 +50,7 @@ def repo_url(name: str, url: str, given: Given | None = None) -> str:
     return value if value is not None else url
 
 
-def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
+def _git(*args: str | Path, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
     r = proc.run(["git", *map(str, args)], cwd=cwd, timeout=timeout,
                  env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
     if r.missing:
@@ -60,7 +59,8 @@ def _git(*args, cwd: Path | None = None, timeout: float = 1800) -> proc.Result:
     return r
 
 
-def mirror(name: str, url: str, echo=output.status, given: Given | None = None) -> Path:
+def mirror(name: str, url: str, echo: output.Echo = output.status,
+           given: Given | None = None) -> Path:
     """A bare mirror of `url` under the cache, created or brought up to date (tags forced)."""
     url = repo_url(name, url, given)
     local = Path(url[len("file://"):] if url.startswith("file://") else url)
@@ -77,26 +77,28 @@ def mirror(name: str, url: str, echo=output.status, given: Given | None = None) 
     path = cache_dir() / "git" / f"{name}-{key}.git"
     if path.exists():
         echo(f"{name}: updating the mirror of {url}")
-        r = _git(f"--git-dir={path}", "fetch", "--prune", "--force", "--tags", "--", "origin",
-                 "+refs/heads/*:refs/heads/*")
+        _reached(name, url, path, _git(f"--git-dir={path}", "fetch", "--prune", "--force",
+                                       "--tags", "--", "origin", "+refs/heads/*:refs/heads/*"))
     else:
         echo(f"{name}: mirroring {url}")
-        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        r = _git("clone", "--mirror", "--quiet", "--", url, tmp)
-        if r.ok:
-            os.replace(tmp, path)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if not r.ok and disk.said_full(r.output):
-        raise disk.full(path.parent, what=f"the {name} mirror")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files.sweep(path.parent, path.name)
+        with files.publishing(path, tree=True) as tmp:
+            tmp.rmdir()  # git clone makes it
+            _reached(name, url, path, _git("clone", "--mirror", "--quiet", "--", url, tmp))
+    return path
+
+
+def _reached(name: str, url: str, path: Path, r: proc.Result) -> None:
+    """A git fetch or clone that failed, said as what it is: a full disk or an unreachable
+    repository."""
+    if not r.ok and files.said_full(r.output):
+        raise files.full(path.parent, what=f"the {name} mirror")
     if not r.ok:
         raise UserError(f"cannot reach the {name} repository {url}: {r.tail(2)}",
                         fix=f"set {mirror_var(name)} to a reachable mirror or a local bare "
                             "repository (git clone --mirror URL on a machine that can reach it)",
                         kind="source.unreachable")
-    return path
 
 
 def resolve(git_dir: Path, ref: str) -> str | None:
@@ -106,7 +108,7 @@ def resolve(git_dir: Path, ref: str) -> str | None:
 
 
 def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
-             echo=output.status, given: Given | None = None) -> Path:
+             echo: output.Echo = output.status, given: Given | None = None) -> Path:
     """The tree of `commit` at `dest`, after checking that `tag` (when given) still points at it."""
     git_dir = mirror(name, url, echo=echo, given=given)
     at = resolve(git_dir, tag or commit)
@@ -120,17 +122,15 @@ def checkout(name: str, url: str, tag: str | None, commit: str, dest: Path,
                         "the tag moved", fix="check upstream; if the move is intended, update "
                                              "the commit in the profile through a reviewed change",
                         kind="source.tag-moved")
-    tmp = dest.with_name(dest.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    r = _git("clone", "--quiet", "--no-checkout", "--shared", "--", git_dir, tmp)
-    if r.ok:
-        r = _git("-C", tmp.absolute(), "-c", "advice.detachedHead=false", "checkout", "--quiet",
-                 commit, "--")
-    if not r.ok:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise UserError(f"{name}: checkout of {commit} failed: {r.tail(3)}",
-                        kind="source.checkout-failed")
     if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+        files.discard(dest)
+    with files.publishing(dest, tree=True) as tmp:
+        tmp.rmdir()  # git clone makes it
+        r = _git("clone", "--quiet", "--no-checkout", "--shared", "--", git_dir, tmp)
+        if r.ok:
+            r = _git("-C", tmp.absolute(), "-c", "advice.detachedHead=false", "checkout",
+                     "--quiet", commit, "--")
+        if not r.ok:
+            raise UserError(f"{name}: checkout of {commit} failed: {r.tail(3)}",
+                            kind="source.checkout-failed")
     return dest

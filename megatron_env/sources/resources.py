@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from megatron_env import digest, output, proc
+from megatron_env import digest, files, output, proc
 from megatron_env.errors import UserError
 from megatron_env.recipes.recipe import Resource, source_var
 from megatron_env.sources import archive, index, repos
@@ -63,7 +63,7 @@ def _unpack(local: Path, dest: Path) -> None:
                         kind="resource.unreadable") from None
 
 
-def _from_git(res: Resource, dest: Path, echo) -> None:
+def _from_git(res: Resource, dest: Path, echo: output.Echo) -> None:
     git_dir = repos.mirror(res.name, res.repo, echo=echo)
     archive = dest.with_suffix(".tar")
     r = proc.run(["git", "--git-dir", git_dir, "archive", "--format=tar", "-o", archive,
@@ -83,7 +83,7 @@ def _local(res: Resource, given: Path | None) -> Path | None:
     return given or (Path(env) if env else None)
 
 
-def _wheel(res: Resource, where: Path, echo, local: Path | None) -> Path:
+def _wheel(res: Resource, where: Path, echo: output.Echo, local: Path | None) -> Path:
     """The pinned wheel file, checked by sha256: the local copy, or fetched from the configured
     index by its file name (sources/index.py: nothing of it run)."""
     if local:
@@ -96,17 +96,17 @@ def _wheel(res: Resource, where: Path, echo, local: Path | None) -> Path:
     echo(f"{res.name}: fetching {res.wheel} from the package index")
     project = res.wheel.split("-")[0]
     try:
-        got = index.fetch(project, res.wheel, res.sha256 or "", where / res.wheel, echo=echo)
+        fetched = index.fetch(project, res.wheel, res.sha256 or "", where / res.wheel, echo=echo)
     except UserError as e:
         raise UserError(f"cannot fetch {res.wheel}: {e.message}",
                         fix=f"set {source_var(res.name)} to a copy of that wheel",
                         kind=e.kind or "source.unreachable") from None
-    if got.path != where / res.wheel:
-        shutil.copy2(got.path, where / res.wheel)
+    if fetched.path != where / res.wheel:
+        shutil.copy2(fetched.path, where / res.wheel)
     return where / res.wheel
 
 
-def _tree_content(res: Resource, work: Path, echo, local: Path | None) -> Path:
+def _tree_content(res: Resource, work: Path, echo: output.Echo, local: Path | None) -> Path:
     """The `take` paths of a tree resource under the returned directory, checked against the
     pinned tree id."""
     if local:
@@ -130,7 +130,7 @@ def _tree_content(res: Resource, work: Path, echo, local: Path | None) -> Path:
     return work
 
 
-def carry(res: Resource, dest: Path, echo=output.status) -> Path:
+def carry(res: Resource, dest: Path, echo: output.Echo = output.status) -> Path:
     """The file a bundle keeps of `res` in `dest`, checked against its pin: the wheel as it is,
     or `<name>-<tree>.tar.gz` of the `take` paths (what `place` unpacks and checks again)."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -138,17 +138,16 @@ def carry(res: Resource, dest: Path, echo=output.status) -> Path:
     with tempfile.TemporaryDirectory(prefix=f"{res.name}-", dir=dest) as tmp:
         if res.wheel:
             out = dest / res.wheel
-            os.replace(_wheel(res, Path(tmp), echo, local), out)
+            with files.publishing(out) as part:  # a copy: the user's own file stays
+                shutil.copyfile(_wheel(res, Path(tmp), echo, local), part)
             return out
         work = Path(tmp) / "content"
         work.mkdir()
         work = _tree_content(res, work, echo, local)
         out = dest / f"{res.name}-{res.tree[:12]}.tar.gz"
-        part = out.with_name(out.name + ".part")
-        with tarfile.open(part, "w:gz") as tar:
+        with files.publishing(out) as part, tarfile.open(part, "w:gz") as tar:
             for t in res.take:  # sorted, no owners: the same content gives the same files
                 tar.add(work / t, arcname=t, filter=_plain)
-        os.replace(part, out)
         return out
 
 
@@ -159,7 +158,8 @@ def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
     return info
 
 
-def place(res: Resource, tree: Path, echo=output.status, *, given: Path | None = None) -> None:
+def place(res: Resource, tree: Path, echo: output.Echo = output.status, *,
+          given: Path | None = None) -> None:
     """Fetch `res` (or take `given`, a bundle's copy), check its hash and put its `take` paths
     under tree/res.path."""
     with tempfile.TemporaryDirectory(prefix=f"{res.name}-", dir=tree.parent) as tmp:

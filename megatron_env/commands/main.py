@@ -1,5 +1,5 @@
 """The `megatron-env` console command (and `python -m megatron_env`): an argparse front door
-made from the same `cli.COMMANDS` as the invoke tasks, so a command and its options are
+made from the same `commands.registry()` as the invoke tasks, so a command and its options are
 declared once (megatron_env.commands). Global options: `--project DIR` (where envs/, patches/
 and scripts/ are: megatron_env.project), `--version`; `completion bash|zsh` prints a script."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import signal
 import sys
 from collections.abc import Sequence
 
 from megatron_env import __version__, project
+from megatron_env.commands import cli
 
 _PROG = "megatron-env"
 
@@ -50,7 +50,7 @@ def _add_option(sub: argparse.ArgumentParser, p: inspect.Parameter, help_: str,
 
 
 def parser() -> argparse.ArgumentParser:
-    from megatron_env import cli, commands  # noqa: F401 (importing commands declares them)
+    from megatron_env import commands
 
     top = argparse.ArgumentParser(
         prog=_PROG, description="Reproducible, verified Megatron-LM training environments.")
@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("-V", "--version", action="store_true",
                      help="print the tool's version (and git commit in a checkout)")
     subs = top.add_subparsers(dest="command", metavar="COMMAND")
-    for cmd in cli.COMMANDS.values():
+    for cmd in commands.registry().values():
         sub = subs.add_parser(cmd.name, help=cmd.summary, description=cmd.summary)
         shorts = {"-h"}
         for p in inspect.signature(cmd.fn).parameters.values():
@@ -115,21 +115,18 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:  # the program itself: Ctrl-C interrupts even where SIGINT was inherited
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # as ignored (`cmd &`)
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # guarded from the first argument on: Ctrl-C interrupts even where SIGINT was inherited as
+    # ignored (`cmd &`), and an interrupt while the options are read is one `error:
+    # interrupted` line and 130 too, never a traceback
+    return cli.guarded(_main)(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--project")
     known, _ = pre.parse_known_args(argv)
     project.choose(known.project)  # before any module reads the project root
-    from megatron_env import output
-    from megatron_env.errors import UserError
-
-    try:
-        project.root()
-    except UserError as e:
-        output.error(e.message, e.fix)
-        return e.exit_code
+    project.root()  # a --project that holds no profile: refused here, before anything runs
     top = parser()
     args = top.parse_args(argv)
     if args.version:
@@ -141,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         top.print_help()
         return 2
-    cmd = args._cmd
+    cmd: cli.Command = args._cmd
     options = {}
     for name in inspect.signature(cmd.fn).parameters:
         value = getattr(args, name)

@@ -2,8 +2,9 @@
 function, each option's meaning is written once (`OPTIONS`, or the command's own `help`), and a
 `UserError` raised below it becomes one `error:` line with its `hint:` and exit status 2.
 
-megatron_env.commands declares the commands with `@command`; tasks.py makes invoke tasks of
-`COMMANDS`, so no option is declared twice.
+The modules of megatron_env.commands declare the commands with `@command`; `commands.registry()`
+lists them (by name, not by import side effects), and tasks.py and the `megatron-env` command
+are both made from that list, so no option is declared twice.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from megatron_env import disk, output
+from megatron_env import files, output
 from megatron_env.errors import UserError
 
 
@@ -32,7 +34,7 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
     says what to attach; MEGATRON_ENV_DEBUG=1 prints the traceback too)."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs) -> int:
+    def wrapper(*args: Any, **kwargs: Any) -> int:
         with _interruptible():
             try:
                 return fn(*args, **kwargs)
@@ -80,7 +82,9 @@ def _stdout_closed() -> int:
 
 def _os_error(e: OSError) -> UserError:
     if e.errno == errno.ENOSPC:
-        return disk.full(e.filename) if e.filename else disk.full_anywhere()
+        return files.full(e.filename) if e.filename else files.full_anywhere()
+    if files.no_space(e):  # shutil's list of (source, target, why): one line, not the list
+        return files.full_anywhere()
     return UserError(f"{e.filename or 'a file'}: {e.strerror or e}",
                      fix="check that path (a directory where one is needed, writable, on a "
                          "disk with space)", kind="input.path")
@@ -135,23 +139,32 @@ class Command:
     def summary(self) -> str:
         return (self.fn.__doc__ or "").strip().splitlines()[0]
 
-
-COMMANDS: dict[str, Command] = {}
+    def __call__(self, *args: Any, **options: Any) -> int:
+        """Run it as the front doors do (guarded: an error is one line and an exit status)."""
+        return self.fn(*args, **options)
 
 
 def command(name: str | None = None, iterable: tuple[str, ...] = (),
-            **help: str) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    """Register a command; `help` holds the meaning of options `OPTIONS` does not have, or that
-    this command takes in another sense."""
+            **help: str) -> Callable[[Callable[..., int]], Command]:
+    """Declare a command (its function, guarded, with the help of each option); `help` holds the
+    meaning of options `OPTIONS` does not have, or that this command takes in another sense.
+    Declaring registers nothing: `commands.registry()` lists the commands."""
 
-    def register(fn: Callable[..., int]) -> Callable[..., int]:
+    def declare(fn: Callable[..., int]) -> Command:
         params = inspect.signature(fn).parameters
         unknown = [k for k in params if k not in help and k not in OPTIONS]
         assert not unknown, f"{fn.__name__}: no help for {unknown}"  # a programming error
-        wrapped = guarded(fn)
-        cmd = Command(name or fn.__name__, wrapped,
-                      {k: help.get(k) or OPTIONS[k] for k in params}, iterable)
-        COMMANDS[cmd.name] = cmd
-        return wrapped
+        return Command(name or fn.__name__, guarded(fn),
+                       {k: help.get(k) or OPTIONS[k] for k in params}, iterable)
 
-    return register
+    return declare
+
+
+def table(*commands: Command) -> dict[str, Command]:
+    """The commands by name, in the order given (the order of `--help`); a name twice is a
+    programming error."""
+    out: dict[str, Command] = {}
+    for cmd in commands:
+        assert cmd.name not in out, f"command {cmd.name} declared twice"
+        out[cmd.name] = cmd
+    return out

@@ -1,0 +1,134 @@
+"""The commands about a node and what happened on it: `profiles`, `kernels`, `collect`,
+`check`, `preflight` (many nodes), `triage` (a failed job's logs) and `report` (a bug report's
+environment block)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from megatron_env import findings, output, project
+from megatron_env.commands.cli import command
+from megatron_env.host import checks, snapshot
+from megatron_env.profile import check_default, load_all
+from megatron_env.profile import load as load_profile
+
+
+@command()
+def profiles() -> int:
+    """List the profiles under envs/ (* marks the default)."""
+    items = load_all()
+    output.table([("*" if p.is_default else " ", p.name, f"python {p.python}",
+                   f"torch {p.torch}", f"cuda {p.cuda}", f"megatron {p.megatron['tag']}")
+                  for p in items])
+    output.summary(f"{len(items)} profiles under envs/; * marks the default")
+    check_default(items)
+    return 0
+
+
+@command(out="directory to write the snapshot into",
+         force="replace a snapshot already in that directory")
+def collect(out: str, force: bool = False) -> int:
+    """Record this host's GPU, driver, network and limits facts into a snapshot directory."""
+    path = Path(out)
+    output.status(f"Collecting host facts into {path}")
+    snapshot.collect(path, force=force)
+    output.summary(f"snapshot written to {path}; analyse it anywhere with "
+                   f"`invoke check --snapshot {path}`")
+    return 0
+
+
+@command(snapshot="analyse a snapshot directory instead of this host")
+def check(profile: str | None = None, snapshot: str | None = None, json: bool = False) -> int:
+    """Check whether this host (or a snapshot) can train the profile's stack at full speed."""
+    from megatron_env.host import attention
+
+    prof = load_profile(profile)
+    found = checks.evaluate(prof, Path(snapshot) if snapshot else None)
+    source = snapshot or "this host"
+    # the attention backends gpu_health timed on this node (its default --out, or the
+    # snapshot's gpu_health.json as a preflight keeps it): the fastest is named
+    health = (Path(snapshot) / "gpu_health.json" if snapshot
+              else project.state_root() / "runs" / "gpu_health" / "results.json")
+    if att := attention.from_file(health, prof):
+        found.append(att)
+    if json:
+        findings.emit_json(found, profile=prof.name, source=source)
+    else:
+        findings.print_findings(found, f"Checked {source} against profile {prof.name}")
+    return findings.exit_code(found)
+
+
+@command(fleet="analyse this directory (one sub-directory per host) instead of running",
+         local="run the per-node work on this host only (no Slurm), then analyse it",
+         json="print {\"nodes\": [...], \"exclude\": [...]} on stdout",
+         profile="profile name (default: the fingerprints' profile, else the default)",
+         python="the training interpreter to fingerprint and run gpu_health with",
+         run_dir="where the nodes write (default runs/<time>-preflight; shared by nodes)",
+         slow="fail a GPU this fraction below its model's fleet median (default 0.1)",
+         no_gpu_health="leave the per-GPU GEMM/copy run out",
+         size="gpu_health's GEMM edge (default 8192)",
+         against="a reference fleet directory to judge these nodes among (--local)",
+         nccl="then run verify_nccl through srun across the nodes that did not fail",
+         nccl_args="options for verify_nccl.py, e.g. \"--sizes 1M:1G\"")
+def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
+              profile: str | None = None, python: str | None = None, run_dir: str | None = None,
+              slow: str | None = None, no_gpu_health: bool = False, size: int = 8192,
+              against: str | None = None, nccl: bool = False, nccl_args: str = "") -> int:
+    """Find the bad node before the job does: every node through srun, then the fleet verdict."""
+    from megatron_env.fleet import preflight
+
+    return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
+                         python=python, run_dir=run_dir, slow=slow, health=not no_gpu_health,
+                         size=size, against=against, nccl=nccl, nccl_args=nccl_args)
+
+
+@command(profile="show this profile's pins only (default: every profile)")
+def kernels(profile: str | None = None) -> int:
+    """List the kernel recipes with each profile's pins and variants."""
+    from megatron_env import recipes
+
+    profs = [load_profile(profile)] if profile else load_all()
+    rows = recipes.table(profs)
+    output.table(rows)
+    output.summary(f"{len(recipes.declared())} kernel recipes; * marks a default variant; "
+                   "`invoke build NAME` builds one")
+    return 0
+
+
+
+@command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\"); "
+              "gzip/xz/zstd logs are read as they are; - reads standard input")
+def triage(logs: str, json: bool = False) -> int:
+    """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
+    from megatron_env.diagnose import jobs, render
+
+    skipped: list[str] = []
+    found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+    found = render.shown(found, family=not json)  # redacted whole, then cut
+    for why in skipped:
+        output.warning(f"skipped {why}")
+    if json:
+        findings.emit_json(found, logs=sources, lines=lines)
+    else:
+        findings.print_findings(found, f"Triage of {lines} lines from {len(sources)} "
+                                       f"log(s), most likely cause first")
+    return findings.exit_code(found)
+
+
+@command(name="report", prefix="the environment to report on (default .megatron-env/<profile>)",
+         json="print the facts as JSON instead of the block",
+         imports="import torch and every compiled module (10-30 s) instead of reading versions "
+                 "from the files")
+def bug_report(profile: str | None = None, prefix: str | None = None, json: bool = False,
+               imports: bool = False) -> int:
+    """One block to paste into a bug report: host, GPUs, environment, builds, check, variables."""
+    from megatron_env.diagnose import report
+    from megatron_env.pyenv import env
+
+    prof = load_profile(profile)
+    output.status(f"Gathering a report for profile {prof.name} ...")
+    report.write(report.main(
+        prof, Path(prefix).absolute() if prefix else env.default_prefix(prof), json,
+        imports=imports))
+    return 0
+

@@ -1,0 +1,109 @@
+"""The taxonomy of how a job dies: every finding of `triage` belongs to one family, and the family
+says what to do next (drain a node, requeue, fix the code) whatever message led there.
+
+Why a table: the advice and the exit meaning are properties of the cause's family, not of the
+message that revealed it, so a message never seen before that lands in a family gets that
+family's advice. Which finding id is in which family is data (`FAMILY_OF`), read by `family`;
+nothing here looks at log text.
+
+Exit codes of `invoke triage` (docs/diagnose.md has the table): 0 when the logs show a normal
+end and no failure, 1 for any failure (a named family, `job.unrecognised` or `job.stopped`),
+2 when the input is not a log (nothing to read, an empty file or directory). The family's
+`means` says what a retry wrapper should make of the 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    title: str
+    means: str  # what exit 1 with this family means for whoever runs the job next
+    advice: str  # the family's first step, whatever the message
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in [
+    Family("hardware", "hardware (GPU, NVLink, NIC, host memory)",
+           "do not retry on the same node: drain it",
+           "drain the node (`scontrol update nodename=N state=drain reason=...`), reset or "
+           "replace the GPU or NIC, run `invoke preflight` there before it rejoins"),
+    Family("host", "host resources (memory, disk, file systems)",
+           "retry after freeing the resource or asking for more",
+           "the host ran out of something the job needs: host memory (the OOM killer), disk "
+           "space, a quota, or a file system that failed; fix that, then rerun"),
+    Family("scheduler", "the scheduler (time limit, preemption, cancellation, eviction)",
+           "requeue: nothing in the job failed",
+           "the scheduler ended the job: raise the time limit or checkpoint more often and "
+           "requeue; `sacct -j JOB -o JobID,State,ExitCode,Reason` says which"),
+    Family("network", "network and rendezvous (ports, stores, name resolution, heartbeats)",
+           "retry once the nodes reach each other",
+           "every node must reach the store (MASTER_ADDR:MASTER_PORT, the rendezvous endpoint) "
+           "by a name it can resolve: check the address, the port, the firewall and that the "
+           "store's host was up; `invoke preflight` checks the links"),
+    Family("communication", "communication (NCCL errors, timeouts, mismatches, desyncs)",
+           "find the rank that failed first; retry only if it was transient",
+           "the ranks that time out wait for one that failed or took another path: find it "
+           "(its own error earlier in its log); rerun with NCCL_DEBUG=INFO and the flight "
+           "recorder (TORCH_NCCL_TRACE_BUFFER_SIZE)"),
+    Family("numerics", "numerics (NaN/inf loss or gradients, loss-scale collapse)",
+           "do not retry unchanged: it will diverge again",
+           "the loss or gradients became NaN/inf: lower the learning rate, use bf16 or a "
+           "larger initial loss scale, clip gradients, and find the batch where it began"),
+    Family("data", "the data pipeline (DataLoader workers, datasets)",
+           "fix the data or its workers before retrying",
+           "a DataLoader worker died or a sample could not be read: run with num_workers=0 "
+           "to see the sample's own error; a killed worker is host memory or /dev/shm"),
+    Family("user", "the user's code",
+           "fix the code: a retry fails the same way",
+           "the traceback names the line of the training script that raised"),
+    Family("framework", "the framework (PyTorch, Megatron, DeepSpeed, a kernel build)",
+           "fix the installation or versions: a retry fails the same way",
+           "an error inside the framework or a compiled kernel: `invoke build-check` and "
+           "`invoke check` compare what is installed with what the profile pins"),
+    Family("signal", "a process killed by a signal, its sender not in the logs",
+           "find who sent it before retrying",
+           "the signal says who: SIGKILL is the kernel's OOM killer or the scheduler, SIGTERM "
+           "the scheduler or the launcher, SIGSEGV/SIGBUS a crash (native code, /dev/shm)"),
+    Family("unrecognised", "failure-looking lines that match no signature",
+           "a failure: read the quoted lines",
+           "the quoted lines are what looked like the failure: please report them (the log "
+           "and `invoke report`) so the next version names this failure"),
+    Family("stopped", "a log that ends with neither an error nor a normal end",
+           "a hang or a kill from outside: the job did not finish",
+           "a hang or a kill: `py-spy dump --pid` of a live rank says where it waits; rerun "
+           "with NCCL_DEBUG=INFO, TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and "
+           "TORCH_NCCL_DUMP_ON_TIMEOUT=1 (the flight recorder's dump names the collective)"),
+    Family("clean", "a normal end, no failure", "success", ""),
+]}
+
+# finding id -> family; an id not listed is the framework's (`family`)
+FAMILY_OF: dict[str, str] = {
+    "job.gpu_xid": "hardware", "job.hardware": "hardware",
+    "job.oom_killer": "host", "job.disk": "host", "job.shm": "host",
+    "job.scheduler": "scheduler",
+    "job.rendezvous": "network", "job.bootstrap": "network", "nccl.socket": "network",
+    "job.timeout": "communication", "job.nccl_error": "communication",
+    "job.odd_rank": "communication", "job.desync": "communication", "job.stall": "communication",
+    "job.watchdog_stuck": "communication", "job.nccl_net": "communication",
+    "nccl.ib_completion": "communication", "nccl.ibverbs_call": "communication",
+    "nccl.system_error": "communication", "nccl.ibverbs": "communication",
+    "nccl.peer_lost": "communication", "nccl.net": "communication",
+    "nccl.transport": "communication", "nccl.shm": "host", "nccl.cuda": "framework",
+    "job.numerics": "numerics", "job.data": "data",
+    "job.cuda_oom": "user", "job.exception": "user",
+    "job.cuda_error": "framework", "job.ray_worker": "framework",
+    "job.signal": "signal", "job.root_cause": "signal",
+    "job.unrecognised": "unrecognised", "job.stopped": "stopped", "job.clean": "clean",
+    "job.mixed": "clean",
+}
+
+
+def family(finding_id: str, kind: str = "") -> Family:
+    """The family of a finding: its `kind` when that names a family (a finding whose family
+    depends on what it found, e.g. a CUDA error that is an ECC fault), else its id's."""
+    if kind in FAMILIES:
+        return FAMILIES[kind]
+    return FAMILIES[FAMILY_OF.get(finding_id, "framework")]

@@ -1,0 +1,253 @@
+"""The job model events are gathered into: who each process is (rank, host, GPU, pid), and
+everything the signature readers (`sig_*`) recognised, each event with its position and, when
+the line carries one, its time (so that the first error in time can be told from the last
+printed). Pure data and small helpers; nothing here reads a log."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from megatron_env.diagnose import nccl_log
+from megatron_env.diagnose.joblog import Line, local_rank
+
+SIGNALS = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE",
+           9: "SIGKILL", 11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+# NVIDIA's Xid catalogue, the codes a training job meets most
+XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
+        45: "preemptive cleanup after an earlier error", 48: "double-bit ECC error",
+        61: "internal micro-controller breakpoint", 62: "internal micro-controller halt",
+        63: "ECC page retirement or row remapping", 64: "ECC page retirement or row remap failure",
+        74: "NVLink error", 79: "GPU has fallen off the bus", 92: "high single-bit ECC rate",
+        94: "contained ECC error", 95: "uncontained ECC error", 119: "GSP RPC timeout",
+        120: "GSP error"}
+
+
+RECENT = 48  # lines read before an event searched for its time (a traceback's head)
+CAP = 2000  # events kept of one kind: a week of logs repeats the same few many times
+_NCCL_BATCH = 5000  # NCCL lines analysed together (verify_nccl.py's analysis), then merged
+# NCCL's "host:pid:tid [dev]" origin, found by its literal part (a search for the host name
+# first would try every position of the line)
+NCCL_ORIGIN = re.compile(r":(\d+):\d+ \[(\d+)\]| \[(\d+)\] \S+:\d+ WARN")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.<>-")
+_RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
+_INIT = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nranks \d+ cudaDev (\d+)")
+# a line's own time, in the forms logs print it: ISO (Python logging, Docker, k8s), glog
+# (`[E429 06:01:12.977`, `E0429 06:01:12.977`), syslog/dmesg -T (`Mar 14 01:57:54`)
+_ISO = re.compile(r"(20\d\d)-(\d\d)-(\d\d)[ T_](\d\d:\d\d:\d\d(?:[.,]\d+)?)")
+_GLOG = re.compile(r"\b[EWIF](\d\d)(\d\d) (\d\d:\d\d:\d\d(?:\.\d+)?)")
+_MONTHS = {m: i + 1 for i, m in enumerate(["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul",
+                                           "Aug", "Sep", "Oct", "Nov", "Dec"])}
+_SYSLOG = re.compile(r"\b(" + "|".join(_MONTHS) + r") +(\d{1,2}) (\d\d:\d\d:\d\d)")
+
+@dataclass
+class Job:
+    """One model of the job's processes: rank, host, local GPU and pid, put together from every
+    line kind that names two of them (NCCL's `host:pid:tid [gpu]` origin, a `[rankN]` tag, NCCL's
+    `comm ... rank N ... cudaDev G` init line, torchrun's failure table, UCX's `[host:pid]`)."""
+
+    by_rank: dict[int, dict[str, Any]] = field(default_factory=dict)
+    by_pid: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _noted: set[Any] = field(default_factory=set)
+
+    def note(self, rank: int | None = None, host: str | None = None, pid: str | None = None,
+             gpu: int | None = None) -> None:
+        key = (rank, host, pid, gpu)
+        if key in self._noted or len(self._noted) >= CAP:
+            return
+        self._noted.add(key)
+        if pid is not None and len(self.by_pid) < CAP:
+            p = self.by_pid.setdefault(pid, {})
+            if host and p.get("host") not in (None, host):  # pids repeat across hosts
+                return
+            _fill(p, rank=rank, host=host, gpu=gpu)
+            rank = rank if rank is not None else p.get("rank")
+            host, gpu = host or p.get("host"), gpu if gpu is not None else p.get("gpu")
+        if rank is not None and len(self.by_rank) < CAP:
+            _fill(self.by_rank.setdefault(rank, {}), host=host, pid=pid, gpu=gpu)
+
+    def who(self, rank: int | None = None, host: str | None = None,
+            pid: str | None = None) -> dict[str, Any]:
+        """All that is known of one process from any one or two of rank, host and pid."""
+        out: dict[str, Any] = {"rank": rank, "host": host, "pid": pid, "gpu": None}
+        p = self.by_pid.get(pid) if pid is not None else None
+        if p and (host is None or p.get("host") in (None, host)):
+            _fill(out, **p)
+        r = self.by_rank.get(out["rank"]) if out["rank"] is not None else None
+        if r and (out["host"] is None or r.get("host") in (None, out["host"])):
+            _fill(out, **r)
+        return out
+
+    def merge(self, other: Job) -> None:
+        for pid, p in other.by_pid.items():
+            self.note(p.get("rank"), p.get("host"), pid, p.get("gpu"))
+        for rank, r in other.by_rank.items():
+            self.note(rank, r.get("host"), r.get("pid"), r.get("gpu"))
+
+
+def _fill(d: dict[str, Any], **kw: Any) -> None:
+    for k, v in kw.items():
+        if v is not None and d.get(k) is None:
+            d[k] = v
+
+
+def describe(p: dict[str, Any]) -> str:
+    """'rank 3 on node5 (GPU 3, pid 240)': what a finding says of one process."""
+    head = " on ".join(x for x in (f"rank {p['rank']}" if p.get("rank") is not None else "",
+                                   p.get("host") or "") if x) or "a process"
+    more = ", ".join(x for x in (f"GPU {p['gpu']}" if p.get("gpu") is not None else "",
+                                 f"pid {p['pid']}" if p.get("pid") else "") if x)
+    return head + (f" ({more})" if more else "")
+
+
+@dataclass
+class Events:
+    timeouts: list[dict[str, Any]] = field(default_factory=list)
+    work: dict[int, str] = field(default_factory=dict)  # rank -> watchdog's work status
+    first_timeout: set[int] = field(default_factory=set)  # "dump signal ... from rank N"
+    dump_seen_by: set[int] = field(default_factory=set)  # ranks that received that signal
+    stuck: list[dict[str, Any]] = field(default_factory=list)  # the heartbeat monitor's verdict
+    desync: list[str] = field(default_factory=list)
+    desync_lagging: list[tuple[list[int], str]] = field(default_factory=list)
+    nccl_errors: list[dict[str, Any]] = field(default_factory=list)
+    # NCCL's "Last error:" on its own
+    last_errors: list[dict[str, Any]] = field(default_factory=list)
+    cuda_errors: list[dict[str, Any]] = field(default_factory=list)
+    ooms: list[dict[str, Any]] = field(default_factory=list)
+    xids: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # torchrun's failure table
+    rendezvous: list[dict[str, Any]] = field(default_factory=list)
+    stores: list[str] = field(default_factory=list)  # store addresses a client failed to reach
+    ray_deaths: list[dict[str, Any]] = field(default_factory=list)
+    # NCCL's root: a rank checked in twice
+    bootstrap: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: list[dict[str, Any]] = field(default_factory=list)  # Slurm cancelled the step or job
+    signals: list[dict[str, Any]] = field(default_factory=list)  # processes a signal killed
+    stalls: list[dict[str, Any]] = field(default_factory=list)  # Horovod's stall inspector
+    ibv: list[dict[str, Any]] = field(default_factory=list)  # failed ibv_* calls, by errno
+    collective: dict[int | None, str] = field(default_factory=dict)  # rank -> traceback's op
+    job: Job = field(default_factory=Job)
+    ranks_seen: set[int] = field(default_factory=set)
+    # verify_nccl.py's analysis of the NCCL lines, batches merged
+    nccl: dict[str, Any] | None = None
+    # file -> what says which job it is
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the families' table signatures (sig_table)
+    hits: list[dict[str, Any]] = field(default_factory=list)
+    # failure-looking lines, no signature yet
+    failing: list[dict[str, Any]] = field(default_factory=list)
+    ends: list[dict[str, Any]] = field(default_factory=list)  # normal ends (launchers, trainers)
+    prompts: list[str] = field(default_factory=list)  # hosts of shell prompts in the log
+    pods: list[str] = field(default_factory=list)  # kubectl's pod rows: the pods named
+    # the logs' last lines (jobs.read: `end_state`)
+    tail: dict[str, Any] = field(default_factory=dict)
+    lines: int = 0
+    current: Line | None = None  # the line being read (`add` places its events there)
+    recent: deque[Line] = field(default_factory=lambda: deque(maxlen=RECENT))
+    _batch: list[str] = field(default_factory=list)
+    _seen: set[Any] = field(default_factory=set)
+
+    def add(self, kind: str, item: dict[str, Any], key: tuple[Any, ...] | None = None) -> None:
+        """Keep an event unless `CAP` of its kind are kept or the same one was (by `key`)."""
+        items = getattr(self, kind)
+        if len(items) >= CAP or (key is not None and (kind, *key) in self._seen):
+            return
+        if key is not None:
+            self._seen.add((kind, *key))
+        if isinstance(item, dict) and "seq" not in item and self.current is not None:
+            for k, v in self.at(self.current).items():
+                if item.get(k) is None:
+                    item[k] = v
+        items.append(item)
+
+    def at(self, line: Line) -> dict[str, Any]:
+        """Where an event stands: its file, line number, order of reading and own time."""
+        time = stamp(line.raw or line.text)
+        if time is None:  # a traceback's last line: the time of its rank's last stamped line
+            time = next((t for x in reversed(self.recent) if x.rank == line.rank
+                         and (t := stamp(x.raw or x.text))), None)
+        return {"source": line.source, "number": line.number, "seq": self.lines, "time": time,
+                "local": local_rank(line.raw) if line.raw else None}
+
+    def nccl_line(self, text: str) -> None:
+        self._batch.append(text)
+        if len(self._batch) >= _NCCL_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._batch:
+            self.nccl = nccl_log.merge(self.nccl, nccl_log.analyze("\n".join(self._batch)))
+            self._batch = []
+
+    def who(self, e: dict[str, Any]) -> dict[str, Any]:
+        """An event's process with all the job model adds to it (and the host, when every
+        process the logs name ran on one)."""
+        p = self.job.who(e.get("rank"), e.get("host"), e.get("pid"))
+        if p["host"] is None:
+            hosts = {x.get("host") for x in self.job.by_pid.values()}
+            if len(hosts) == 1:
+                p["host"] = hosts.pop()
+        return p
+
+
+def new_facts() -> dict[str, Any]:
+    """What tells one file's job from another's (see `jobs`)."""
+    return {"ranks": set(), "timeout_ms": set(), "dates": set()}
+
+
+def from_origin(ev: Events, line: Line, t: str) -> str:
+    """An NCCL line from its `host:pid:tid [dev]` on (whatever prefix came before it); the
+    origin's host, pid and GPU go into the job model with the line's rank tag."""
+    o = NCCL_ORIGIN.search(t)
+    if o is None:
+        return t
+    i = o.start()
+    while i > 0 and t[i - 1] in _HOST_CHARS:
+        i -= 1
+    if o.group(1) is not None and i < o.start():
+        host = line.host or t[i:o.start()]
+        rank = line.rank
+        if rank is None and " rank " in t and (m := _INIT.search(t, o.end())):
+            rank = int(m.group(1))
+        ev.job.note(rank, host, o.group(1), int(o.group(2)))
+    return t[i:] if i else t
+
+
+def rank_of(line: Line) -> int | None:
+    """The global rank: the launcher's tag, else `[Rank N]` in the text (which, in a process
+    group other than the default one, is the rank inside that group)."""
+    if line.rank is not None:
+        return line.rank
+    m = _RANK_IN_TEXT.search(line.text)
+    return int(m.group(1)) if m else None
+
+
+def stamp(text: str) -> str | None:
+    """The line's own time as a string that sorts within one form ('2023-04-29 06:01:12.977',
+    '04-29 06:01:12.977' for glog's yearless form), or None."""
+    if "-" in text and (m := _ISO.search(text)):
+        return f"{m.group(1)}-{m.group(2)}-{m.group(3)} {m.group(4).replace(',', '.')}"
+    if m := _GLOG.search(text):
+        return f"{m.group(1)}-{m.group(2)} {m.group(3)}"
+    if m := _SYSLOG.search(text):
+        return f"{_MONTHS[m.group(1)]:02d}-{int(m.group(2)):02d} {m.group(3)}"
+    return None
+
+
+def first(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The event that happened first: by the lines' own time when every one has a time of the
+    same form, else the first read (the order a log was printed in)."""
+    times = [x.get("time") for x in items]
+    if all(times) and len({len(t.split(" ")[0]) for t in times if t}) == 1:
+        return min(items, key=lambda x: (x["time"], x.get("seq", 0)))
+    return min(items, key=lambda x: x.get("seq", 0))
+
+
+def in_time_order(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events, first in time first (see `first`)."""
+    times = [x.get("time") for x in items]
+    if all(times) and len({len(t.split(" ")[0]) for t in times if t}) == 1:
+        return sorted(items, key=lambda x: (x["time"], x.get("seq", 0)))
+    return sorted(items, key=lambda x: x.get("seq", 0))

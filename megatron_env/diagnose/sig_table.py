@@ -1,0 +1,375 @@
+"""The families' signatures as data: for each family, the messages its sources print, written from
+those sources (the kernel's OOM killer, Slurm's slurmstepd and srun, NVIDIA's driver and
+nvidia-smi, torch's c10d and elastic agent, DeepSpeed's loss scaler, Megatron's NaN checks, glibc's
+errno strings), as general as the source's own wording allows, so that a message never seen
+still lands in its family.
+
+A row: the finding it makes, a `kind` within it, a trigger (a literal the line must hold: the
+cheap test), the pattern (named groups: pid, proc, host, rank, addr, what, pci, code) and what
+it says. One reader (`hit`) serves every row. Also here: the lines that look like a failure
+without naming one (`job.unrecognised` quotes them), the lines that say a run is progressing,
+and the lines that say it ended normally (`job.stopped` and a clean end need both).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from megatron_env.diagnose.joblog import Line
+from megatron_env.diagnose.model import NCCL_ORIGIN, Events, rank_of
+
+
+@dataclass(frozen=True)
+class Sig:
+    finding: str
+    kind: str
+    triggers: tuple[str, ...]
+    rx: re.Pattern[str]
+    says: str  # str.format over the named groups (missing ones empty)
+
+
+def _sig(finding: str, kind: str, trigger: str | tuple[str, ...], rx: str, says: str) -> Sig:
+    return Sig(finding, kind, (trigger,) if isinstance(trigger, str) else trigger,
+               re.compile(rx), says)
+
+
+_ERRNO = r"(?:\[Errno (?P<code>\d+)\] )?"
+_PATH = r"(?:: '?(?P<path>[^'\s]+)'?)?"
+TABLE: list[Sig] = [
+    # -- hardware: NVIDIA's driver and tools, the PCIe AER driver, the NIC drivers
+    _sig("job.hardware", "fallen off the bus", "fallen off the bus",
+         r"(?:GPU (?:at )?(?P<pci>[\w:.]+) )?has fallen off the bus",
+         "a GPU has fallen off the bus {pci}"),
+    _sig("job.hardware", "ECC", "ECC",
+         r"(?<!CUDA error: )(?i:(?P<what>(?:uncorrectable|uncontained|double[- ]bit) ECC "
+         r"error[^.,;]*))",  # (a CUDA error is job.cuda_error's, in the hardware family)
+         "{what}"),
+    _sig("job.hardware", "NVLink", "NVLink",
+         r"(?P<what>(?:uncorrectable )?NVLink (?:error|fatal error|link down)[^.,;]*)",
+         "{what}"),
+    _sig("job.hardware", "GPU lost", "Unable to determine the device handle",
+         r"Unable to determine the device handle for GPU (?P<pci>[\w:.]+): (?P<what>.+)",
+         "nvidia-smi cannot reach GPU {pci}: {what}"),
+    _sig("job.hardware", "GPU lost", "GPU is lost",
+         r"(?:GPU (?P<pci>[\w:.]+) )?(?P<what>GPU is lost)", "the GPU is lost {pci}"),
+    _sig("job.hardware", "GPU lost", "RmInitAdapter failed",
+         r"NVRM: (?:GPU (?P<pci>[\w:.]+): )?RmInitAdapter failed", "the driver could not "
+         "initialise GPU {pci}"),
+    _sig("job.hardware", "PCIe", "AER:", r"(?:pcieport|nvidia) (?P<pci>[\w:.]+): AER: "
+         r"(?P<what>(?:Uncorrected|Multiple Uncorrected) \(\w+\) error[^,]*)", "PCIe {what} "
+         "at {pci}"),
+    _sig("job.hardware", "PCIe", "PCIe Bus Error",
+         r"(?P<pci>[\w:.]+): (?:AER: )?PCIe Bus Error: (?P<what>severity=Uncorrected[^,]*"
+         r"(?:, type=[^,]+)?)", "PCIe bus error ({what}) at {pci}"),
+    _sig("job.hardware", "host memory", "Hardware Error",
+         r"(?P<what>(?:\[Hardware Error\]|mce: \[Hardware Error\]).*)", "{what}"),
+    _sig("job.hardware", "NIC", "async event",
+         r"NET/IB ?: Got async event ?: (?P<what>port error|.*?(?:error|fatal)[^.]*)",
+         "an InfiniBand {what} (the HCA or its link)"),
+    _sig("job.hardware", "NIC", "link down",
+         r"(?P<dev>mlx\d_\d+|mlx5_core [\w:.]+|ib\d|eth\d+|bond\d)[: ].*?(?i:link (?:is )?down)",
+         "network link {dev} went down"),
+    # -- host resources: the kernel's OOM killer (mm/oom_kill.c), the cgroup's, Ray's monitor
+    _sig("job.oom_killer", "kernel", "of memory: Kill",
+         r"(?:Out of memory|Memory cgroup out of memory): Kill(?:ed)? process (?P<pid>\d+) "
+         r"\((?P<proc>[^)]*)\)", "the kernel's OOM killer killed {proc} (pid {pid})"),
+    _sig("job.oom_killer", "kernel", "oom-kill:",
+         r"oom-kill:.*?task=(?P<proc>[^,]+),pid=(?P<pid>\d+)",
+         "the kernel's OOM killer killed {proc} (pid {pid})"),
+    _sig("job.oom_killer", "kernel", "Killed process",
+         r"Killed process (?P<pid>\d+) \((?P<proc>[^)]*)\) total-vm",
+         "the kernel's OOM killer killed {proc} (pid {pid})"),
+    _sig("job.oom_killer", "kernel", "invoked oom-killer",
+         r"(?P<proc>\S+) invoked oom-killer", "{proc} invoked the kernel's OOM killer"),
+    _sig("job.oom_killer", "cgroup", ("oom_kill event", "oom-kill event"),
+         r"Detected (?P<what>\d+) oom[-_]kill events?(?:\(s\))? in (?:StepId=|step )?"
+         r"(?P<step>\w+(?:\.\w+)*)",
+         "Slurm saw {what} OOM-kill event(s) in {step}: the job's memory limit"),
+    _sig("job.oom_killer", "cgroup", "OOMKilled", r"(?P<what>OOMKilled)",
+         "the container was OOMKilled (its memory limit)"),
+    _sig("job.oom_killer", "ray", "killed due to memory pressure",
+         r"(?P<what>\d+ Workers \(tasks / actors\) killed due to memory pressure \(OOM\))"
+         r"(?:.*?IP: (?P<host>[\w.:-]+)\))?", "Ray's memory monitor: {what}"),
+    _sig("job.oom_killer", "ray", "low on memory",
+         r"(?P<what>Task was killed due to the node running low on memory)", "{what}"),
+    # -- host resources: disks and file systems, by their errno (glibc's strings)
+    _sig("job.disk", "no space", "No space left",
+         _ERRNO + r"No space left on device" + _PATH, "no space left on device {path}"),
+    _sig("job.disk", "write failed", "file write failed",
+         r"(?P<what>PytorchStreamWriter failed writing file \S+: file write failed)",
+         "torch.save could not write (a full disk or quota, most often): {what}"),
+    _sig("job.disk", "no space", "StorageFull", r"kind: (?P<what>StorageFull)",
+         "no space left on device"),
+    _sig("job.disk", "quota", "quota exceeded",
+         _ERRNO + r"(?i:disk quota exceeded)" + _PATH, "disk quota exceeded {path}"),
+    _sig("job.disk", "stale file handle", "tale file handle",
+         _ERRNO + r"(?i:stale file handle)" + _PATH, "stale file handle (a network file "
+         "system lost the file) {path}"),
+    _sig("job.disk", "read-only", "Read-only file system",
+         _ERRNO + r"Read-only file system" + _PATH, "the file system is read-only {path}"),
+    _sig("job.disk", "I/O error", "Input/output error",
+         r"\[Errno 5\] Input/output error" + _PATH, "I/O error {path}"),
+    _sig("job.disk", "unmounted", "Transport endpoint is not connected",
+         _ERRNO + r"Transport endpoint is not connected" + _PATH,
+         "a FUSE mount went away {path}"),
+    # -- the scheduler: Slurm's slurmstepd/srun, PBS, LSF, Kubernetes' kubelet
+    _sig("job.scheduler", "time limit", "walltime",
+         r"(?P<what>job killed: walltime \d+ exceeded limit \d+)", "PBS: {what}"),
+    _sig("job.scheduler", "time limit", "TERM_RUNLIMIT", r"(?P<what>TERM_RUNLIMIT.*)",
+         "LSF: {what}"),
+    _sig("job.scheduler", "eviction", "low on resource",
+         r"The node was low on resource: (?P<what>[\w-]+)",
+         "Kubernetes evicted the pod: the node was low on {what}"),
+    _sig("job.scheduler", "eviction", "Evicted", r"(?:Reason|Status):?\s+(?P<what>Evicted)",
+         "Kubernetes evicted the pod"),
+    _sig("job.scheduler", "preemption", ("reempted", "PREEMPTED", "reemption"),
+         r"(?P<what>(?:[Pp]reempted|PREEMPTED|Preemption)\b.*)", "{what}"),
+    _sig("job.scheduler", "node failure", "Node failure",
+         r"(?P<what>[Nn]ode failure on (?P<host>[\w.-]+))", "Slurm: {what}"),
+    _sig("job.scheduler", "srun", "Force Terminated",
+         r"srun: Force Terminated (?:job|step) (?P<what>[\w.]+)", "srun force-terminated "
+         "{what}"),
+    # -- network and rendezvous: torch's c10d store, torchelastic, name resolution, Ray's GCS
+    _sig("job.rendezvous", "heartbeat", "heartbeat",
+         r"(?P<what>(?:failed to send a keep-alive heartbeat|missed too many heartbeats|"
+         r"heartbeat (?:timed out|timeout|lost|failure)|lost heartbeat)[^.]*)",
+         "{what}"),
+    _sig("job.rendezvous", "heartbeat", "keep-alive", r"(?P<what>[^.]*keep-alive[^.]*failed[^.]*)",
+         "{what}"),
+    _sig("job.rendezvous", "name resolution", ("name resolution", "not known", "servname",
+                                                "nknown host", "resolve host"),
+         r"(?P<what>Temporary failure in name resolution|Name or service not known|"
+         r"nodename nor servname provided|[Uu]nknown host|getaddrinfo failed|"
+         r"could not resolve host(?:name)?)[: ]*(?P<addr>[\w.-]*)",
+         "a host name could not be resolved {addr}: {what}"),
+    _sig("job.rendezvous", "name resolution", "getaddrinfo",
+         r"getaddrinfo\(?\)? (?:failed|error)[^:]*:? ?(?P<what>.*)", "getaddrinfo failed: {what}"),
+    _sig("job.rendezvous", "store", "failed to connect to",
+         r"client socket has failed to connect to (?:\[(?P<addr>[^\]]+)\]|(?P<addr2>[\w.-]+))"
+         r":(?P<port>\d+)"
+         r"(?: \(errno: (?P<code>\d+) - (?P<why>[^)]+)\))?",
+         "a client could not connect to the store: {why}"),
+    _sig("job.rendezvous", "store", "has timed out after",
+         r"client socket has timed out after (?P<what>\d+ ?m?s) while trying to connect to "
+         r"\(?(?P<addr>[\w.:-]+?), (?P<port>\d+)\)?",
+         "a client timed out connecting to the store after {what}"),
+    _sig("job.rendezvous", "store", "store->get",
+         r"(?:\[(?P<rank>\d+)\] is setting up NCCL communicator and \w+ ncclUniqueId from "
+         r"\[(?P<root>\d+)\].*?)?(?P<what>store->get\([^)]*\).*)",
+         "a rank could not get the NCCL unique id from the store: {what}"),
+    _sig("job.rendezvous", "port in use", ("EADDRINUSE", "ddress already in use"),
+         r"(?P<what>(?:failed to listen on any local network address|[Aa]ddress already in use)"
+         r".*?)(?:\.|$)", "the store could not listen: {what}"),
+    _sig("job.rendezvous", "store", "Connection reset by peer",
+         r"^\s*(?:[\w.]+\.)?\w*Error: (?P<what>Connection reset by peer)",
+         "the store connection was reset by its peer"),
+    _sig("job.rendezvous", "heartbeat", "KeepAlive",
+         r"(?P<what>Exception in thread (?P<thread>RendezvousKeepAliveTimer\w*))",
+         "the rendezvous' keep-alive heartbeat thread failed ({thread})"),
+    _sig("job.rendezvous", "store", "Timed out after",
+         r"(?P<what>Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined)",
+         "the store waited for its clients: {what}"),
+    _sig("job.rendezvous", "store", ("recvBytes", "sendBytes", "recvValue"),
+         r"(?P<what>(?:recvBytes|sendBytes|recvValue) failed)(?: on SocketImpl\(.*?"
+         r"remote=\[?(?P<addr>[\w.:-]+?)\]?:(?P<port>\d+)\))?(?:: (?P<why>[^.]+))?",
+         "the store connection broke: {what}: {why}"),
+    _sig("job.rendezvous", "store", "should dump",
+         r"(?P<what>Failed to check the \"should dump\" flag on TCPStore)[^:]*: (?P<why>.*)",
+         "the store went away: {what}: {why}"),
+    _sig("job.rendezvous", "store", "RendezvousTimeoutError",
+         r"(?P<what>RendezvousTimeoutError.*)", "{what}"),
+    _sig("job.rendezvous", "store", "RendezvousClosedError",
+         r"(?P<what>RendezvousClosedError.*)", "{what}"),
+    # -- communication: a network plugin that failed (NCCL falls back or fails)
+    _sig("job.nccl_net", "net plugin", "NET/OFI",
+         r"NET/OFI (?P<what>(?:Couldn't|Unable|Failed|failed)[^\n]*|aws-ofi-nccl "
+         r"initialization failed)", "NCCL's OFI network plugin failed: {what}"),
+    # -- numerics: DeepSpeed's and apex's loss scalers, Megatron's NaN checks, fairseq, Lightning
+    _sig("job.numerics", "loss scale", "loss scale",
+         r"(?P<what>(?:Current loss scale already at minimum|[Mm]inimum loss scale reached)"
+         r"[^.]*)", "{what}"),
+    _sig("job.numerics", "NaN", "NaN",
+         r"(?P<what>(?:found NaN in|Rank \d+ found NaN|NaN or Inf found in|Detected NaN|"
+         r"loss is NaN|Loss is NaN|loss became NaN|NaN loss)[^.]*)", "{what}"),
+    _sig("job.numerics", "NaN", ("is nan", "became nan", "= nan", "nan loss", "is inf",
+                                 "nan values", "inf values"),
+         r"(?P<what>(?:[Ll]oss (?:is|became|=) (?:nan|inf)|nan loss|returned in `training_step`"
+         r" is nan|detected (?:inf|nan) values)[^.]*)", "{what}"),
+    _sig("job.numerics", "NaN", (": nan", "=nan", "= nan", ": inf", "=inf", ": -inf"),
+         r"(?P<what>(?:grad[ _]norm|lm loss|loss)[:=] ?(?:nan|inf|-inf)\b)",
+         "the trainer printed {what}"),
+    _sig("job.numerics", "NaN", "nan values",
+         r"(?P<what>Function '\w+' returned nan values in its \d+\w* output)", "{what}"),
+    _sig("job.numerics", "loss scale", "OVERFLOW!",
+         r"(?P<what>Attempted loss scale: (?P<scale>(?:[1-9]|1[0-6])(?:\.0)?), reducing to "
+         r"\S+)", "fp16 overflow at a loss scale of {scale} (collapsed): {what}"),
+    _sig("job.numerics", "loss scale", "reducing loss scale to",
+         r"(?P<what>reducing loss scale to (?P<scale>(?:[1-9]|1[0-6])(?:\.0+)?)\b(?![\d.]))",
+         "fp16 overflow at a loss scale of {scale} (collapsed): {what}"),
+    _sig("job.numerics", "NaN", "non-finite",
+         r"(?P<what>[^.]*(?:non-finite|not finite)[^.]*(?:loss|grad)[^.]*)", "{what}"),
+    # -- communication: ProcessGroupWrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) comparing ranks
+    _sig("job.desync", "mismatch", "mismatch between collectives",
+         r"Detected mismatch between collectives on ranks\. Rank (?P<rank>\d+) is running "
+         r"collective: (?P<what>CollectiveFingerPrint\([^)]*\))(?:, but Rank (?P<other>\d+) "
+         r"is running collective: (?P<theirs>CollectiveFingerPrint\([^)]*\)))?",
+         "the ranks disagree on the collective (a desync): rank {rank} runs {what}, rank "
+         "{other} runs {theirs}"),
+    # -- the data pipeline: torch.utils.data's worker watchdog, its re-raise of a worker error
+    _sig("job.data", "worker killed", "DataLoader worker",
+         r"DataLoader worker \(pid (?P<pid>\d+)\) is killed by signal: (?P<what>[\w ]+)",
+         "a DataLoader worker (pid {pid}) was killed by a signal: {what}"),
+    _sig("job.data", "worker exited", "DataLoader worker",
+         r"DataLoader worker \(pid\(s\) (?P<pid>[\d, ]+)\) exited unexpectedly",
+         "DataLoader worker(s) (pid {pid}) exited unexpectedly"),
+    _sig("job.data", "dataset", "DatasetGenerationError",
+         r"(?P<what>DatasetGenerationError: .*)", "the dataset could not be built: {what}"),
+    _sig("job.data", "worker error", "in DataLoader worker",
+         r"Caught (?P<what>\w+) in DataLoader worker process (?P<rank>\d+)",
+         "a DataLoader worker raised {what}"),
+]
+
+_SYSLOG_HOST = re.compile(r"\b\w{3}\s+\d+ [\d:]+ (\S+) kernel:")
+_TRIGGERS: dict[str, list[Sig]] = {}
+for _s in TABLE:
+    for _w in _s.triggers:
+        _TRIGGERS.setdefault(_w, []).append(_s)
+
+
+class _Blank(dict[str, str]):  # str.format_map with the groups that did not take part left empty
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def _hit(sig: Sig, ev: Events, line: Line, t: str) -> bool:
+    m = sig.rx.search(t)
+    if m is None:
+        return False
+    g = {k: v.strip() for k, v in m.groupdict().items() if v}
+    host = g.get("host") or line.host
+    if host is None and "kernel:" in t and (h := _SYSLOG_HOST.search(t)):
+        host = h.group(1)
+    addr = g.get("addr") or g.get("addr2")
+    store = f"{addr}:{g['port']}" if addr and g.get("port") else None
+    if host is None and (o := NCCL_ORIGIN.search(t)) and o.group(1) and o.start():
+        host = t[:o.start()].split()[-1].split("|")[-1] or None
+    rank = int(g["rank"]) if g.get("rank") and sig.finding != "job.data" else rank_of(line)
+    says = " ".join(sig.says.format_map(_Blank(g)).split())
+    ev.add("hits", {"id": sig.finding, "kind": sig.kind, "what": says, "rank": rank,
+                    "host": host, "pid": g.get("pid"), "pci": g.get("pci"), "store": store,
+                    "line": t.strip()}, key=(sig.finding, says, rank, host))
+    return True
+
+
+def reader(sigs: list[Sig]) -> Callable[[Events, Line, str, deque[Line], dict[str, Any]], None]:
+    def read(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
+        for sig in sigs:
+            if _hit(sig, ev, line, t):
+                return
+    return read
+
+
+# ------------------------------------------------------------------ failure-looking lines
+
+# an exception as Python prints it last in a traceback ("pkg.mod.SomeError: text"), an error
+# line (logging's ERROR, glog's E, `error:`), a fatal message
+_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(?P<name>[A-Z]\w*(?:Error|Exception|Exit|Interrupt|"
+                        r"Failure|Fault))\b(?::\s*(?P<what>.*))?$")
+_ERROR_LINE = re.compile(r"(?:\bERROR\b|\berror:|^\[?E\d{4} |\bFATAL\b|\bfatal error\b|"
+                         r"\bCRITICAL\b)", )
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+_PACKAGES = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+
+
+def _failing(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
+    """A line that looks like a failure: kept (the first few) for `job.unrecognised`."""
+    if len(ev.failing) >= 64:
+        return
+    if m := _EXCEPTION.match(t):
+        frame = facts.get("frame")
+        where = ("framework" if frame and any(p in frame[0] for p in _PACKAGES) else "user"
+                 if frame else "")
+        ev.add("failing", {"kind": "exception", "name": m.group("name"), "rank": rank_of(line),
+                           "host": line.host, "line": t.strip(), "where": where,
+                           "frame": f"{frame[0]}:{frame[1]}" if frame else ""},
+               key=("exception", t.strip()[:200], rank_of(line)))
+    elif _ERROR_LINE.search(t) and "WARN" not in t:
+        ev.add("failing", {"kind": "error", "rank": rank_of(line), "host": line.host,
+                           "line": t.strip()}, key=("error", t.strip()[:200], rank_of(line)))
+
+
+def _frame(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
+    """The innermost frame of a traceback so far: where its exception was raised."""
+    if m := _FRAME.match(t):
+        facts["frame"] = (m.group("file"), m.group("line"))
+
+
+# ------------------------------------------------------------------ progress and normal ends
+
+# what a trainer prints as it goes (Megatron, HF Trainer, Lightning/tqdm, DeepSpeed, plain)
+_PROGRESS = re.compile(r"\b(?:iteration|iter|global_step|step|Step|Epoch|epoch)[\s:=\[]*"
+                       r"(?P<n>\d+)(?:\s*/\s*(?P<of>\d+))?")
+# what launchers and trainers print when a run ends well (their source's own words)
+_ENDS = re.compile(
+    r"worker group successfully finished|WorkerState\.SUCCEEDED|exits successfully|"
+    r"Training completed|[Tt]raining (?:is )?(?:finished|complete|done)\b|"
+    r"`Trainer\.fit` stopped: `max_\w+=\d+` reached|\[after training is done\]|"
+    r"exiting program at iteration|'train_runtime'|[Ff]inished training|"
+    r"Job '[\w-]+' succeeded|Exited with exit code 0\b|All done|Done training|"
+    r"torchelastic\.worker\.status\.SUCCEEDED")
+
+
+def _end(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
+    if _ENDS.search(t) and len(ev.ends) < 64:
+        ev.ends.append({"line": t.strip(), "seq": ev.lines, "rank": rank_of(line)})
+
+
+END_WORDS = ("successfully finished", "SUCCEEDED", "exits successfully", "Training completed",
+             "raining is", "raining finished", "raining complete", "raining done", "stopped: `max_",
+             "after training is done", "exiting program at", "train_runtime", "inished training",
+             "succeeded", "Exited with exit code 0", "All done", "Done training")
+PROGRESS_WORDS = ("iteration", "iter", "step", "Step", "epoch", "Epoch")
+FAILING_WORDS = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault", "ERROR",
+                 "error:", "FATAL", "fatal error", "CRITICAL")
+
+READERS = [
+    *((trigger, reader(sigs)) for trigger, sigs in _TRIGGERS.items()),
+    *((w, _failing) for w in FAILING_WORDS), ('File "', _frame),
+    *((w, _end) for w in END_WORDS),
+]
+
+
+_LAST_RANKS = 50  # lines at the end of a log whose ranks are "still printing"
+
+
+def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
+    """How a log ends, from its last lines: the last time and progress printed, the ranks
+    printing in its last lines, its last line, and whether progress followed a normal end."""
+    from megatron_env.diagnose import joblog
+    from megatron_env.diagnose.model import stamp
+
+    lines = [x for x in joblog.lines(list(tail), source) if x.text.strip()]
+    out: dict[str, Any] = {"time": None, "iteration": None, "ranks": [], "last": "",
+                 "progress_after_end": False}
+    if not lines:
+        return out
+    out["last"] = lines[-1].text.strip()
+    out["ranks"] = sorted({x.rank for x in lines[-_LAST_RANKS:] if x.rank is not None})
+    ended = False
+    for x in lines:
+        if _ENDS.search(x.text):
+            ended, out["progress_after_end"] = True, False
+        elif _PROGRESS.search(x.text) and ended:
+            out["progress_after_end"] = True
+    for x in reversed(lines):
+        if out["time"] is None and (t := stamp(x.text)):
+            out["time"] = t
+        if out["iteration"] is None and _PROGRESS.search(x.text):
+            out["iteration"] = x.text.strip()
+        if out["time"] and out["iteration"]:
+            break
+    return out

@@ -1,0 +1,141 @@
+"""Secrets out of everything the tool prints or writes for others to read: console lines,
+errors, reports, snapshots, command logs, JSON, evidence quoted from logs. One function, `text`,
+is the last pass all of them take (`output` routes every line through it; the report, the
+snapshot's files and the command logs call it); `variables` is for a mapping of names to values
+(env.txt, the report's variables); `Lines` is `text` for a stream read line by line (a command's
+log), which must remember that it is inside a PEM block; `cut` is `text` and then a cut to a
+width, for evidence quoted from a line of any length.
+
+It fails closed, in three passes:
+1. structure (megatron_env.redact.structure): the positions where secrets stand, whatever they
+   look like: flags, `key=value`, URLs, headers, PEM, netrc, connect strings, Python reprs,
+   argv lists, commands that take a password, vendor token formats;
+2. shape (megatron_env.redact.shape): any token left that looks random is masked unless it is a
+   recognised harmless form (hex digests, UUIDs, numbers, versions, words, paths, hosts);
+   a base64 blob that decodes to a secret is masked whole;
+3. cut (`cut`): only then is a line cut to length, so no cut leaves half a secret unseen.
+Plus the environment: the value of any secret-named variable of the process, wherever it shows.
+
+A value is judged by what it is, not by its field's name: in a JSON document numbers and
+booleans are never masked (`{"pass": 3}` is a count), a path stays a path (`"signature":
+"/out/b.sig"`), a file name is no key (`my_password_profile.toml: read`).
+
+Pure functions (`text` reads os.environ unless given a mapping).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+from megatron_env.redact import shape, structure
+from megatron_env.redact.names import is_secret_name, name_kind
+from megatron_env.redact.shape import REDACTED, random_looking
+from megatron_env.redact.structure import mask_urls, secret_value
+
+__all__ = ["REDACTED", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind",
+           "random_looking", "scrub", "secret_value", "text", "variables"]
+
+_MIN_SECRET = 4  # a shorter environment value would blank out ordinary words
+# a JSON Web Key's private members (RFC 7518 6.2.2, 6.3.2, 6.4.1): short names no rule knows
+_JWK_PRIVATE = frozenset({"d", "p", "q", "dp", "dq", "qi", "k", "oth", "r", "t"})
+
+
+def _walk(obj: object, environ: Mapping[str, str], name: object = None,
+          jwk: bool = False) -> object:
+    if isinstance(obj, dict):
+        is_jwk = "kty" in obj
+        return {_text(k, environ) if isinstance(k, str) else k: _walk(v, environ, k, is_jwk)
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_walk(x, environ, name) for x in obj]
+    if isinstance(obj, str):
+        if jwk and name in _JWK_PRIVATE and obj:
+            return REDACTED
+        kind = name_kind(name) if isinstance(name, str) else None
+        return REDACTED if secret_value(kind, obj.strip()) else _text(obj, environ)
+    return obj  # a number, a boolean, null: never a secret, whatever its field is called
+
+
+def _json(s: str, environ: Mapping[str, str]) -> str | None:
+    """`s` redacted as the JSON document it is, in its own layout; None when it is not one."""
+    body = s.strip()
+    if body[:1] not in "{[" or body[-1:] not in "}]":
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    done = _walk(doc, environ)
+    if done == doc:
+        return s
+    second = body.split("\n", 2)[1] if "\n" in body else ""
+    indent = len(second) - len(second.lstrip(" ")) if second else None
+    lead, trail = s[:len(s) - len(s.lstrip())], s[len(s.rstrip()):]
+    return lead + json.dumps(done, indent=indent) + trail
+
+
+def _environment(s: str, environ: Mapping[str, str]) -> str:
+    for name, value in environ.items():
+        if len(value) >= _MIN_SECRET and value in s and secret_value(name_kind(name), value):
+            s = s.replace(value, REDACTED)
+    return s
+
+
+def _text(s: str, environ: Mapping[str, str]) -> str:
+    if not s:
+        return s
+    as_json = _json(s, environ)
+    if as_json is not None:
+        return as_json
+    s = shape.mask(structure.mask(s), lambda t: _text(t, environ))
+    return _environment(s, environ)
+
+
+def text(s: str, environ: Mapping[str, str] | None = None) -> str:
+    """`s` with every secret masked: pass 1 (structure), pass 2 (shape), the environment."""
+    return _text(s, os.environ if environ is None else environ)
+
+
+def cut(s: str, width: int, environ: Mapping[str, str] | None = None) -> str:
+    """Pass 3: `s` redacted, then cut to `width` characters (a mask is never cut in half). The
+    order matters: a line cut first can end inside a secret that no rule then recognises."""
+    done = text(s, environ)
+    if len(done) <= width:
+        return done
+    head = done[:width]
+    start = head.rfind("<")
+    if start != -1 and ">" not in head[start:] and done.startswith(REDACTED, start):
+        head = head[:start]
+    return head
+
+
+def variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """Each variable, sorted, its value redacted (a secret name's) or passed through `text`."""
+    return {k: REDACTED if secret_value(name_kind(k), v) else text(v, environ)
+            for k, v in sorted(environ.items())}
+
+
+def scrub(s: str, environ: Mapping[str, str]) -> str:
+    """The last pass over a report or file (kept as a name: `text` with a given environment)."""
+    return text(s, environ)
+
+
+class Lines:
+    """`text` for a stream taken line by line (a command's log): the lines of a PEM block that
+    began on an earlier line are masked whole until its END line."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.environ = environ
+        self.inside = False
+
+    def __call__(self, line: str) -> str:
+        if self.inside:
+            if "-----END " in line:
+                self.inside = False
+                return REDACTED + line[line.index("-----END "):]
+            return REDACTED + ("\n" if line.endswith("\n") else "")
+        if "-----BEGIN " in line and "-----END " not in line:
+            self.inside = True
+        return text(line, self.environ)

@@ -1,0 +1,343 @@
+"""Pass 1, structure: the positions where secrets stand, whatever they look like.
+
+A password can be `hunter2`: no shape pass sees it, so the places a secret is written are
+masked first, each a rule of a table below:
+- a PEM block of any kind, with real newlines or `\\n` escapes (a service-account JSON);
+- the value after a secret-named key in any spelling (`--password X`, `--api-key=X`, `PWD=X`,
+  `password: X`, `"client_secret": "X"`, `b'X'`, `auth=('user', 'X')`); quoted name-value pairs
+  (an argv list `['curl', '--oauth2-bearer', 'X']`, gRPC metadata `[('authorization', 'X')]`);
+- commands that take a secret by position or glued to a flag (`docker login -p X`, `mysql -pX`,
+  `mc alias set NAME URL KEY SECRET`, `wandb login X`, `curl -u user:X`, `pass:X`);
+- HTTP headers (`Authorization:`, `Cookie:`, `X-Api-Key:` ...) and `Basic`/`Bearer` credentials
+  with no header before them;
+- URLs: userinfo (a raw `@` in the password too), query and fragment pairs of secret keys, path
+  segments that are tokens (`/t/<token>/` of a conda channel, `/bot<id>:<token>/`, webhooks);
+- connect strings (`user/password@//host`), netrc entries, `.pgpass` lines;
+- the vendor token formats of `FORMATS`, under any name and anywhere.
+Each rule runs only where its words are (substring tests first, regex scans after).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from megatron_env.redact.names import STEMS, name_kind
+from megatron_env.redact.shape import REDACTED, random_looking, reads_as_words
+
+# (words that must be in the line, the rule): a rule is scanned for only where its words are
+Rule = tuple[tuple[str, ...], Callable[[str], str]]
+
+_PLAIN = re.compile(r"(?:true|false|none|null|nil|yes|no|on|off|undefined|\*+|x{3,}|-|"
+                    r"<[^<>]*>|\$\{?\w+\}?|%\w+%|\.\.\.|[0-9]{1,3})", re.I)
+PATH = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]*)*")
+# a file's path as a tool writes it: from the root, the home or `.`, or ending in a file name
+# with its extension (`out/bundle.tar.sig`); `planted/aws+secret/KEY` is no path
+_EXT = (r"\.(?:sig|json|toml|yaml|yml|txt|log|tar|gz|zst|xz|whl|pem|crt|key|pub|asc|lock|md|py|"
+        r"sh|cfg|ini|conf)")
+_FILE = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]+)*/?|[\w.+-]+(?:/[\w.@~+-]+)*" + _EXT)
+
+
+def _a_path(value: str) -> bool:
+    """A path, whatever it is called (`"signature": "out/bundle.sig"`): spelled as one, each
+    part written as words (`Tr0ub4dor/3` is a password, not a directory)."""
+    return _FILE.fullmatch(value) is not None and all(map(reads_as_words, value.split("/")))
+
+
+def secret_value(kind: str | None, value: str) -> bool:
+    """Whether `value`, standing behind a name of this kind, is to be masked. A path is a path
+    whatever it is called; a weak name's value only when it looks random."""
+    if kind is None or not value or _PLAIN.fullmatch(value) or _a_path(value):
+        return False
+    if kind == "strong":
+        return True
+    return random_looking(value)
+
+
+# ----------------------------------------------------------------------------- vendor formats
+# (vendor, literals, regex): a token that says what it is by its prefix; the regex is scanned
+# for only in a line holding one of the literals. The shape pass would mask most of them anyway;
+# these are here for the ones whose body alone looks harmless (hex after a word) or is short.
+FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("github", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+     r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{22,}"),
+    ("gitlab", ("glpat-", "glrt-", "gldt-", "glptt-", "glft-", "glimt-", "gloas-", "glcbt-",
+                "glsoat-", "glagent-"),
+     r"gl(?:pat|rt|dt|ptt|ft|imt|oas|cbt|soat|agent)-[A-Za-z0-9_-]{16,}"),
+    ("huggingface", ("hf_", "api_org_"), r"hf_[A-Za-z0-9]{16,}|api_org_[A-Za-z0-9]{16,}"),
+    ("openai/anthropic", ("sk-",), r"sk-(?:ant-|proj-|svcacct-|admin-)?[A-Za-z0-9_-]{16,}"),
+    ("stripe", ("_live_", "_test_", "whsec_"),
+     r"(?:sk|rk|pk|whsec)_(?:live|test)_[A-Za-z0-9]{12,}|whsec_[A-Za-z0-9]{16,}"),
+    ("ngc", ("nvapi-",), r"nvapi-[A-Za-z0-9_-]{20,}"),
+    ("aws", ("AKIA", "ASIA", "AGPA", "AIDA", "AROA", "ANPA", "ANVA", "AIPA", "ABIA", "ACCA"),
+     r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[A-Z0-9]{16}"),
+    ("slack", ("xox", "xapp-"), r"xox[abeprs]-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,}"),
+    ("google", ("AIza", "GOCSPX-", "ya29."),
+     r"AIza[0-9A-Za-z_-]{30,}|GOCSPX-[A-Za-z0-9_-]{16,}|ya29\.[A-Za-z0-9_-]{16,}"),
+    ("npm/pypi/docker", ("npm_", "pypi-", "dckr_pat_"),
+     r"npm_[A-Za-z0-9]{30,}|pypi-[A-Za-z0-9_-]{30,}|dckr_pat_[A-Za-z0-9_-]{16,}"),
+    ("shopify", ("shpat_", "shpca_", "shppa_", "shpss_"), r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}"),
+    ("digitalocean", ("_v1_",), r"do[opr]_v1_[a-f0-9]{64}"),
+    ("databricks", ("dapi",), r"dapi[a-f0-9]{32}(?:-\d)?"),
+    ("mailgun/mailchimp", ("key-", "-us"), r"key-[a-f0-9]{32}|[a-f0-9]{32}-us\d{1,2}"),
+    ("twilio", ("SK", "AC"), r"(?:SK|AC)[a-f0-9]{32}"),
+    ("sendgrid", ("SG.",), r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
+    ("vault", ("hvs.", "hvb.", "hvr."), r"hv[sbr]\.[A-Za-z0-9_-]{20,}"),
+    ("age", ("AGE-SECRET-KEY-",), r"AGE-SECRET-KEY-1[0-9A-Z]{50,}"),
+    ("artifactory", ("AKC", "cmVmdGtuOjAx"), r"AKC[a-zA-Z0-9]{20,}|cmVmdGtuOjAx[A-Za-z0-9]{20,}"),
+    ("atlassian", ("ATATT",), r"ATATT[A-Za-z0-9_=-]{20,}"),
+    ("heroku", ("HRKU-",), r"HRKU-[A-Za-z0-9_-]{20,}"),
+    ("pulumi/postman/newrelic", ("pul-", "PMAK-", "NRAK-"),
+     r"pul-[a-f0-9]{40}|PMAK-[a-f0-9]{24}(?:-[a-f0-9]{34})?|NRAK-[A-Z0-9]{27}"),
+    ("jwt", ("eyJ",), r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*)?"),
+)
+
+
+def _hinted(rows: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]]
+            ) -> Callable[[str], str]:
+    """One rule for a table: a single scan for any row's words (as written: the patterns are
+    case-sensitive), then each row whose words the line holds (most lines hold none)."""
+    hint = re.compile("|".join(re.escape(w) for words, _, _ in rows for w in words))
+
+    def rule(s: str) -> str:
+        if hint.search(s) is None:
+            return s
+        for words, pattern, repl in rows:
+            if any(map(s.__contains__, words)):
+                s = pattern.sub(repl, s)
+        return s
+    return rule
+
+
+def _masked(m: re.Match[str]) -> str:
+    return REDACTED
+
+
+_FORMAT_RULE = _hinted([
+    (literals, re.compile(r"(?<![A-Za-z0-9])(?:" + regex + r")(?![\w-])"), _masked)
+    for _, literals, regex in FORMATS])
+
+
+# ----------------------------------------------------------------------------- positions
+
+_PEM = re.compile(r"(-----BEGIN ([A-Z0-9 ]{1,48})-----)([A-Za-z0-9+/=\s:,.\\-]*?)"
+                  r"(-----END \2-----|(?=[^A-Za-z0-9+/=\s:,.\\-])|\Z)")
+# the userinfo ends at the last `@` before the host: a raw `@` in a password is the password's
+_URL_USERINFO = re.compile(r"(\b[a-z][\w+.-]*:/{1,2})(?:[^/\s?#\"'<>:@]*:[^\s\"'<>]*|"
+                           r"[^/\s?#\"'<>]*)@(?=[\w\[.-])", re.I)
+_URL_PAIR = re.compile(
+    r"((?<=[?&#;])(?:[\w.-]*[_.-])?(?:access_token|private_token|refresh_token|id_token|token|"
+    r"api_?key|apikey|key|secret|client_secret|password|passwd|pwd|auth|authorization|sig|"
+    r"signature|x-amz-signature|x-amz-credential|x-amz-security-token|credential|session_?id|"
+    r"sas|code)=)(?!(?:true|false|none|null|yes|no|on|off)\b|<redacted>|\*\*\*)([^&\s#\"',;)]{4,})",
+    re.I)
+# path segments that are tokens: a conda channel's /t/<token>/, a bot API's /bot<id>:<token>,
+# what follows a chat webhook's /services/ or /webhooks/
+_URL_PATH = re.compile(r"(:/{1,2}[^\s\"']*?/t/)([^/\s\"']{6,})|(/bot\d+:)([^/\s\"']+)|"
+                       r"(:/{1,2}[^\s\"']*?/(?:services|webhooks?|webhookb2|IncomingWebhook|hooks)/)"
+                       r"([^\s\"'?#<>]{8,})", re.I)
+_CONNECT = re.compile(r"(?<![\w/.:-])([A-Za-z_][\w.$-]*/)([^\s/@\"']+)(@(?://|[\w.-]+:\d+))")
+_VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]igest|"
+          r"[Nn]egotiate|NTLM|OAuth|AWS4-HMAC-SHA256)[ \t]+)?(?P<pre>[bBrRuU]{0,2}(?=[\"']))?"
+          r"(?:(?P<vq>\\{0,3}[\"'])(?P<qv>(?:(?!(?P=vq))(?:\\.|[^\n]))*)(?P<vc>(?P=vq)|$)"
+          r"|(?P<tv>[(\[](?:[ \t]*[bBrRuU]{0,2}(?:'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")"
+          r"[ \t]*,?)+[ \t]*[)\]])"
+          r"|(?P<bv><[^<>\n]*>(?=$|[\s\"'`,;&)}\]])|[^\s\"'`,;&)}\]]*))")
+_KV = re.compile(
+    r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|(?P<kq>\\{0,3}[\"'])?)(?P<name>[A-Za-z_][\w.-]*)"
+    r"(?(kq)(?P=kq)))(?P<sep>[ \t]*[:=][ \t]*|(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
+_SPACE = re.compile(r"[\s\"'`]")
+# `NAME=value` (an env file) or `name: value` (YAML) on a line of its own: the value is the
+# rest of the line, whatever characters it holds
+_LINE = re.compile(r"(?m)^([ \t]*(?:export[ \t]+|-[ \t]+)?([A-Za-z_][\w.-]*)(?:=|[ \t]*:[ \t]+))"
+                   r"(?![\"'])([^\r\n]+)")
+_QUOTED = re.compile(r"([bBrRuU]{0,2})([\"'])((?:(?!\2)(?:\\.|[^\n]))*)\2")
+# a quoted name, a comma, a quoted value: argv lists and (name, value) tuples
+_PAIR = re.compile(r"([\"'])-{0,2}([A-Za-z_][\w.-]*)\1[ \t]*,[ \t]*(?=[bBrRuU]{0,2}([\"'])"
+                   r"((?:(?!\3)(?:\\.|[^\n]))*)\3)")
+# a JSON Web Key's private members, in text that is no whole JSON document
+_JWK = re.compile(r"([\"'](?:d|p|q|dp|dq|qi|k|oth)[\"'][ \t]*:[ \t]*[\"'])([^\"'\\]+)")
+_HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api-key|"
+                     r"x-auth-token|private-token|x-goog-api-key|x-[\w-]*(?:token|key|secret))"
+                     r"([ \t]*:[ \t]*)((?:basic|bearer|token|digest|negotiate|ntlm|oauth)[ \t]+)?"
+                     r"([^\r\n\"'\\]+)")
+# (words, what precedes the secret): the secret is the next word; each row is scanned for only
+# in a line holding one of its words
+_COMMANDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("login",), r"\b(?:docker|podman|buildah|skopeo|nerdctl|helm|oras|crane|regctl|singularity|"
+                 r"apptainer|cosign|notation)\b[^\n;|&]*?\blogin\b[^\n;|&]*?(?<!\S)(?:-p|--pass)"
+                 r"(?:[ \t]+|=)"),
+    (("mysql", "maria"), r"\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|"
+                         r"mariadb|mariadb-dump)\b[^\n;|&]*?(?<![^\s'\"])-p"),
+    (("sshpass",), r"\bsshpass\b[^\n;|&]*?(?<!\S)-p[ \t]*"),
+    (("redis",), r"\bredis-cli\b[^\n;|&]*?(?<!\S)-a[ \t]+"),
+    (("wandb",), r"\bwandb[ \t]+login(?:[ \t]+--?[\w-]+)*[ \t]+"),
+    (("-u ", "-u\t", "-U ", "--user", "--proxy-user"),
+     r"(?<!\S)(?:-u|--user|--proxy-user|-U)[ \t]+[\"']?[^\s:%\"']+[:%]"),
+    (("pass:",), r"\bpass:"),
+    (("mc ",), r"\bmc[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+\S+[ \t]+\S+[ \t]+"
+               r"(?:\S+[ \t]+)?"),
+    (("configure",), r"\bconfigure[ \t]+set[ \t]+[\w.]*(?:secret|token|password|key)[\w.]*[ \t]+"),
+    (("htpasswd",), r"\bhtpasswd\b[^\n;|&]*?-\w*b\w*[ \t]+\S+[ \t]+\S+[ \t]+"),
+)
+
+
+def _after(m: re.Match[str]) -> str:
+    return m.group(1) + REDACTED
+
+
+_COMMAND_RULE = _hinted([
+    (words, re.compile("(" + before + r")(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+)"), _after)
+    for words, before in _COMMANDS])
+
+
+_MC_KEY = re.compile(r"(\bmc[ \t]+(?:alias[ \t]+set|config[ \t]+host[ \t]+add)[ \t]+\S+[ \t]+"
+                     r"\S+[ \t]+)(\S+)(?=[ \t]+\S)")
+_NETRC = re.compile(r"\b(machine[ \t]+\S+|default)((?:\s+(?:login|account|password|port|macdef)"
+                    r"[ \t]+\S+)+)")
+_NETRC_PAIR = re.compile(r"((?:account|password)[ \t]+)(\S+)")
+_NETRC_LINE = re.compile(r"(?m)^([ \t]*(?:password|account)[ \t]+)(\S+)[ \t]*$")
+_PGPASS = re.compile(r"(?m)(?<![^\s=\"'(\[,])((?:[A-Za-z*][\w.*-]*|\d{1,3}(?:\.\d{1,3}){3}):"
+                     r"(?:\d{1,5}|\*):[^:\s\"']+:[^:\s\"']+:)((?:\\:|[^:\s\"'])+?)"
+                     r"(?=[)\],:]*(?:$|[\s\"']))")
+_BEARER = re.compile(r"(\b(?:[Bb]earer|BEARER|[Bb]asic|BASIC|token)[ \t]+)"
+                     r"([A-Za-z0-9._~+/=-]{8,})(?=$|[\s\"',;)\]}])")
+_B64_LINE = re.compile(r"(?m)^([ \t]*)([A-Za-z0-9+/]{40,}={0,2})([ \t]*)$")
+
+
+def _pem(m: re.Match[str]) -> str:
+    return m.group(1) + REDACTED + (m.group(4) or "")
+
+
+def _mask_quoted(m: re.Match[str]) -> str:
+    return m.group(1) + m.group(2) + REDACTED + m.group(2)
+
+
+def _kv(s: str) -> str:
+    """Each secret-named key's value masked. The key and its separator are matched, the value
+    only looked at: a value that is not masked is searched for keys of its own
+    (`NCCL_X=--password P`)."""
+    out, pos = [], 0
+    for m in _KV.finditer(s):
+        if m.start() < pos:
+            continue
+        kind = name_kind(m.group("name"))
+        if kind is None:
+            continue
+        if m.group("tv") is not None:  # auth=('user', 'pass'): every quoted item
+            tv = m.group("tv")
+            masked = _QUOTED.sub(_mask_quoted, tv) if kind == "strong" else tv
+            out += [s[pos:m.end()], m.group("scheme") or "", masked]
+            pos = m.end("tv")
+            continue
+        value = m.group("qv") if m.group("vq") is not None else m.group("bv")
+        end = m.end("vc") if m.group("vq") is not None else m.end("bv")
+        if m.group("vq") is None and kind == "strong" and secret_value(kind, value or "x"):
+            # a secret's bare value ends at a space, not at `&`, `,` or `)` it may hold
+            stop = _SPACE.search(s, end)
+            end = stop.start() if stop else len(s)
+            value = s[m.end("bv") - len(value):end]
+        if not secret_value(kind, value.strip()):
+            continue
+        out += [s[pos:m.end()], m.group("scheme") or "", m.group("pre") or "",
+                m.group("vq") or "", REDACTED, m.group("vc") or ""]
+        pos = end
+    return "".join(out) + s[pos:] if out else s
+
+
+def _line(m: re.Match[str]) -> str:
+    value = m.group(3).rstrip()
+    if not secret_value(name_kind(m.group(2)), value):
+        return m.group(0)
+    return m.group(1) + REDACTED + m.group(3)[len(value):]
+
+
+def _pairs(s: str) -> str:
+    """The quoted value after a quoted secret name and a comma masked; the value is only looked
+    at, so it may be the name of the next pair (`'curl', '--oauth2-bearer', 'X'`)."""
+    out, pos = [], 0
+    for m in _PAIR.finditer(s):
+        if m.start() < pos or not secret_value(name_kind(m.group(2)) or _header_kind(
+                m.group(2)), m.group(4).strip()):
+            continue
+        start = m.end() + s[m.end():].index(m.group(3))
+        out += [s[pos:start + 1], REDACTED]
+        pos = start + 1 + len(m.group(4))
+    return "".join(out) + s[pos:] if out else s
+
+
+def _header_kind(name: str) -> str | None:
+    return "strong" if _HEADER.match(name + ": x") else None
+
+
+def _header(m: re.Match[str]) -> str:
+    value = m.group(4).rstrip()
+    if not value or value == REDACTED:
+        return m.group(0)
+    return m.group(1) + m.group(2) + (m.group(3) or "") + REDACTED + m.group(4)[len(value):]
+
+
+def _netrc(m: re.Match[str]) -> str:
+    return m.group(1) + _NETRC_PAIR.sub(lambda p: p.group(1) + REDACTED, m.group(2))
+
+
+def _b64_line(m: re.Match[str]) -> str:
+    v = m.group(2)
+    if v.isdigit() or not (any(c.islower() for c in v) and any(c.isupper() for c in v)
+                           and any(c.isdigit() for c in v)):
+        return m.group(0)
+    return m.group(1) + REDACTED + m.group(3)
+
+
+def _bearer(m: re.Match[str]) -> str:
+    """`Bearer X` and `Basic X` are credentials whatever X looks like (but a word: `Basic
+    authentication`); `token X` when X looks random."""
+    v = m.group(2)
+    word = v.isalpha() and len(v) <= 16 and (v.islower() or v.istitle())
+    if not word and not m.group(1).lower().startswith("token") or random_looking(v):
+        return m.group(1) + REDACTED
+    return m.group(0)
+
+
+def _url_path(m: re.Match[str]) -> str:
+    for lead in (1, 3, 5):
+        if m.group(lead) is not None:
+            return m.group(lead) + REDACTED
+    return m.group(0)  # pragma: no cover (one alternative always matches)
+
+
+def mask_urls(text: str) -> str:
+    """https://user:pass@host/ -> https://***@host/; ?token=abc -> ?token=***."""
+    return _URL_PAIR.sub(r"\1***", _URL_USERINFO.sub(r"\1***@", text))
+
+
+RULES: tuple[Rule, ...] = (
+    (("-----begin",), lambda s: _PEM.sub(_pem, s)),
+    (("kty",), lambda s: _JWK.sub(lambda m: m.group(1) + REDACTED, s)),
+    (("@", "="), mask_urls),
+    (("/t/", "/bot", "hook", "/services/"), lambda s: _URL_PATH.sub(_url_path, s)),
+    (("@",), lambda s: _CONNECT.sub(lambda m: m.group(1) + REDACTED + m.group(3), s)),
+    (("auth", "cookie", "api-key", "token", "key:", "secret"), lambda s: _HEADER.sub(_header, s)),
+    (("mc ",), lambda s: _MC_KEY.sub(lambda m: m.group(1) + REDACTED, s)),
+    (("",), _COMMAND_RULE),
+    (("password", "account"), lambda s: _NETRC_LINE.sub(
+        lambda m: m.group(1) + REDACTED, _NETRC.sub(_netrc, s))),
+    ((":",), lambda s: _PGPASS.sub(lambda m: m.group(1) + REDACTED, s) if s.count(":") >= 4
+     else s),
+    (("",), _FORMAT_RULE),
+    (("earer", "basic", "token"), lambda s: _BEARER.sub(_bearer, s)),
+    (STEMS, _pairs),
+    (STEMS, lambda s: _LINE.sub(_line, s)),
+    (STEMS, _kv),
+)
+
+
+def mask(s: str) -> str:
+    """Every rule of RULES, each where its words are."""
+    low = s.lower()
+    for words, rule in RULES:
+        if any(map(low.__contains__, words)):
+            done = rule(s)
+            if done != s:
+                s, low = done, done.lower()
+    return _B64_LINE.sub(_b64_line, s) if len(s) >= 40 else s

@@ -1,0 +1,59 @@
+"""What the redaction must leave alone: a harmless corpus of real values from the fixtures
+(tests/fixtures/harmless/values.txt, drawn by bench/redact_corpus.py --write: lock pins and
+hashes, NCCL log words, a snapshot's values, nvidia-smi -q values, job-log words) comes through
+unchanged alone, in a log line, as an environment variable and as a JSON value; and a value is
+judged by what it is, not by its field's name (a count called "pass", a signature file's
+path, a profile whose file name says "password")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_env import findings, redact
+
+from .conftest import FIXTURES
+
+VALUES = [v for v in (FIXTURES / "harmless" / "values.txt").read_text().splitlines()
+          if v and not v.startswith("#")]
+
+
+def _forms(v: str) -> list[str]:
+    return [v, f"[rank0]: step 10 {v} done", f"NCCL_PLANTED={v}",
+            json.dumps({"value": v, "n": 1}, indent=2)]
+
+
+def test_the_corpus_is_large():
+    assert len(VALUES) >= 200
+    assert len(set(VALUES)) == len(VALUES)
+
+
+@pytest.mark.parametrize("value", VALUES)
+def test_harmless_values_come_through(value):
+    assert [redact.text(f, {}) for f in _forms(value)] == _forms(value)
+
+
+def test_numbers_and_booleans_are_never_masked_whatever_their_field():
+    doc = findings.to_json([findings.Finding("env.torch", "pass", "torch 2.11.0")],
+                           pass_rate=1.0)
+    out = json.loads(redact.text(doc, {}))
+    assert out["summary"]["pass"] == 1 and out["summary"]["fail"] == 0
+    assert json.loads(redact.text('{"password": 1234, "token": true, "secret": null}', {})) == {
+        "password": 1234, "token": True, "secret": None}
+
+
+def test_paths_the_tool_wrote_are_kept_whatever_their_field():
+    for sig in ("/tmp/out/bundle-core.tar.sig", "out/bundle.tar.sig", "bundle.tar.sig"):
+        doc = json.dumps({"bundle": "/tmp/out/bundle-core.tar", "signature": sig})
+        assert json.loads(redact.text(doc, {}))["signature"] == sig
+    line = "error: profiles/my_password_profile.toml: cannot be read"
+    assert redact.text(line, {}) == line
+    assert redact.text("my_password_profile.toml: 3 read", {}) == "my_password_profile.toml: 3 read"
+
+
+def test_what_is_spelled_as_a_secret_is_still_masked_under_those_names():
+    out = json.loads(redact.text(json.dumps(
+        {"pass": "hunter2", "signature": "Zr8vQ2mXk9LpWq7T", "password": "Tr0ub4dor/3"}), {}))
+    assert out == {"pass": redact.REDACTED, "signature": redact.REDACTED,
+                   "password": redact.REDACTED}

@@ -1,0 +1,257 @@
+"""The four ways a log ends (DESIGN: triage outcomes): a named failure, `job.unrecognised`,
+`job.stopped`, a clean end; and empty input, which is an error. Logs here are real: what a real
+Python process printed as it raised or was killed, real fixture lines, or a real log cut where a
+job that hung would have stopped printing."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megatron_env.diagnose import families, joblog, jobs, triage
+
+from .conftest import FIXTURES
+
+ROOT = FIXTURES.parent.parent
+LOGS = FIXTURES / "job-logs"
+# torchrun's elastic agent when every worker exited 0 (torch/distributed/elastic/agent/server/
+# api.py: "[%s] worker group successfully finished. Waiting %s seconds for other agents ...")
+CLEAN_END = ("INFO:torch.distributed.elastic.agent.server.api:[default] worker group successfully "
+             "finished. Waiting 300 seconds for other agents to finish.\n")
+
+TRAIN = """
+import sys, time
+for step in range(1, 4):
+    print(f" iteration {step:8d}/     100 | lm loss: {2.5 - step / 10:.4E} |", flush=True)
+{end}
+"""
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "invoke", "triage", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _captured(tmp_path, end: str, name: str = "train.py") -> tuple:
+    """Run a small training-shaped script for real; its stdout and stderr are the log."""
+    script = tmp_path / name
+    script.write_text(TRAIN.replace("{end}", end))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60)
+    log = tmp_path / "job.log"
+    log.write_text(r.stdout + r.stderr)
+    return log, r
+
+
+def test_an_unfamiliar_exception_is_unrecognised_not_success(tmp_path):
+    log, r = _captured(tmp_path, "params = {}\nprint(params['embedding.word_embeddings'])")
+    assert r.returncode == 1 and "KeyError" in r.stderr
+    out = _cli(log)
+    assert out.returncode == 1, out.stdout
+    (f,) = jobs.run([log])[0]
+    assert f.id == "job.unrecognised" and f.status == "fail" and f.kind == "user"
+    assert "KeyError" in f.summary and "raised in the training code" in f.summary
+    assert "train.py:" in f.summary and "KeyError: 'embedding.word_embeddings'" in f.evidence
+    assert "invoke report" in f.fix and "issue" in f.fix
+
+
+def test_an_exception_inside_a_package_says_so(tmp_path):
+    log, _ = _captured(tmp_path, "import json\njson.loads('{\"lr\": 0.1,}')")
+    (f,) = jobs.run([log])[0]
+    assert f.id == "job.unrecognised" and f.kind == "framework"
+    assert "JSONDecodeError" in f.summary and "inside an installed package" in f.summary
+
+
+def test_a_process_killed_without_a_word_leaves_a_stopped_log(tmp_path):
+    """The job's own output ends mid-training: nothing says why (the kill came from outside)."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.replace("{end}", "time.sleep(60)"))
+    log = tmp_path / "job.log"
+    with open(log, "w") as out:
+        p = subprocess.Popen([sys.executable, str(script)], stdout=out, stderr=out)
+        deadline = time.monotonic() + 30
+        while "iteration        3" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    r = _cli(log)
+    assert r.returncode == 1 and "job.stopped" in r.stdout
+    (f,) = jobs.run([log])[0]
+    assert f.id == "job.stopped" and "last progress: iteration        3/     100" in f.summary
+    for advice in ("py-spy dump", "NCCL_DEBUG=INFO", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                   "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        assert advice in f.fix
+
+
+def test_the_shell_that_saw_the_kill_names_it(tmp_path):
+    """bash reports its child's death by SIGKILL (the OOM killer's signal): a named failure."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN.replace("{end}", "import os, signal\nos.kill(os.getpid(), "
+                                               "signal.SIGKILL)"))
+    r = subprocess.run(["bash", "-c", f"{sys.executable} {script}; true"],
+                       capture_output=True, text=True, timeout=60)
+    assert "Killed" in r.stderr  # bash's own words
+    log = tmp_path / "job.log"
+    log.write_text(r.stdout + r.stderr)
+    fs = jobs.run([log])[0]
+    assert fs[0].id == "job.signal" and "SIGKILL" in fs[0].summary
+    assert "OOM killer" in fs[0].fix
+
+
+def test_a_normal_end_is_the_only_exit_0(tmp_path):
+    log, _ = _captured(tmp_path, f"print({CLEAN_END.strip()!r})")
+    r = _cli(log)
+    assert r.returncode == 0 and "job.clean" in r.stdout, r.stdout
+    log.write_text(log.read_text() + " iteration        4/     100 | lm loss: 2.1E+00 |\n")
+    assert _cli(log).returncode == 1  # progress after the end: another run, which stopped
+
+
+def test_empty_input_is_an_error_naming_it(tmp_path):
+    (tmp_path / "empty.log").write_text("")
+    r = _cli(tmp_path / "empty.log")
+    assert r.returncode == 2 and "empty.log is empty" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.log").write_text("\n  \n")
+    r = _cli(tmp_path / "d")
+    assert r.returncode == 2 and "a.log is empty" in r.stderr
+
+
+def test_a_real_log_cut_before_its_error_is_stopped_with_the_ranks_still_printing():
+    """A hang that never reached the watchdog: the lines before the first timeout of a real
+    log, where ranks 0-2 print."""
+    text = (LOGS / "watchdog-service-thread-closed-megatron735.log").read_text().splitlines()
+    fs = triage.findings(_merged(joblog.normalise("\n".join(
+        [x for x in text if "Watchdog" not in x][:6]) + "\n")))
+    assert [f.id for f in fs] == ["job.stopped"]
+
+
+def _merged(lines):
+    from megatron_env.diagnose import events as events_mod
+    from megatron_env.diagnose import sig_table
+    ev = events_mod.events(lines)
+    ev.tail = sig_table.end_state([x.text if x.rank is None else f"[rank{x.rank}]:{x.text}"
+                                   for x in lines])
+    return ev
+
+
+# a real line: msswift 6695's rank 1 (tests/fixtures/job-logs/stale-file-handle-rank-prefix-...)
+STALE = "OSError: [Errno 116] Stale file handle: xxx"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 63), min_size=2, max_size=12, unique=True), st.randoms())
+def test_the_first_error_in_time_comes_first_whatever_order_it_was_printed_in(ranks, rnd):
+    times = {r: i for i, r in enumerate(ranks)}  # ranks[0] failed first
+    printed = list(ranks)
+    rnd.shuffle(printed)
+    text = "".join(f"2024-05-01 10:{times[r] // 60:02d}:{times[r] % 60:02d},123 [rank{r}]: {STALE}\n"
+                   for r in printed)
+    fs = triage.findings(_merged(joblog.normalise(text)))
+    (f,) = [x for x in fs if x.id == "job.disk"]
+    assert f.evidence[0].startswith(f"rank {ranks[0]}, 2024-05-01 10:00:00.123: ")
+    assert triage.ranks(ranks) in f.summary
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from(["KeyError: 'w'", "ValueError: bad shape", "TypeError: None"]),
+                min_size=2, max_size=6, unique=True), st.randoms())
+def test_the_unrecognised_failure_quoted_first_is_the_first_in_time(errors, rnd):
+    order = list(enumerate(errors))
+    rnd.shuffle(order)
+    text = "".join(f"[E0501 10:00:{i:02d}.000 train.py:1] [rank{i}]: x\n[rank{i}]: {e}\n"
+                   for i, e in order)
+    (f,) = triage.findings(_merged(joblog.normalise(text)))
+    assert f.id == "job.unrecognised" and f.summary.endswith(errors[0])
+
+
+def test_every_finding_has_a_family_with_advice_and_an_exit_meaning():
+    for fid in triage.ORDER + ["job.unrecognised", "job.stopped", "job.clean", "job.root_cause"]:
+        assert fid in families.FAMILY_OF, fid
+    for fam in families.FAMILIES.values():
+        assert fam.means and (fam.advice or fam.name == "clean")
+    assert {families.family(x).name for x in families.FAMILY_OF} <= set(families.FAMILIES)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LOGS.glob("*.log")
+                                        if "tune" in (LOGS / "README.md").read_text()
+                                        .split(p.name, 1)[-1].split("\n", 1)[0]))
+def test_every_tune_log_is_a_failure_in_a_family(name):
+    fs = jobs.run([LOGS / name])[0]
+    assert fs[0].status in ("fail", "pass") and all(f.kind in families.FAMILIES for f in fs)
+
+
+def test_the_collective_of_a_native_stack_is_named():
+    """UCX's backtrace of a SIGSEGV inside NCCL (NeMo, nccl 1050): the collective is only in
+    the native frames (pncclReduceScatter)."""
+    fs = jobs.run([LOGS / "sigsegv-reduce-scatter-backtrace-nemo-nccl1050.log"])[0]
+    assert fs[0].id == "job.signal" and fs[0].summary.endswith("in ReduceScatter")
+
+
+@pytest.mark.parametrize("line, fid, words", [
+    # https://github.com/ofsoundof/GRL-Image-Restoration/issues/27 (torch c10d socket.cpp)
+    ("[W socket.cpp:558] [c10d] The client socket has failed to connect to [::ffff:0.0.0.5]:40323 "
+     "(errno: 110 - Connection timed out).", "job.rendezvous",
+     ["::ffff:0.0.0.5:40323", "Connection timed out"]),
+    # https://github.com/lzhxmu/CPPO/issues/6
+    ("[E521 15:43:02.707733876 socket.cpp:1023] [c10d] The client socket has timed out after "
+     "600000ms while trying to connect to (172.18.21.4, 37907).", "job.rendezvous",
+     ["172.18.21.4:37907", "600000ms"]),
+    # https://github.com/chrisknewman/tusas/issues/149 (slurmstepd, Slurm 23)
+    ("slurmstepd: error: Detected 1 oom_kill event in StepId=440575.0. Some of the step tasks "
+     "have been OOM Killed.\nsrun: error: nid001277: tasks 1-3: Out Of Memory\nslurmstepd: error: "
+     "*** STEP 440575.0 ON nid001277 CANCELLED AT 2023-12-05T07:16:01 ***", "job.oom_killer",
+     ["in 440575.0:", "srun tasks 1, 2 and 3 on nid001277"]),
+    # https://github.com/hafs-community/HAFS/issues/101 (older slurmstepd wording)
+    ("slurmstepd: error: Detected 1 oom-kill event(s) in step 3495064.0 cgroup. Some of your "
+     "processes may have been killed by the cgroup out-of-memory handler.\nsrun: error: "
+     "Orion-01-01: task 4: Out Of Memory", "job.oom_killer", ["3495064.0", "srun task 4"]),
+    # https://github.com/HRNet/HigherHRNet-Human-Pose-Estimation/issues/47 (torch.multiprocessing)
+    ("Exception: process 1 terminated with signal SIGKILL", "job.signal",
+     ["local rank 1", "SIGKILL"]),
+])
+def test_messages_of_the_sources_land_in_their_family(line, fid, words):
+    """One line each, as public threads quote them: the c10d store client and spawn's exit."""
+    fs = triage.findings(_merged(joblog.normalise(line + "\n")))
+    assert fs[0].id == fid and fs[0].status == "fail", fs
+    for w in words:
+        assert w in fs[0].summary, fs[0].summary
+
+
+@given(st.integers(0, 7))
+def test_a_role_tag_is_a_local_rank_not_a_global_one(local):
+    """torchrun --tee's `[default3]:` numbers the processes of one node: local rank 3 of any
+    node, not global rank 3."""
+    fs = triage.findings(_merged(joblog.normalise(f"[default{local}]:{STALE}\n")))
+    (f,) = [x for x in fs if x.id == "job.disk"]
+    assert f"(local rank {local})" in f.summary and f"(rank {local})" not in f.summary
+
+
+def test_the_host_of_a_pasted_shell_prompt_names_where_it_happened():
+    """A user's paste: the prompt (ray 45179's) then a kernel line without a host (eris 42's)."""
+    prompt = (LOGS / "ray-node-marked-dead-heartbeats-ray45179.log").read_text().splitlines()[0]
+    oom = (LOGS / "oom-killer-dmesg-T-sacrifice-child-eris42.log").read_text().splitlines()[0]
+    (f,) = triage.findings(_merged(joblog.normalise(f"{prompt}\n{oom}\n")))
+    assert f.id == "job.oom_killer" and "on ol8ray-1" in f.summary, f.summary
+
+
+# a real NCCL_DEBUG line (megatron 735's), as each rank would print it under torchrun --tee
+INFO = "9aee1c01f3e7:6727:7168 [1] NCCL INFO [Service thread] Connection closed by localRank 2"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sets(st.integers(0, 31), min_size=2, max_size=12), st.data())
+def test_a_stopped_log_names_the_ranks_still_printing_and_the_silent_ones(ranks, data):
+    late = data.draw(st.sets(st.sampled_from(sorted(ranks)), min_size=1,
+                             max_size=len(ranks) - 1))
+    early = "".join(f"[rank{r}]: {INFO}\n" for r in sorted(ranks))
+    filler = "".join(f"[rank{r}]: {INFO}\n" for r in sorted(late)) * 60  # the last lines
+    lines = joblog.normalise(early + filler)
+    (f,) = triage.findings(_merged(lines))
+    assert f.id == "job.stopped"
+    assert f"{triage.ranks(late)} still printing at the end" in f.summary
+    assert f"{triage.ranks(ranks - late)} silent at the end" in f.summary
