@@ -40,7 +40,19 @@ def wheels(prof: Profile, source: Path, dest: Path, echo: output.Echo,
                  ) -> None:
     """megatron-env as a wheel, its runtime dependencies and its build backend, for the profile's
     Python: `pip install --no-index --find-links tool megatron-env` then needs nothing else."""
-    echo(f"tool: building the megatron-env {__version__} wheel")
+    if not (source / "pyproject.toml").is_file():  # a wheel install: no project to build
+        echo(f"tool: the installed megatron-env {__version__} as a wheel")
+        installed_wheel(dest)
+        pins = _resolve(installed_requirements(extras), prof.python, None)
+    else:
+        echo(f"tool: building the megatron-env {__version__} wheel")
+        _build_wheel(source, dest)
+        pins = tool_pins(source / "pyproject.toml", prof.python, extras)
+    echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
+    _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
+
+
+def _build_wheel(source: Path, dest: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="megatron-env-wheel-") as tmp:
         work = Path(tmp) / "src"
         shutil.copytree(source, work)
@@ -53,9 +65,55 @@ def wheels(prof: Profile, source: Path, dest: Path, echo: output.Echo,
                             kind="bundle.tool-build-failed")
         built = next((Path(tmp) / "dist").glob("megatron_env-*.whl"))
         shutil.copy(built, dest / built.name)
-    echo(f"tool: its runtime dependencies for Python {prof.python} (linux {MACHINE})")
-    pins = tool_pins(source / "pyproject.toml", prof.python, extras)
-    _pip_download(["--no-deps", *pins], dest, prof.python, "megatron-env's dependencies")
+
+
+_LEFT = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"}  # installers
+
+
+def installed_wheel(dest: Path) -> Path:
+    """The installed megatron-env packed again as a wheel, file for file as its RECORD lists
+    them (no byte code, not what the installer added), with a new RECORD and fixed timestamps:
+    a bundle made from a wheel install carries the tool that made it, without a source tree."""
+    import base64
+    import hashlib
+    import zipfile
+    from importlib import metadata
+
+    dist = metadata.distribution("megatron-env")
+    info = next(str(f).split("/")[0] for f in dist.files or [] if ".dist-info/" in str(f))
+    version = dist.version
+    out = dest / f"megatron_env-{version}-py3-none-any.whl"
+    rows = []
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in sorted(dist.files or [], key=str):
+            name = str(f)
+            if (name.endswith(".pyc") or "__pycache__" in name or name.startswith("..")
+                    or (name.startswith(info + "/") and name.split("/")[-1] in _LEFT)):
+                continue
+            data = Path(str(f.locate())).read_bytes()
+            z.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data)
+            sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append(f"{name},sha256={sha},{len(data)}")
+        rows.append(f"{info}/RECORD,,")
+        z.writestr(zipfile.ZipInfo(f"{info}/RECORD", (1980, 1, 1, 0, 0, 0)),
+                   "\n".join(rows) + "\n")
+    return out
+
+
+def installed_requirements(extras: tuple[str, ...] = ()) -> list[str]:
+    """The installed megatron-env's Requires-Dist: those of no extra, and those of `extras`
+    without their extra marker."""
+    from importlib import metadata
+
+    out = []
+    for req in metadata.requires("megatron-env") or []:
+        spec, _, marker = req.partition(";")
+        m = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+        if not m:
+            out.append(req)
+        elif m.group(1) in extras:
+            out.append(spec.strip())
+    return out
 
 
 def kernel_requirements(kernels: list[Package], dest: Path, python: str,
