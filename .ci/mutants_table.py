@@ -5,10 +5,13 @@ every module of the package present (one whose mutants have not been run yet say
 "not_run": true, counts null). Exit 1 when a module that ran is under 85% or all of them
 together under 90%.
 
-A mutant no test reaches ("no tests") counts as survived: a break nothing notices; one that
-hangs the tests ("timeout") as killed. A mutant listed in .ci/mutants-equivalent.txt (name,
-then why it cannot change behaviour) is counted as equivalent, apart from killed and survived;
-an entry that names no mutant of this run is reported, so the list cannot go stale unseen.
+A mutant no test reaches ("no tests") counts as survived: a break nothing notices (it is also
+counted apart, as no_tests: mutmut picks a mutant's tests by the calls it saw in the tests' own
+process, so a function reached only through a front door run as a child process has "no
+tests"); one that hangs the tests ("timeout") as killed. A mutant listed in
+.ci/mutants-equivalent.txt (name, then why it cannot change behaviour) is counted as
+equivalent, apart from killed and survived; an entry that names no mutant of this run is
+reported, so the list cannot go stale unseen.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import re
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 MODULE_THRESHOLD = 0.85
@@ -79,19 +83,29 @@ def count(results: dict[str, str], allowed: dict[str, str]) -> dict[str, Counter
             c["equivalent"] += 1
         else:
             c["killed" if status in KILLED else "survived"] += 1
+            c["no tests"] += status == "no tests"
     return counts
 
 
-def table(counts: dict[str, Counter[str]], every: list[str]) -> dict[str, dict[str, object]]:
+def mutated(path: str, root: Path = ROOT) -> bool:
+    """mutmut made this module's mutants (its mutants/<path>.meta exists): a module with no
+    results then has none to make, where one without a .meta was never mutated."""
+    return (root / "mutants" / (path + ".meta")).is_file()
+
+
+def table(counts: dict[str, Counter[str]], every: list[str],
+          made: Callable[[str], bool] = mutated) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for path in every:
         c = counts.get(path, Counter())
         ran = c["killed"] + c["survived"] + c["equivalent"]
-        if c["not run"] and not ran:
+        if (c["not run"] and not ran) or (path not in counts and not made(path)):
             out[path] = {"killed": None, "survived": None, "equivalent": None, "not_run": True}
         else:
+            # no_tests: of the survivors, those no test reached in the tests' own process
+            # (mutmut's stats do not follow a front door run as a child process)
             out[path] = {"killed": c["killed"], "survived": c["survived"],
-                         "equivalent": c["equivalent"]}
+                         "equivalent": c["equivalent"], "no_tests": c["no tests"]}
             if c["not run"]:
                 out[path]["not_run_mutants"] = c["not run"]
     return out
@@ -100,6 +114,8 @@ def table(counts: dict[str, Counter[str]], every: list[str]) -> dict[str, dict[s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, help="write the per-module table here")
+    ap.add_argument("--note", default="", help="how this run was made, kept in the JSON")
+    ap.add_argument("--commit", help="the commit whose code was mutated (default: HEAD)")
     args = ap.parse_args(argv)
     results = parse(sys.stdin.read().splitlines())
     allowed = equivalent()
@@ -125,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in sorted(set(allowed) - set(results)):
         print(f"stale entry in {EQUIVALENT.name}: {name}", file=sys.stderr)
     if args.json:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", args.commit or "HEAD"],
                                 capture_output=True, text=True).stdout.strip() or None
-        args.json.write_text(json.dumps({"commit": commit, "modules": rows}, indent=1) + "\n")
+        doc = {"commit": commit, **({"note": args.note} if args.note else {}), "modules": rows}
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
     if failed:
         print(f"under {MODULE_THRESHOLD:.0%}: {', '.join(failed)}; "
               "hint: `mutmut show NAME` shows a survivor", file=sys.stderr)

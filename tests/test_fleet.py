@@ -271,3 +271,32 @@ def test_a_node_finding_keeps_its_kind_in_the_fleet_report(tmp_path):
         (d / name).unlink()
     f = _finding(analyse(root), "n2", "driver.version")
     assert f.status == "fail" and f.kind == "absent" and f.summary.startswith("n2: no NVIDIA")
+
+
+def test_fingerprint_facts_are_the_values_nodes_must_share(tmp_path):
+    """What drift compares, read from the node's own files: the driver and its CUDA from NVML
+    (13000 is CUDA 13.0), nvcc's release, every fingerprint value under a spaced name, a cache
+    key per kernel that has one (an empty key is no fact)."""
+    fp = fb.fingerprint(kernel_cache_keys={"apex": "k1", "flash-attn": ""})
+    fb.node(tmp_path, "n1", 1, fp=fp)
+    (node,) = analysis.load(tmp_path)
+    assert analysis.fingerprint_facts(node) == {
+        "driver": "580.159.04", "driver CUDA": "13.0", "nvcc": "13.0",
+        "profile": fp["profile"], "lock digest": fp["lock_digest"], "torch": fp["torch"],
+        "torch cuda": fp["torch_cuda"], "nccl": fp["nccl"], "cudnn": str(fp["cudnn"]),
+        "megatron commit": fp["megatron_commit"],
+        "megatron patch digest": fp["megatron_patch_digest"], "apex cache key": "k1"}
+
+
+def test_fingerprint_facts_fall_back_to_nvidia_smi_and_gpu_health(tmp_path):
+    """Without NVML the driver comes from nvidia-smi's header (and no CUDA version is made up);
+    without a fingerprint's torch, gpu_health's torch stands in."""
+    fp = {k: v for k, v in fb.fingerprint().items() if k != "torch"}
+    d = fb.node(tmp_path, "n1", 1, fp=fp)
+    (d / "nvml.json").unlink()
+    health = json.loads((d / "gpu_health.json").read_text())
+    (d / "gpu_health.json").write_text(json.dumps({**health, "torch": "2.11.0+cu130"}))
+    (node,) = analysis.load(tmp_path)
+    facts = analysis.fingerprint_facts(node)
+    assert facts["driver"] == "580.159.04" and "driver CUDA" not in facts
+    assert facts["torch"] == "2.11.0+cu130"

@@ -411,6 +411,42 @@ def test_a_wheel_with_several_tags_ranks_by_its_best_one():
     assert lockdiff.pick([older, f("numpy-1.21.6.zip", "c")], {"b", "c"}, "3.10") is older
 
 
+def test_pick_skips_what_it_cannot_use_and_keeps_the_index_order_among_equals():
+    """A file whose hash the lock does not allow, or whose wheel name does not parse, is passed
+    over (not the end of the search); of two wheels with the same tags the first listed wins,
+    as pip keeps the index's order among equal candidates; a .zip sdist is an sdist."""
+    def f(name, sha):
+        return sources_index.IndexFile(name, "u", sha, size=1)
+
+    good = f("six-1.16.0-py2.py3-none-any.whl", "a")
+    assert lockdiff.pick([f("six-1.16.0-py2.py3-none-any.whl", "x"), good], {"a"}, "3.10") is good
+    assert lockdiff.pick([f("six-1.16.0.whl", "b"), good], {"a", "b"}, "3.10") is good
+    twin = f("six-1.16.0-py2.py3-none-any.whl", "c")
+    assert lockdiff.pick([good, twin], {"a", "c"}, "3.10") is good
+    zipped = f("six-1.16.0.zip", "d")
+    assert lockdiff.pick([zipped], {"d"}, "3.10") is zipped
+
+
+def test_pick_ranks_the_nodes_platforms_not_this_machines():
+    """The nodes run manylinux x86_64 wheels: a wheel built for a bare linux_x86_64 tag (this
+    machine could install it) is never picked, nor a py3 wheel of such a platform; a
+    cp312-none-any wheel is."""
+    def f(name, sha):
+        return sources_index.IndexFile(name, "u", sha, size=1)
+
+    sdist = f("tiny-1.0.tar.gz", "s")
+    for name in ("tiny-1.0-cp312-cp312-linux_x86_64.whl", "tiny-1.0-py3-none-linux_x86_64.whl"):
+        assert lockdiff.pick([f(name, "w"), sdist], {"w", "s"}, "3.12") is sdist, name
+    anyplat = f("tiny-1.0-cp312-none-any.whl", "w")
+    assert lockdiff.pick([anyplat, sdist], {"w", "s"}, "3.12") is anyplat
+
+
+def test_cut_keeps_a_row_that_fills_the_budget_exactly():
+    """Four 3-byte rows into 9 bytes with a 1-byte note: the note and its two newlines take 3,
+    two rows fill the other 6 exactly and are kept."""
+    assert lockdiff.cut("aa\nbb\ncc\ndd\n", 9, "N") == "aa\nbb\n\nN\n"
+
+
 def test_added_profile_is_one_line_and_shallow_or_no_git_say_what_to_do(tmp_path, index):
     index.publish("torch", "2.1.0")
     index.publish("tinytop", "1.0", ("tinydep>=1.0",))

@@ -188,7 +188,7 @@ TABLE: list[Sig] = [
     _sig("job.nccl_net", "net plugin", "NET/OFI",
          r"NET/OFI (?P<what>(?:Couldn't|Unable|Failed|failed)[^\n]*|aws-ofi-nccl "
          r"initialization failed)", "NCCL's OFI network plugin failed: {what}"),
-    # -- numerics: DeepSpeed's and apex's loss scalers, Megatron's NaN checks, fairseq, Lightning
+    # -- numerics: DeepSpeed's and AMP's loss scalers, Megatron's NaN checks, fairseq, Lightning
     _sig("job.numerics", "loss scale", "loss scale",
          r"(?P<what>(?:Current loss scale already at minimum|[Mm]inimum loss scale reached)"
          r"[^.]*)", "{what}"),

@@ -1,9 +1,9 @@
-"""The job model of triage (events.Job): pids repeat across hosts, so a pid seen on one host
+"""The job model of triage (model.Job): pids repeat across hosts, so a pid seen on one host
 tells nothing of the same pid on another."""
 
 from __future__ import annotations
 
-from megatron_env.diagnose.events import Job
+from megatron_env.diagnose.model import Job
 
 
 def test_a_pid_seen_on_another_host_does_not_take_its_rank():
