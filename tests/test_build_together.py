@@ -84,9 +84,11 @@ def ninja_builder(projects: dict[str, Path], started: list[str]):
 
 
 class Jobs:
-    """The commands ninja runs (its children), sampled from /proc every 20 ms."""
+    """The commands ninja runs (its children), sampled from /proc every 20 ms; only the ninjas
+    building under `within` (tests in parallel, other builds on the machine are not counted)."""
 
-    def __init__(self) -> None:
+    def __init__(self, within: Path) -> None:
+        self.within = str(within).encode()
         self.peak = 0
         self.samples = 0
         self._stop = threading.Event()
@@ -104,7 +106,11 @@ class Jobs:
                     continue
                 comm = stat[stat.index("(") + 1:stat.rindex(")")]
                 ppid = stat[stat.rindex(")") + 2:].split()[1]
-                if comm == "ninja":
+                try:
+                    mine = self.within in (d / "cmdline").read_bytes()
+                except OSError:
+                    mine = False
+                if comm == "ninja" and mine:
                     ninjas.add(d.name)
                 parents.append(ppid)
             self.peak = max(self.peak, sum(1 for p in parents if p in ninjas))
@@ -129,7 +135,7 @@ def test_two_builds_share_one_pool_of_two_jobs(tmp_path):
     projects = {"torchlike": project(tmp_path / "src", "torchlike", 5, cuda=cuda),
                 "by-name": project(tmp_path / "src", "by-name", 5)}
     started: list[str] = []
-    with Jobs() as jobs:
+    with Jobs(tmp_path) as jobs:
         outcomes = together.build_together([pkg("torchlike"), pkg("by-name")],
                                            Path(os.sys.executable),
                                            ["9.0"], echo=lambda *a: None,
@@ -147,7 +153,7 @@ def test_without_the_pool_the_drivers_own_j_oversubscribes(tmp_path):
     """The control: the same two builds, each with its own -j8 and no pool, run more than two
     compilers at once (so the bound above is the pool's doing)."""
     projects = [project(tmp_path, "a", 5), project(tmp_path, "b", 5)]
-    with Jobs() as jobs:
+    with Jobs(tmp_path) as jobs:
         ps = [proc.run(["ninja", "-j8", "-C", d], timeout=600) for d in projects[:1]]
         threads = [threading.Thread(target=proc.run, args=(["ninja", "-j8", "-C", d],))
                    for d in projects[1:]]

@@ -55,6 +55,9 @@ def toolhouse(tmp_path_factory):
         argv += ["--platform", plat]
     subprocess.run(argv, check=True)
     assert list(house.glob("tomli-*.whl"))  # Python 3.10 needs it
+    prof = profile.load(PROFILE)  # and what the kernels import at run time (an adopt bundle's)
+    tool.kernel_requirements(list(build.packages(prof).values()), house, py, lambda _s: None,
+                             prof.lock_file)
     return house
 
 

@@ -118,21 +118,29 @@ def installed_requirements(extras: tuple[str, ...] = ()) -> list[str]:
 
 def kernel_requirements(kernels: list[Package], dest: Path, python: str,
                         echo: Callable[[str], object],
-                        constraints: Path | None = None) -> list[Path]:
+                        constraints: Path | None = None,
+                        carried: frozenset[str] = frozenset()) -> list[Path]:
     """What the kernels' Python packages import at run time (each recipe's `requires`), with
     their dependencies but torch and what torch itself brings (the environment the kernels
     build for has it), as wheels for the profile's Python: an adopted bare image gets them
     offline from the bundle's wheels/, and only those it lacks are installed. `constraints`:
-    the profile's lock (its versions win where it pins the same package)."""
-    reqs = sorted({r for k in kernels for r in k.requires})
+    the profile's lock (its versions win where it pins the same package); `carried`: the
+    names the bundle carries already (an environment bundle's lock wheels)."""
+    reqs = sorted({r for k in kernels for r in k.requires if _name(r) not in carried})
     if not reqs:
         return []
     echo(f"wheels: the kernels' run-time requirements ({', '.join(reqs)}) for Python {python}")
     torch_own = {_name(x) for x in _resolve(["torch"], python, constraints)} | {"torch"}
-    pins = [x for x in _resolve(reqs, python, constraints) if _name(x) not in torch_own]
+    pins = [x for x in _resolve(reqs, python, constraints)
+            if _name(x) not in torch_own | carried]
     dest.mkdir(parents=True, exist_ok=True)
     _pip_download(["--no-deps", *pins], dest, python, "the kernels' run-time requirements")
     return sorted(dest.glob("*.whl"))
+
+
+def normal_names(lockfile: Path) -> list[str]:
+    """The package names a lock pins, normalised as _name does."""
+    return [_name(n) for n in lock.parse_lock(lockfile.read_text())]
 
 
 def _name(pin: str) -> str:
