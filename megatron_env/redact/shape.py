@@ -19,8 +19,8 @@ decodes to where it decodes to text: a secret in it masks it, words keep it.
 Harmless forms, never masked: hex (digests, git SHAs, addresses, UUIDs, GPU-/MIG- UUIDs, MACs,
 PCI bus ids), numbers, sizes, times and versions (digits with at most a few letters: `1e-4`,
 `12.5GiB`, `2.11.0+cu130`, `cu130`), words and identifiers (`ProcessGroupNCCL`, `mlx5_0`,
-`expandable_segments`), host names and paths (made of those), NIC names, tempfile names,
-NCCL's `host:pid:tid` prefix, mangled C++ symbols, tempfile and mktemp names, the masks themselves. Hex is
+`expandable_segments`), host names and paths (made of those), NIC names, tempfile and
+mktemp names, NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves. Hex is
 harmless here only because a git SHA and a W&B key look the same: a hex key is masked by where it
 stands (pass 1: a key's name, a login command), never by its shape.
 """
