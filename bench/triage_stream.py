@@ -27,11 +27,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "tests" / "fixtures" / "job-logs"
 _RANK = re.compile(r"\[rank(\d+)\]")
+
+
+def _shifted(shift: int) -> Callable[[re.Match[str]], str]:
+    """A `[rankN]` tag with its rank `shift` higher (each round's ranks differ)."""
+    return lambda m: f"[rank{int(m.group(1)) + shift}]"
 
 
 def write_log(path: Path, size_mb: int, mix: str = "signatures") -> int:
@@ -53,8 +59,7 @@ def write_log(path: Path, size_mb: int, mix: str = "signatures") -> int:
             else:  # about a MB of ordinary lines, then one whole fixture log
                 body = cold * max(1, 1_000_000 // max(1, sum(map(len, cold)))) + \
                     logs[round_ % len(logs)]
-            chunk = "\n".join(_RANK.sub(lambda m, s=shift: f"[rank{int(m.group(1)) + s}]", x)
-                              for x in body) + "\n"
+            chunk = "\n".join(_RANK.sub(_shifted(shift), x) for x in body) + "\n"
             out.write(chunk)
             written += len(chunk.encode())
             round_ += 1

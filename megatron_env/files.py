@@ -29,6 +29,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -235,11 +236,27 @@ def unsealed(tree: Path, marker: str) -> str | None:
     return "changed since it was made"
 
 
+#: the largest state file (stamp, manifest, meta.json) read: the tool writes a few KiB
+STATE_MAX_BYTES = 64 * 1024 * 1024
+
+
 def read_json(path: Path) -> tuple[Any, str]:
     """(the JSON value in `path`, "") or (None, why it is absent or unusable): a missing file,
     a directory in its place, unreadable bytes, text that is not JSON or nests too deep."""
     try:
-        raw = path.read_bytes()
+        # a FIFO or a device in its place would block or never end: only a regular file is read,
+        # opened without blocking and bounded
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, f"{path} is not a regular file"
+            if st.st_size > STATE_MAX_BYTES:
+                return None, f"{path} is larger than any file the tool writes ({st.st_size} bytes)"
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                raw = f.read(STATE_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return None, f"no {path.name}"
     except OSError as e:

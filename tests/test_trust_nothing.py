@@ -233,3 +233,47 @@ def test_a_cached_build_is_checked_before_it_is_installed_or_bundled(tmp_path, c
 
 def digest_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("case", ["fifo", "nested-list", "nested-object"])
+def test_report_reads_any_setup_stamp_without_hanging_or_crashing(tmp_path, case):
+    # measured on cases the code had not seen: a stamp nested 100000 deep made `report --json`
+    # exit 70 (RecursionError), and a FIFO in a stamp's place made report and setup hang
+    prefix = tmp_path / "env"
+    stamps = tmp_path / "env.setup"
+    stamps.mkdir()
+    lock = stamps / "lock.json"
+    if case == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.write_text("[" * 100000 if case == "nested-list" else '{"a":' * 100000)
+    value, why = files.read_json(lock)
+    assert value is None and str(lock) in why
+    r = subprocess.run([sys.executable, "-m", "megatron_env", "report", "--json", "--prefix",
+                        str(prefix)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    why = json.loads(r.stdout)["megatron"]["unverified"]
+    assert why.startswith("setup's lock step: its stamp lock.json cannot be read") and str(lock) in why
+    assert "bug:" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_snapshot_file_changed_after_collection_is_refused_naming_it(tmp_path):
+    # a cut-short nvml.json gave a verdict that never named it (measured on a fresh case)
+    snap = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-m", "megatron_env", "collect", "--out", str(snap)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((snap / "meta.json").read_text())
+    assert all(len(e["sha256"]) == 64 for e in meta["files"].values() if e["status"] != "missing")
+    check = [sys.executable, "-m", "megatron_env", "check", "--json", "--snapshot", str(snap)]
+    assert subprocess.run(check, capture_output=True, text=True, timeout=300).returncode in (0, 1)
+    nvml = snap / "nvml.json"
+    nvml.write_bytes(nvml.read_bytes()[:25])
+    r = subprocess.run(check, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "nvml.json differs from what was collected" in r.stderr, r.stderr
+    assert str(snap) in r.stderr
+    # a snapshot from a version that recorded no digests is read as it is
+    for e in meta["files"].values():
+        e.pop("sha256", None)
+    (snap / "meta.json").write_text(json.dumps(meta))
+    assert subprocess.run(check, capture_output=True, text=True, timeout=300).returncode in (0, 1)

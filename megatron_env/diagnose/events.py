@@ -54,12 +54,17 @@ def trie(words: list[str]) -> str:
     return walk(root)
 
 
+assert max(map(len, _WORDS)) < 1024  # logfiles._WORD_MAX
 # the words a line holds, longest first where they overlap: a word's readers include those of
 # every shorter word inside it (found at the same place, which the engine does not report)
 TRIGGERS = re.compile(trie(_WORDS))
 _BY_WORD: dict[str, list[Reader]] = {
     w: list(dict.fromkeys(r for k, r in READERS if k in w)) for w in _WORDS}
 HOT = TRIGGERS
+# the same words as two patterns, those that begin with a small letter and the others: two
+# scans of a block (merged by logfiles) take about 0.6 of the time of one scan of all
+HOT_PARTS = (re.compile(trie([w for w in _WORDS if not w[0].islower()])),
+             re.compile(trie([w for w in _WORDS if w[0].islower()])))
 
 
 def is_hot(text: str) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_env.diagnose import events as events_mod
-from megatron_env.diagnose import joblog, logfiles, nccl_log, sig_table, triage
+from megatron_env.diagnose import logfiles, nccl_log, sig_table, triage, twocore
 from megatron_env.diagnose.events import Events
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding
@@ -104,8 +104,7 @@ def read(path: Path) -> Events | None:
     """One file's events, its cold lines passed over (counted, their rank tags read); None for
     a file with nothing but blank lines."""
     tally = logfiles.Tally()
-    ev = events_mod.events(joblog.lines(logfiles.physical(path, events_mod.HOT, tally),
-                                        str(path), searched=True))
+    ev = events_mod.events(twocore.lines(path, events_mod.HOT_PARTS, tally))
     if not tally.text:
         return None
     ev.lines += tally.skipped

@@ -43,6 +43,8 @@ _MAX_RANKS = 1 << 20
 # bytes no text log holds (tab, line ends, form feed and ESC of colour codes are text)
 _CONTROL = frozenset([*range(1, 9), 11, *range(14, 27), *range(28, 32), 127])
 _FIX = "pass the console logs of the job (files or a directory)"
+# what a hot line holds: one pattern, or its parts (see `_hits`)
+Hot = re.Pattern[str] | tuple[re.Pattern[str], ...]
 
 
 def files(paths: list[str | Path], skipped: list[str] | None = None) -> list[Path]:
@@ -174,7 +176,7 @@ class Tally:
         self.text = False  # any line that is not blank
 
 
-def physical(path: Path, hot: re.Pattern[str] | None = None,
+def physical(path: Path, hot: Hot | None = None,
              tally: Tally | None = None, rare: tuple[str, ...] = (),
              ) -> Iterator[str | int | tuple[str, tuple[str, ...]]]:
     """The file's lines without line ends, NULs removed, each at most joblog.MAX_LINE long.
@@ -245,7 +247,7 @@ def _decode(data: bytes) -> tuple[str, list[str]]:
     return text, lines
 
 
-def _windows(text: str, hot: re.Pattern[str], offset: int, after: int,
+def _windows(text: str, hot: Hot, offset: int, after: int,
              rare: tuple[str, ...] = ()) -> tuple[list[tuple[int, int]],
                                                    dict[int, tuple[str, ...]]]:
     """[start, end) line ranges around the hot lines of `text` (`offset` lines on), merged, and
@@ -266,14 +268,26 @@ def _windows(text: str, hot: re.Pattern[str], offset: int, after: int,
     return spans, found
 
 
-def _hits(text: str, hot: re.Pattern[str],
+_START = re.Match.start
+
+
+def _hits(text: str, hot: Hot | _Exact,
           rare: tuple[str, ...]) -> list[tuple[int, tuple[str, ...]]]:
     """Where the hot lines of `text` start, in order, with the words found in each: one pass
-    of `hot` over the whole block (its matches grouped by line), then the `rare` words."""
+    of `hot` over the whole block (its matches grouped by line), then the `rare` words. `hot`
+    may be one pattern or its parts (the same words split by their first character: two
+    scans of half the words are faster than one of all), whose matches are merged into what
+    one scan of all the words finds."""
     out: list[tuple[int, tuple[str, ...]]] = []
     start = end = -1
     words: list[str] = []
-    for m in hot.finditer(text):
+    taken = 0  # the end of the last match kept
+    for m in _matches(text, hot):
+        if m.start() < taken:  # inside a match of another part: one scan would not see it
+            if m.end() > taken and _hid(m, text, taken):  # its part's scan missed one
+                return _hits(text, _Exact(_merged(text, hot)), rare)
+            continue
+        taken = m.end()
         if m.start() >= end:  # a new line
             if words:
                 out.append((start, tuple(words)))
@@ -298,6 +312,55 @@ def _hits(text: str, hot: re.Pattern[str],
             merged[pos] = merged.get(pos, ()) + ws
         out = sorted(merged.items())
     return out
+
+
+def _matches(text: str, hot: Hot | _Exact) -> list[re.Match[str]]:
+    """The matches of every part of `hot`, in order of where they start (parts begin with
+    different characters, so no two start at one place)."""
+    if isinstance(hot, _Exact):
+        return hot.matches
+    if isinstance(hot, re.Pattern):
+        return list(hot.finditer(text))
+    out = [m for rx in hot for m in rx.finditer(text)]
+    out.sort(key=_START)
+    return out
+
+
+_WORD_MAX = 1024  # longer than any trigger word
+
+
+def _hid(m: re.Match[str], text: str, taken: int) -> bool:
+    """Did `m` (a match not kept: it starts inside the one kept, which ends at `taken`) hide a
+    match of its own part that starts at or after `taken`, which one scan of all would find?"""
+    r = m.re.search(text, taken, m.end() + _WORD_MAX)
+    return r is not None and r.start() < m.end()
+
+
+class _Exact:
+    """Matches already merged exactly (`_merged`)."""
+
+    def __init__(self, matches: list[re.Match[str]]) -> None:
+        self.matches = matches
+
+
+def _merged(text: str, hot: Hot) -> list[re.Match[str]]:
+    """What one scan of all the parts' words finds: from where the last match ended, the
+    match of the part that matches first (the longest there, as each part's pattern takes)."""
+    parts = (hot,) if isinstance(hot, re.Pattern) else hot
+    out: list[re.Match[str]] = []
+    pos = 0
+    pending = [rx.search(text) for rx in parts]
+    while True:
+        best: re.Match[str] | None = None
+        for i, m in enumerate(pending):
+            if m is not None and m.start() < pos:
+                m = pending[i] = parts[i].search(text, pos)
+            if m is not None and (best is None or m.start() < best.start()):
+                best = m
+        if best is None:
+            return out
+        out.append(best)
+        pos = best.end()
 
 
 def _handed_on(lines: list[str], keep: list[tuple[int, int]], held: int,

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from megatron_env import REPO_ROOT, __version__, output, proc, redact
+from megatron_env import REPO_ROOT, __version__, files, output, proc, redact
 from megatron_env.errors import UserError
 from megatron_env.host import checks, parsers, snapshot
 from megatron_env.profile import Profile
@@ -174,7 +174,8 @@ def _megatron(profile: Profile, probe: dict | None) -> dict:
                            "patches": [p.name for p in checkout.patch_series(profile)]}
     stamp = checkout.source_dir(profile) / checkout.STAMP
     if stamp.exists():
-        recorded = json.loads(stamp.read_text())
+        found, _ = files.read_json(stamp)
+        recorded = found if isinstance(found, dict) else {}
         out.update(checkout=str(stamp.parent), commit=recorded.get("commit", m["commit"]),
                    patches=recorded.get("patches", out["patches"]))
     else:
@@ -199,12 +200,11 @@ def setup_unverified(prefix: Path) -> str | None:
     at: dict[str, datetime.datetime] = {}
     for step in SETUP_STAMPED:
         f = stamps / f"{step}.json"
-        try:
-            doc = json.loads(f.read_text())
-        except FileNotFoundError:
+        if not f.exists() and not f.is_symlink():
             return f"setup's {step} step has no stamp: it failed or has not run"
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            return f"setup's {step} step: its stamp {f.name} cannot be read ({e})"
+        doc, why = files.read_json(f)  # any content, depth or file kind: never raises or blocks
+        if why:
+            return f"setup's {step} step: its stamp {f.name} cannot be read ({why})"
         if not isinstance(doc, dict) or not _DIGEST.fullmatch(str(doc.get("digest"))):
             return f"setup's {step} step: {f.name} is not a stamp"
         with contextlib.suppress(TypeError, ValueError):
