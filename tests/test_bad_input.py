@@ -230,12 +230,13 @@ def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
     """A node without an index (the H200 node): the sdist fetch fails, and the fix names both
     ways on: a local copy of the sdist, or going on without the kernels."""
     from megatron_env.kernels import build
+    from megatron_env.recipes import recipe
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_RETRIES", "0")
     monkeypatch.setenv("PIP_TIMEOUT", "2")
-    monkeypatch.delenv(build.source_var("flash-attn"), raising=False)
+    monkeypatch.delenv(recipe.source_var("flash-attn"), raising=False)
     pkg = build.packages(profile.load(DEFAULT))["flash-attn"]
     with pytest.raises(UserError) as e:
         build.fetch(pkg, echo=lambda *_: None)

@@ -95,6 +95,7 @@ def apply_override(host: str, out: Path) -> list[str]:
         if f.is_file():
             shutil.copyfile(f, out / f.name)
             replaced.append(f.name)
+    snapshot.reseal(out, replaced)  # a replaced file is no longer what collect recorded
     return replaced
 
 
