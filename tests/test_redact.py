@@ -339,3 +339,10 @@ def test_an_ids_hex_secret_is_masked_and_an_image_digest_is_no_userinfo():
     digest = "sha256:" + "ab" * 32
     assert redact.text(f"commit 0123456789abcdef0123456789abcdef01234567 {digest}") == (
         f"commit 0123456789abcdef0123456789abcdef01234567 {digest}")
+
+
+def test_a_directory_mktemp_made_is_named_as_it_is():
+    # `mktemp -d` names `/tmp/tmp.` and ten random letters and digits: the user's own directory,
+    # printed back in an error line (it came out `/tmp/<redacted>/s`)
+    line = "error: snapshot /tmp/tmp.jCirdMvqDd/s was changed after it was collected"
+    assert redact.text(line) == line
