@@ -213,9 +213,8 @@ FORMATS.update({
     "langsmith": (lambda g: ([t := f"lsv2_pt_{r(g, HEX, 32)}_{r(g, HEX, 10)}"], t), "any"),
     "airtable-pat": (lambda g: ([t := f"pat{r(g, B62, 14)}.{r(g, HEX, 64)}"], t), "any"),
     "grafana-sa-full": (lambda g: ([t := f"glsa_{r(g, B62, 32)}_{r(g, HEX, 8)}"], t), "any"),
-    # the ids before the colon are public (a user's, an app's); the hex after it is the secret
-    "asana-pat": (lambda g: ([h := r(g, HEX, 32)], f"2/{r(g, '0123456789', 16)}/"
-                                                   f"{r(g, '0123456789', 16)}:{h}"), "any"),
+    "asana-pat": (lambda g: ([t := f"2/{r(g, '0123456789', 16)}/{r(g, '0123456789', 16)}:"
+                              f"{r(g, HEX, 32)}"], t), "any"),
     "discord-bot": (_discord_bot, "any"), "telegram-bot": (_telegram, "any"),
     "jwt": (_jwt, "any"), "jwk-ec": (_jwk, "any"), "jwk-oct": (_jwk_oct, "any"),
     "pem-private-key": (_pem("PRIVATE KEY"), "any"),

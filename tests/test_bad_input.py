@@ -91,7 +91,9 @@ def test_snapshot_of_random_bytes_fails(tmp_path):
     for i, name in enumerate(("nvidia-smi.txt", "nvidia-smi-topo-m.txt", "nvidia-smi-q.txt",
                               "ibstatus.txt", "ulimit-l.txt", "nvcc-version.txt", "shm.txt",
                               "ip-br-addr.txt", "env.txt", "nvml.json", "meta.json")):
-        (snap / name).write_bytes(os.urandom(2000 + i))
+        # garbage with no printable ASCII: random bytes now and then hold a digit or a word a
+        # parser can take (a number for `ulimit -l`), and then something did parse
+        (snap / name).write_bytes(bytes(0x80 | b for b in os.urandom(2000 + i)))
     r = invoke(ROOT, "check", "--snapshot", str(snap), env={"COLUMNS": "200"})
     # random bytes where the record collect writes last belongs: an incomplete snapshot
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr

@@ -246,6 +246,10 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
         if parts[2 * k - 1] == ":" and segs[k - 1].isdigit() and len(segs[k]) >= LONG_HEX \
                 and _HEX.fullmatch(segs[k]):
             marks[k] = "random"
+            j = k - 1  # with the ids it is issued under (`2/<user>/<app>:`): one token
+            while j >= 0 and segs[j].isdigit():
+                marks[j] = "random"
+                j -= 1
     masked = _runs(segs, marks)
     if not any(masked):
         return chunk
