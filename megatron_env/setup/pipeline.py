@@ -32,7 +32,7 @@ from megatron_env import mutex
 from megatron_env.errors import UserError
 from megatron_env.host import checks
 from megatron_env.setup import state
-from megatron_env.setup.state import Action, Status
+from megatron_env.setup.state import Action, Outcome
 from megatron_env.setup.steps import (  # the chain's names, used from here
     ADOPTED_MANIFEST,
     STEPS,
@@ -126,10 +126,10 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
             stamp, _ = state.read(ctx.stamps, name)
             upstream = _digest(upstream, stamp.digest if stamp else "")
             if d.action is Action.SKIP:
-                rows.append(Row(name, Status.SKIPPED, 0.0, d.why))
+                rows.append(Row(name, Outcome.SKIPPED, 0.0, d.why))
             continue
-        if rows and rows[-1].status in (Status.FAILED, Status.NOT_RUN):
-            rows.append(Row(name, Status.NOT_RUN, 0.0, "an earlier step failed"))
+        if rows and rows[-1].status in (Outcome.FAILED, Outcome.NOT_RUN):
+            rows.append(Row(name, Outcome.NOT_RUN, 0.0, "an earlier step failed"))
             continue
         t0 = time.monotonic()
         try:
@@ -138,19 +138,19 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
             if d.action is Action.VERIFY:
                 again = _again(ctx, d, now, ran)
                 if not again:
-                    rows.append(Row(name, Status.UP_TO_DATE, time.monotonic() - t0, d.why))
+                    rows.append(Row(name, Outcome.UP_TO_DATE, time.monotonic() - t0, d.why))
                     continue
                 ctx.echo(f"{name}: {again}; running it again")
             detail = d.step.run(ctx)
             if now is not None:
                 state.write(ctx.stamps, name, now, detail)
                 ran.append(name)
-            rows.append(Row(name, Status.DONE, time.monotonic() - t0, detail))
+            rows.append(Row(name, Outcome.DONE, time.monotonic() - t0, detail))
         except UserError as e:
             state.remove(ctx.stamps, name)
-            rows.append(Row(name, Status.FAILED, time.monotonic() - t0,
+            rows.append(Row(name, Outcome.FAILED, time.monotonic() - t0,
                             e.message + (f"\nhint: {e.fix}" if e.fix else "")))
-    return rows, not any(r.status is Status.FAILED for r in rows)
+    return rows, not any(r.status is Outcome.FAILED for r in rows)
 
 
 def predict(ctx: Context, decisions: list[Decision]) -> list[Row]:
@@ -161,11 +161,11 @@ def predict(ctx: Context, decisions: list[Decision]) -> list[Row]:
     for d in decisions:
         if d.action is Action.UNCHOSEN:
             continue
-        status, why = {Action.RUN: Status.WOULD_RUN, Action.SKIP: Status.SKIPPED}.get(
-            d.action, Status.UP_TO_DATE), d.why
+        status, why = {Action.RUN: Outcome.WOULD_RUN, Action.SKIP: Outcome.SKIPPED}.get(
+            d.action, Outcome.UP_TO_DATE), d.why
         if d.action is Action.VERIFY and (again := _again(ctx, d, d.digest, ran)):
-            status, why = Status.WOULD_RUN, again
-        if status is Status.WOULD_RUN and d.digest is not None:
+            status, why = Outcome.WOULD_RUN, again
+        if status is Outcome.WOULD_RUN and d.digest is not None:
             ran.append(d.step.name)
         rows.append(Row(d.step.name, status, 0.0, why))
     return rows

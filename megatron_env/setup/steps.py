@@ -17,7 +17,7 @@ from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, env, lock, manifest
 from megatron_env.recipes.recipe import Package
-from megatron_env.setup.state import Status
+from megatron_env.setup.state import Outcome
 from megatron_env.sources import patches, repos
 from megatron_env.sources.given import Given
 
@@ -68,7 +68,7 @@ class Context:
 @dataclass(frozen=True)
 class Row:
     step: str
-    status: Status
+    status: Outcome
     seconds: float
     detail: str
 
