@@ -198,6 +198,8 @@ _PREFIXED: dict[str, tuple[str, str, int, int]] = {
     "postman": ("PMAK-", HEX, 24, 24), "replicate": ("r8_", B62, 37, 37),
     "groq": ("gsk_", B62, 52, 52), "mistral": ("", B62, 32, 32),
     "fernet": ("", B64URL, 43, 43),
+    "supabase": ("sbp_", HEX, 40, 40), "sentry-user": ("sntryu_", HEX, 64, 64),
+    "wandb-local": ("local-", HEX, 40, 40), "perplexity": ("pplx-", HEX, 48, 48),
 }
 
 FORMATS: dict[str, tuple[Gen, str]] = {
@@ -208,6 +210,11 @@ FORMATS.update({
     "sendgrid-full": (lambda g: ([t := f"SG.{r(g, B64URL, 22)}.{r(g, B64URL, 43)}"], t), "any"),
     "terraform-cloud-full": (lambda g: ([t := f"{r(g, B62, 14)}.atlasv1.{r(g, B64URL, 67)}"], t),
                              "any"),
+    "langsmith": (lambda g: ([t := f"lsv2_pt_{r(g, HEX, 32)}_{r(g, HEX, 10)}"], t), "any"),
+    "airtable-pat": (lambda g: ([t := f"pat{r(g, B62, 14)}.{r(g, HEX, 64)}"], t), "any"),
+    "grafana-sa-full": (lambda g: ([t := f"glsa_{r(g, B62, 32)}_{r(g, HEX, 8)}"], t), "any"),
+    "asana-pat": (lambda g: ([t := f"2/{r(g, '0123456789', 16)}/{r(g, '0123456789', 16)}:"
+                              f"{r(g, HEX, 32)}"], t), "any"),
     "discord-bot": (_discord_bot, "any"), "telegram-bot": (_telegram, "any"),
     "jwt": (_jwt, "any"), "jwk-ec": (_jwk, "any"), "jwk-oct": (_jwk_oct, "any"),
     "pem-private-key": (_pem("PRIVATE KEY"), "any"),

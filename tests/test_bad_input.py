@@ -91,7 +91,9 @@ def test_snapshot_of_random_bytes_fails(tmp_path):
     for i, name in enumerate(("nvidia-smi.txt", "nvidia-smi-topo-m.txt", "nvidia-smi-q.txt",
                               "ibstatus.txt", "ulimit-l.txt", "nvcc-version.txt", "shm.txt",
                               "ip-br-addr.txt", "env.txt", "nvml.json", "meta.json")):
-        (snap / name).write_bytes(os.urandom(2000 + i))
+        # garbage with no printable ASCII: random bytes now and then hold a digit or a word a
+        # parser can take (a number for `ulimit -l`), and then something did parse
+        (snap / name).write_bytes(bytes(0x80 | b for b in os.urandom(2000 + i)))
     r = invoke(ROOT, "check", "--snapshot", str(snap), env={"COLUMNS": "200"})
     # random bytes where the record collect writes last belongs: an incomplete snapshot
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
@@ -228,12 +230,13 @@ def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
     """A node without an index (the H200 node): the sdist fetch fails, and the fix names both
     ways on: a local copy of the sdist, or going on without the kernels."""
     from megatron_env.kernels import build
+    from megatron_env.recipes import recipe
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_RETRIES", "0")
     monkeypatch.setenv("PIP_TIMEOUT", "2")
-    monkeypatch.delenv(build.source_var("flash-attn"), raising=False)
+    monkeypatch.delenv(recipe.source_var("flash-attn"), raising=False)
     pkg = build.packages(profile.load(DEFAULT))["flash-attn"]
     with pytest.raises(UserError) as e:
         build.fetch(pkg, echo=lambda *_: None)

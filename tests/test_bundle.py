@@ -55,6 +55,9 @@ def toolhouse(tmp_path_factory):
         argv += ["--platform", plat]
     subprocess.run(argv, check=True)
     assert list(house.glob("tomli-*.whl"))  # Python 3.10 needs it
+    prof = profile.load(PROFILE)  # and what the kernels import at run time (an adopt bundle's)
+    tool.kernel_requirements(list(build.packages(prof).values()), house, py, lambda _s: None,
+                             prof.lock_file)
     return house
 
 
@@ -196,7 +199,9 @@ def test_adopt_bundle_refusals_and_a_delta_after_one_moved_pin(repo, toolhouse, 
     make_bundle(repo, tmp_path, [toolhouse], "--out", old, "--adopt")
     with tarfile.open(old) as tar:
         names = tar.getnames()
-    assert not [n for n in names if n.startswith("wheels/")]  # the node brings its own torch
+    # the node brings its own torch: wheels/ holds only what the kernels import at run time
+    carried = {n.split("/")[1].split("-")[0].lower() for n in names if n.startswith("wheels/")}
+    assert carried and not carried & {"torch", "triton"} and "einops" in carried
     py310 = lock.find_python("3.10")[0]
     node = {"MEGATRON_ENV_CACHE": str(tmp_path / "node-cache"), "PYTHONPATH": str(repo)}
 

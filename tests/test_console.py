@@ -264,3 +264,36 @@ def test_lock_refuses_the_shipped_copy(monkeypatch):
     for options in ({}, {"refresh": True}):
         with user_error("project.read-only"):
             pyenv.lock.fn.__wrapped__(**options)
+
+
+def test_a_wheel_install_carries_itself_into_a_bundle(installed, wheel, outside):
+    """From a wheel install there is no project to build: the bundle's tool wheel is the
+    installed megatron-env packed again (tool.installed_wheel), file for file the wheel that
+    was installed, and it installs and runs in a fresh venv outside any checkout."""
+    py = installed / "bin" / "python"
+    r = subprocess.run([str(py), "-c", "import sys; from pathlib import Path; from "
+                        "megatron_env.bundle import tool; print(tool.installed_wheel(Path("
+                        "sys.argv[1])))", str(outside)], capture_output=True, text=True,
+                       timeout=120, cwd=outside)
+    assert r.returncode == 0, r.stderr
+    again = Path(r.stdout.strip())
+    assert again.parent == outside and again.name == wheel.name
+    with zipfile.ZipFile(wheel) as a, zipfile.ZipFile(again) as b:
+        first = {n: a.read(n) for n in a.namelist() if not n.endswith(".dist-info/RECORD")}
+        second = {n: b.read(n) for n in b.namelist() if not n.endswith(".dist-info/RECORD")}
+    assert first == second  # the same files with the same bytes
+    venv = outside / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([str(Path(sys.executable).with_name("uv")), "pip", "install", "-q",
+                    "--no-deps", "--python", str(venv / "bin" / "python"), str(again)],
+                   check=True, timeout=300)  # uv checks each file against the new RECORD
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    r = subprocess.run([str(venv / "bin" / "megatron-env"), "--version"], cwd=outside,
+                       capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != project.ENV})
+    assert r.returncode == 0 and "(shipped)" in r.stdout, r.stderr
+    reqs = subprocess.run([str(py), "-c", "from megatron_env.bundle import tool; "
+                           "print(tool.installed_requirements())"], capture_output=True,
+                          text=True, timeout=120, cwd=outside)
+    assert reqs.returncode == 0 and "invoke>=2.2" in reqs.stdout, reqs.stderr

@@ -36,6 +36,7 @@ def test_current_profile_resolves_its_pins_and_variants():
     assert (fa.pin, fa.source.url) == ("2.8.3", "flash_attn-2.8.3.tar.gz")
     assert fa.variants == ("hdims=128", "dtypes=bf16")  # the kernels the profile's GPTs run
     assert fa.switches == {"FLASH_ATTENTION_FORCE_BUILD": "TRUE", "FLASH_ATTN_CUDA_ARCHS": "90",
+                           "NVCC_APPEND_FLAGS": "--split-compile=8",
                            "NVCC_THREADS": "2", "FLASH_ATTN_HDIMS": "128",
                            "FLASH_ATTN_DTYPES": "bf16"}
     assert fa.metadata_env == {"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"}
@@ -84,7 +85,8 @@ def test_transformer_engine_resolves_with_pinned_submodules():
         "+3rdparty/cudnn-frontend<tree:0fdf136318fee402f6182cffbff27041dbe4d8a3")
     assert te.switches == {"NVTE_FRAMEWORK": "pytorch", "NVTE_WITH_NCCL_EP": "0",
                            "NVTE_NO_LOCAL_VERSION": "1",
-                           "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1", "NVTE_CUDA_ARCHS": "90"}
+                           "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1", "NVTE_CUDA_ARCHS": "90",
+                           "NVCC_APPEND_FLAGS": "--split-compile=4"}
     assert te.modules == ("transformer_engine.pytorch", "transformer_engine_torch")
     # both shared objects sit inside the package, not where the module names would put them
     assert te.wheel_libraries == ("transformer_engine/libtransformer_engine",
@@ -274,3 +276,11 @@ def test_setup_decides_before_it_runs(tmp_path):
     # a skipped step passes its stamp on, as an unchosen one does: the builds it stamped are
     # still installed, and what follows them is as it was
     assert third["env"].action.value == "unchosen" and third["megatron"].action.value == "verify"
+
+
+def test_recipes_declare_what_their_packages_import_at_run_time():
+    pk = build.packages(profile.load("core_v0.19.0-cu130"))
+    assert "pydantic" in pk["transformer-engine"].requires  # import transformer_engine.pytorch
+    assert pk["flash-attn"].requires == ("einops",)
+    assert all("torch" not in r.split(">")[0].split("=")[0] for k in pk.values()
+               for r in k.requires)  # the environment's torch is never moved

@@ -331,7 +331,8 @@ def test_an_ids_hex_secret_is_masked_and_an_image_digest_is_no_userinfo():
     # of an id and a hex secret) was printed whole, and an image reference's `host:port/name@`
     # before its digest was masked as a URL's user and password
     secret = "9f2c4e1a7b3d5f608e1c2a4b6d8f0e13"
-    assert secret not in redact.text(f"ASANA=2/1204356789012345/1204356789012346:{secret}")
+    assert redact.text(f"ASANA=2/1204356789012345/1204356789012346:{secret}") == (
+        "ASANA=<redacted>/<redacted>/<redacted>:<redacted>")
     assert secret not in redact.text(f"token 77:{secret} used")
     ref = ("docker-pullable://registry.example.org:5000/tengine-2.2.0@sha256:"
            "6a3c3c1e0f1b5a8e6d7c9b0a2f4e6d8c0b2a4f6e8d0c2b4a6f8e0d2c4b6a8f0e")
@@ -339,3 +340,10 @@ def test_an_ids_hex_secret_is_masked_and_an_image_digest_is_no_userinfo():
     digest = "sha256:" + "ab" * 32
     assert redact.text(f"commit 0123456789abcdef0123456789abcdef01234567 {digest}") == (
         f"commit 0123456789abcdef0123456789abcdef01234567 {digest}")
+
+
+def test_a_directory_mktemp_made_is_named_as_it_is():
+    # `mktemp -d` names `/tmp/tmp.` and ten random letters and digits: the user's own directory,
+    # printed back in an error line (it came out `/tmp/<redacted>/s`)
+    line = "error: snapshot /tmp/tmp.jCirdMvqDd/s was changed after it was collected"
+    assert redact.text(line) == line

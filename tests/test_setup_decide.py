@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from megatron_env.errors import UserError
 from megatron_env.setup import pipeline, state
 from megatron_env.setup.pipeline import Step
-from megatron_env.setup.state import Action, Stamp, Status
+from megatron_env.setup.state import Action, Outcome, Stamp
 
 NAMES = ["check", "lock", "env", "sources", "patches", "builds", "megatron", "verify"]
 
@@ -58,7 +58,7 @@ class World:
     def decide(self, chosen=NAMES) -> dict[str, pipeline.Decision]:
         return {d.step.name: d for d in pipeline.decide(self.ctx, list(chosen), self.chain())}
 
-    def execute(self, chosen=NAMES) -> dict[str, Status]:
+    def execute(self, chosen=NAMES) -> dict[str, Outcome]:
         self.ran = []
         rows, _ok = pipeline.execute(self.ctx, pipeline.decide(self.ctx, list(chosen),
                                                                 self.chain()))
@@ -72,7 +72,7 @@ def world(tmp_path):
 
 def ready(w: World) -> None:
     rows = w.execute()
-    assert all(s in (Status.DONE, Status.SKIPPED) for s in rows.values()), rows
+    assert all(s in (Outcome.DONE, Outcome.SKIPPED) for s in rows.values()), rows
 
 
 STAMPED = [n for n in NAMES if n not in ("check", "sources", "patches")]
@@ -98,9 +98,9 @@ def test_a_ready_chain_is_up_to_date_whatever_is_chosen(tmp_path_factory, chosen
 def test_invoke_megatron_after_setup_is_up_to_date_and_setup_after_it_too(world):
     world.skip = {"sources", "patches", "builds"}  # no GPU here: the builds are skipped
     ready(world)
-    assert world.execute(["megatron"]) == {"megatron": Status.UP_TO_DATE}
+    assert world.execute(["megatron"]) == {"megatron": Outcome.UP_TO_DATE}
     rows = world.execute()
-    assert world.ran == [] and rows["megatron"] is Status.UP_TO_DATE
+    assert world.ran == [] and rows["megatron"] is Outcome.UP_TO_DATE
 
 
 def test_a_skipped_step_passes_on_its_stamp_as_an_unchosen_one_does(world):
@@ -109,7 +109,7 @@ def test_a_skipped_step_passes_on_its_stamp_as_an_unchosen_one_does(world):
     ready(world)
     world.skip = {"sources", "patches", "builds"}
     rows = world.execute()
-    assert rows["builds"] is Status.SKIPPED and rows["megatron"] is Status.UP_TO_DATE
+    assert rows["builds"] is Outcome.SKIPPED and rows["megatron"] is Outcome.UP_TO_DATE
     assert world.ran == []
 
 
@@ -127,7 +127,7 @@ def test_a_changed_input_reruns_its_step_and_everything_after_it(world, changed)
             assert d[name].why == "its inputs changed"
     rows = world.execute()
     assert world.ran == [n for n in STAMPED if NAMES.index(n) >= at]
-    assert all(rows[n] is Status.DONE for n in world.ran)
+    assert all(rows[n] is Outcome.DONE for n in world.ran)
     assert all(a.action is not Action.RUN or a.step.inputs is None
                for a in world.decide().values())
 
@@ -167,7 +167,7 @@ def test_a_bad_stamp_is_absent_with_a_reason_never_a_crash(tmp_path_factory, jun
     d = w.decide()["env"]
     assert d.action is Action.RUN and ("not a stamp" in d.why or "cannot be read" in d.why)
     rows = w.execute()
-    assert rows["env"] is Status.DONE and w.ran[0] == "env"
+    assert rows["env"] is Outcome.DONE and w.ran[0] == "env"
     assert all(a.action is not Action.RUN or a.step.inputs is None
                for a in w.decide().values())
 
@@ -196,10 +196,10 @@ def test_a_verify_that_finds_a_reason_runs_the_step(world):
     ready(world)
     world.broken["megatron"] = "megatron-core is not installed"
     rows = world.execute()
-    assert rows["megatron"] is Status.DONE and rows["env"] is Status.UP_TO_DATE
+    assert rows["megatron"] is Outcome.DONE and rows["env"] is Outcome.UP_TO_DATE
     # the verify step re-proves what the run before it changed
-    assert rows["verify"] is Status.DONE and world.ran == ["megatron", "verify"]
-    assert world.execute()["verify"] is Status.UP_TO_DATE
+    assert rows["verify"] is Outcome.DONE and world.ran == ["megatron", "verify"]
+    assert world.execute()["verify"] is Outcome.UP_TO_DATE
 
 
 def test_a_verify_that_raises_runs_the_step_instead_of_failing(world):
@@ -218,7 +218,7 @@ def test_a_verify_that_raises_runs_the_step_instead_of_failing(world):
 
     world.chain = chain
     rows = world.execute()
-    assert rows["megatron"] is Status.DONE and all(s is not Status.FAILED for s in rows.values())
+    assert rows["megatron"] is Outcome.DONE and all(s is not Outcome.FAILED for s in rows.values())
 
 
 def test_a_failure_stops_the_chain_and_takes_the_stamp_away(world):
@@ -226,21 +226,21 @@ def test_a_failure_stops_the_chain_and_takes_the_stamp_away(world):
     world.inputs["megatron"] += "-moved"
     world.fails.add("megatron")
     rows = world.execute()
-    assert rows["megatron"] is Status.FAILED and rows["verify"] is Status.NOT_RUN
+    assert rows["megatron"] is Outcome.FAILED and rows["verify"] is Outcome.NOT_RUN
     assert state.read(world.ctx.stamps, "megatron")[0] is None
     assert state.read(world.ctx.stamps, "env")[0] is not None
     world.fails.clear()
     rows = world.execute()
-    assert rows["megatron"] is Status.DONE and world.ran == ["megatron", "verify"]
+    assert rows["megatron"] is Outcome.DONE and world.ran == ["megatron", "verify"]
 
 
 def test_a_failure_reports_the_hint(world):
     world.fails.add("lock")
     rows, ok = pipeline.execute(world.ctx, pipeline.decide(world.ctx, NAMES, world.chain()))
     assert not ok
-    failed = [r for r in rows if r.status is Status.FAILED]
+    failed = [r for r in rows if r.status is Outcome.FAILED]
     assert [r.step for r in failed] == ["lock"] and failed[0].detail == "lock broke\nhint: fix it"
-    assert [r.status for r in rows][2:] == [Status.NOT_RUN] * 6
+    assert [r.status for r in rows][2:] == [Outcome.NOT_RUN] * 6
 
 
 @pytest.mark.parametrize("changes", ["megatron", "verify"])
@@ -260,10 +260,10 @@ def test_inputs_changed_by_an_earlier_step_of_the_run_rerun_a_stamped_step(world
 
     world.chain = with_side_effect
     rows = world.execute()
-    assert rows["env"] is Status.DONE and rows["verify"] is Status.DONE
-    assert rows["megatron"] is (Status.DONE if changes == "megatron" else Status.UP_TO_DATE)
+    assert rows["env"] is Outcome.DONE and rows["verify"] is Outcome.DONE
+    assert rows["megatron"] is (Outcome.DONE if changes == "megatron" else Outcome.UP_TO_DATE)
     world.chain = chain
-    assert world.execute()["verify"] is Status.UP_TO_DATE
+    assert world.execute()["verify"] is Outcome.UP_TO_DATE
 
 
 def test_predict_says_what_would_run_and_why_writing_nothing(world):
@@ -273,11 +273,11 @@ def test_predict_says_what_would_run_and_why_writing_nothing(world):
     before = {p.name: p.read_bytes() for p in world.ctx.stamps.iterdir()}
     rows = {r.step: r for r in pipeline.predict(world.ctx, pipeline.decide(
         world.ctx, NAMES, world.chain()))}
-    assert rows["env"].status is Status.WOULD_RUN and "einops: missing" in rows["env"].detail
-    assert rows["lock"].status is Status.UP_TO_DATE and rows["megatron"].status is \
-        Status.UP_TO_DATE
-    assert rows["verify"].status is Status.WOULD_RUN  # env would run before it
-    assert rows["check"].status is Status.WOULD_RUN
+    assert rows["env"].status is Outcome.WOULD_RUN and "einops: missing" in rows["env"].detail
+    assert rows["lock"].status is Outcome.UP_TO_DATE and rows["megatron"].status is \
+        Outcome.UP_TO_DATE
+    assert rows["verify"].status is Outcome.WOULD_RUN  # env would run before it
+    assert rows["check"].status is Outcome.WOULD_RUN
     assert world.ran == []
     assert {p.name: p.read_bytes() for p in world.ctx.stamps.iterdir()} == before
 

@@ -255,3 +255,25 @@ def test_report_reads_any_setup_stamp_without_hanging_or_crashing(tmp_path, case
     why = json.loads(r.stdout)["megatron"]["unverified"]
     assert why.startswith("setup's lock step: its stamp lock.json cannot be read") and str(lock) in why
     assert "bug:" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_snapshot_file_changed_after_collection_is_refused_naming_it(tmp_path):
+    # a cut-short nvml.json gave a verdict that never named it (measured on a fresh case)
+    snap = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-m", "megatron_env", "collect", "--out", str(snap)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((snap / "meta.json").read_text())
+    assert all(len(e["sha256"]) == 64 for e in meta["files"].values() if e["status"] != "missing")
+    check = [sys.executable, "-m", "megatron_env", "check", "--json", "--snapshot", str(snap)]
+    assert subprocess.run(check, capture_output=True, text=True, timeout=300).returncode in (0, 1)
+    nvml = snap / "nvml.json"
+    nvml.write_bytes(nvml.read_bytes()[:25])
+    r = subprocess.run(check, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "nvml.json differs from what was collected" in r.stderr, r.stderr
+    assert str(snap) in r.stderr
+    # a snapshot from a version that recorded no digests is read as it is
+    for e in meta["files"].values():
+        e.pop("sha256", None)
+    (snap / "meta.json").write_text(json.dumps(meta))
+    assert subprocess.run(check, capture_output=True, text=True, timeout=300).returncode in (0, 1)

@@ -404,6 +404,12 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         if not adopt:
             entries += [Entry(f"wheels/{w.name}", w, "")
                         for w in _env_wheels(prof, echo, cache=cache)]
+        have = {e.arcname for e in entries}  # the kernels' run-time requirements, beside the lock's
+        entries += [Entry(f"wheels/{w.name}", w, "") for w in tool.kernel_requirements(
+            [k for n, k in kernels.items() if n not in without], stage / "kernel-requires",
+            prof.python, echo, prof.lock_file,
+            frozenset() if adopt else frozenset(tool.normal_names(prof.lock_file)))
+            if f"wheels/{w.name}" not in have]
         entries += [Entry(c["path"], f, "")
                     for c, f in zip(conda, _conda_fetch(conda, echo, cache=cache), strict=True)]
         sdists = _sdists(kernels, without, entries, echo, cache)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from megatron_env import REPO_ROOT, output, project
 from megatron_env.commands.cli import command
 from megatron_env.errors import UserError
+from megatron_env.findings import Status
 from megatron_env.profile import Profile, load_all
 from megatron_env.profile import load as load_profile
 
@@ -229,9 +230,9 @@ def build_check(profile: str | None = None, python: str | None = None) -> int:
         rows.append((pkg.name, "missing" if missing else "ok",
                      ", ".join(missing or pkg.modules)))
     output.table(rows, status_col=1)
-    verdict = "fail" if bad else "pass"
-    output.summary(f"build-check: {verdict} for {py}", verdict)
-    return 1 if bad else 0
+    verdict = Status.FAIL if bad else Status.PASS
+    output.summary(f"build-check: {verdict} for {py}", verdict.value)
+    return verdict.exit_code
 
 
 def use_bundle(bundle: list[str] | None, profile: str | None,

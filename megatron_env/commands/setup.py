@@ -21,14 +21,26 @@ if TYPE_CHECKING:
     from megatron_env.setup import pipeline
 
 
+def _jobs(value: object) -> int | None:
+    """--jobs N: a positive whole number, or None when not given."""
+    if value is None or value == "":
+        return None
+    if not str(value).isdigit() or int(str(value)) < 1:
+        raise UserError(f"--jobs {value} is not a positive whole number",
+                        fix="give --jobs a number of compile jobs such as 8", kind="input.value")
+    return int(str(value))
+
+
 @command(iterable=("bundle", "expect_sha256"), only="run this one step",
          from_="start at this step", no_builds="leave the kernel builds out",
+         jobs="at most this many compile jobs at once over all the kernels (default: from "
+              "cores and memory; MAX_JOBS also caps it)",
          json="print {\"steps\": [...]} (status, digest, seconds, detail) on stdout")
 def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool = False,
           only: str | None = None, from_: str | None = None, adopt: str | None = None,
           no_builds: bool = False, verify_deep: bool = False,
           bundle: list[str] | None = None, expect_sha256: list[str] | None = None,
-          trust: str | None = None, json: bool = False) -> int:
+          trust: str | None = None, json: bool = False, jobs: int | None = None) -> int:
     """check -> lock -> env -> sources -> patches -> builds -> megatron -> verify."""
     from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
@@ -40,7 +52,8 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
         ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix
                                else env.default_prefix(prof),
                                adopt=Path(adopt).absolute() if adopt else None,
-                               no_builds=no_builds, deep=verify_deep, bundle=b)
+                               no_builds=no_builds, deep=verify_deep, bundle=b,
+                               jobs=_jobs(jobs))
         t0 = time.monotonic()
         rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
     if json:

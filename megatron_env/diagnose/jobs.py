@@ -20,7 +20,7 @@ from megatron_env.diagnose import events as events_mod
 from megatron_env.diagnose import logfiles, nccl_log, sig_table, triage, twocore
 from megatron_env.diagnose.events import Events
 from megatron_env.errors import UserError
-from megatron_env.findings import Finding
+from megatron_env.findings import Finding, Status
 
 _JOB_ID = re.compile(r"\d{3,}")
 
@@ -149,7 +149,7 @@ def run(paths: list[str | Path], skipped: list[str] | None = None,
     if len(groups) == 1:
         return triage.findings(merge(list(per_file.values()))), lines, list(per_file)
     mixed = Finding(
-        "job.mixed", "warn",
+        "job.mixed", Status.WARN,
         f"these logs look like {len(groups)} different jobs, triaged apart: "
         + "; ".join(f"({_label(g)})" for g in groups),
         reasons[:6], "triage one job's logs at a time (one directory per job)")
@@ -158,5 +158,5 @@ def run(paths: list[str | Path], skipped: list[str] | None = None,
         for f in triage.findings(merge([per_file[s] for s in g])):
             out.append(Finding(f.id, f.status, f"[{_label(g)}] {f.summary}", f.evidence, f.fix,
                                f.kind))
-    out.sort(key=lambda f: f.status != "fail")  # stable: each job's order is kept
+    out.sort(key=lambda f: f.status is not Status.FAIL)  # stable: each job's order is kept
     return [mixed, *out], lines, list(per_file)

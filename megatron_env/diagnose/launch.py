@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from megatron_env.diagnose.model import Events, first, in_time_order
-from megatron_env.findings import Finding
+from megatron_env.findings import Finding, Status
 
 
 def ranks(rs) -> str:
@@ -60,7 +60,7 @@ def rendezvous(ev: Events) -> list[Finding]:
     kind = ("name resolution" if "name resolution" in kinds else
             "heartbeat" if "heartbeat" in kinds else "store")
     return [Finding(
-        "job.rendezvous", "fail",
+        "job.rendezvous", Status.FAIL,
         {"name resolution": "a host name did not resolve",
          "heartbeat": "a node lost the rendezvous' heartbeat",
          "store": "the rendezvous failed"}[kind]
@@ -91,7 +91,7 @@ def ray_deaths(ev: Events) -> list[Finding]:
         return []
     d = ev.ray_deaths
     return [Finding(
-        "job.ray_worker", "fail",
+        "job.ray_worker", Status.FAIL,
         f"a Ray worker died: PID {d[0]['pid']} on {d[0]['ip']}"
         + (f" ({d[0]['exit']})" if d[0]["exit"] else "")
         + (f", and {len(d) - 1} more" if len(d) > 1 else ""),
@@ -108,7 +108,7 @@ def dump_signal(ev: Events) -> list[Finding]:
         return []
     seen = sorted(ev.dump_seen_by - ev.first_timeout)
     return [Finding(
-        "job.timeout", "fail",
+        "job.timeout", Status.FAIL,
         f"{_ranks(ev.first_timeout)} timed out first: "
         + (f"{_ranks(seen)} received the flight-recorder dump signal for it"
            if seen else "its collective timed out (the flight-recorder dump signal)"),
@@ -173,7 +173,7 @@ def signals(ev: Events) -> list[Finding]:
         op = next((ev.collective[s["rank"]] for s in ss if s.get("rank") in ev.collective),
                   None) or ev.collective.get(None)
         out.append(Finding(
-            "job.signal", "fail",
+            "job.signal", Status.FAIL,
             f"{_subject(ev, ss)} killed by {name}" + (f" ({what})" if what != name else "")
             + (f" in {op}" if op else "")
             + (f", exit code {code}" if code is not None else ""),
@@ -196,7 +196,7 @@ def stalls(ev: Events) -> list[Finding]:
     ops = list(dict.fromkeys(s["op"] for s in ev.stalls))  # as first reported
     kinds = sorted({m.group(1).lower() for o in ops if (m := _STALL_ACTION.search(o))})
     return [Finding(
-        "job.stall", "fail",
+        "job.stall", Status.FAIL,
         f"Horovod's stall inspector: {ranks(missing) if missing else 'a rank'} never submitted "
         f"{len(ops)} tensor(s) the other ranks wait on"
         + (f" ({', '.join(kinds)})" if kinds else "")
@@ -218,7 +218,7 @@ def bootstrap(ev: Events) -> list[Finding]:
     b = ev.bootstrap[0]
     hosts = sorted({x["host"] for x in ev.bootstrap if x["host"]})
     return [Finding(
-        "job.bootstrap", "fail",
+        "job.bootstrap", Status.FAIL,
         f"NCCL's bootstrap root{' on ' + ', '.join(hosts) if hosts else ''}: rank {b['rank']} "
         f"of {b['nranks']} ranks has already checked in (two processes claim one rank)",
         [f"rank {x['rank']} of {x['nranks']} checked in twice"
@@ -241,7 +241,7 @@ def cancelled(ev: Events) -> list[Finding]:
     kind = ("time limit" if "time limit" in why else "preemption" if "preempt" in why else
             "node failure" if "node fail" in why else "cancelled")
     return [Finding(
-        "job.scheduler", "fail",
+        "job.scheduler", Status.FAIL,
         f"Slurm cancelled {c['what']} {c['id']} on {c['host']} at {c['at']}"
         + (f" due to {why}" if why else " (scancel, or the scheduler without a reason)"),
         [x["line"] if "line" in x else f"{x['what']} {x['id']} on {x['host']} cancelled at "

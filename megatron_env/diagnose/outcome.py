@@ -14,7 +14,7 @@ from typing import Any
 
 from megatron_env.diagnose import families, launch
 from megatron_env.diagnose.model import Events, first, in_time_order
-from megatron_env.findings import Finding
+from megatron_env.findings import Finding, Status
 
 _STOPPED_NEXT = ("`py-spy dump --pid PID` (add --native for a stuck CUDA/NCCL call) on a rank "
                  "that still runs says where it waits; next run: NCCL_DEBUG=INFO, "
@@ -111,7 +111,7 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
         fam = families.family(fid)
         fix = _FIX.get((fid, h0["kind"]), fam.advice)
         out.append(Finding(
-            fid, "fail", f"{whats[0]}" + (f" ({who})" if who else "")
+            fid, Status.FAIL, f"{whats[0]}" + (f" ({who})" if who else "")
             + (f"; also: {'; '.join(whats[1:3])}" if len(whats) > 1 else ""),
             [_placed(h) for h in hs[:4]] + _own_errors(ev, whats[0]), fix, h0["kind"]))
     return out
@@ -135,7 +135,7 @@ def outcome(ev: Events, failed: bool) -> list[Finding]:
     tail = ev.tail
     if last_end is not None and not (tail.get("progress_after_end")):
         end = next(e for e in ev.ends if e["seq"] == last_end)
-        return [Finding("job.clean", "pass", f"the log ends normally: {end['line']}",
+        return [Finding("job.clean", Status.PASS, f"the log ends normally: {end['line']}",
                         [e["line"] for e in ev.ends[-3:]], "", "clean")]
     return [_stopped(ev)]
 
@@ -151,7 +151,7 @@ def _unrecognised(ev: Events, fails: list[dict[str, Any]]) -> Finding:
             "a pod that keeps failing (`kubectl logs --previous POD` shows why)"
             if x0["kind"] == "pod" else "an error line")
     return Finding(
-        "job.unrecognised", "fail",
+        "job.unrecognised", Status.FAIL,
         f"the log shows a failure no signature names: {what}"
         + (f", {where}" + (f" ({x0['frame']})" if x0.get("frame") else "") if where else "")
         + (f" ({who})" if who else "") + f": {x0['line']}",
@@ -177,7 +177,7 @@ def _stopped(ev: Events) -> Finding:
         said.append(f"{launch.ranks(silent)} silent at the end")
     last = tail.get("last") or ""
     return Finding(
-        "job.stopped", "fail",
+        "job.stopped", Status.FAIL,
         "the log ends with neither an error nor a normal end (a hang, or a kill from "
         "outside)" + (": " + "; ".join(said) if said else ""),
         [f"last line: {last}"] if last else [], _STOPPED_NEXT, "stopped")

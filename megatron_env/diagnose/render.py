@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from megatron_env import redact
 from megatron_env.diagnose import families
-from megatron_env.findings import Finding
+from megatron_env.findings import Finding, Status
 
 EVIDENCE = 300  # characters of one evidence line shown
 SUMMARY = 600  # characters of a summary shown (its head and its tail: the tail says why)
@@ -40,7 +40,7 @@ def shown(findings: list[Finding], family: bool = False) -> list[Finding]:
 
 
 def _family(f: Finding) -> str:
-    if f.status != "fail" or f.kind not in families.FAMILIES:
+    if f.status is not Status.FAIL or f.kind not in families.FAMILIES:
         return ""
     fam = families.FAMILIES[f.kind]
     return f"\nfamily: {fam.title}; {fam.means}"

@@ -22,7 +22,7 @@ from megatron_env.diagnose import families, launch, nccl_log, outcome
 from megatron_env.diagnose.events import SIGNALS, XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import first, in_time_order
-from megatron_env.findings import Finding
+from megatron_env.findings import Finding, Status
 
 NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
             "TORCH_NCCL_DESYNC_DEBUG=1")
@@ -108,14 +108,14 @@ def _timeouts(ev: Events) -> list[Finding]:
                 f"{', '.join(str(s) for r in odd for s in behind[r])} while {ranks(rest)} "
                 f"reached SeqNum {_span(others)}")
         out.append(Finding(
-            "job.odd_rank", "fail", said + mismatch,
+            "job.odd_rank", Status.FAIL, said + mismatch,
             [f"rank {r}: SeqNum {', '.join(map(str, sorted(seqs)))}"
              for r, seqs in sorted(by_rank.items())],
             f"look at {ranks(odd)} first: its log, `py-spy dump` of its process while hung, and "
             f"`invoke preflight` on its host; next run: {NEXT_RUN}"))
     if silent and not odd and len(by_rank) > 1:
         out.append(Finding(
-            "job.odd_rank", "fail",
+            "job.odd_rank", Status.FAIL,
             f"{ranks(silent)} printed no watchdog timeout while {ranks(by_rank)} did: "
             f"{'it' if len(silent) == 1 else 'they'} may never have reached SeqNum "
             f"{_span(seqs)}",
@@ -128,7 +128,7 @@ def _timeouts(ev: Events) -> list[Finding]:
            + f": find it (its own error earlier in its log, or a hang). Next run: {NEXT_RUN} "
              "(the flight-recorder dump names the missing rank), and `invoke preflight` on the "
              "nodes")
-    out.insert(0, Finding("job.timeout", "fail", summary, evidence, fix))
+    out.insert(0, Finding("job.timeout", Status.FAIL, summary, evidence, fix))
     return out
 
 
@@ -157,7 +157,7 @@ def _desync(ev: Events) -> list[Finding]:
     lag = sorted({r for rs, _ in ev.desync_lagging for r in rs})
     first = ev.desync_lagging[0]
     return [Finding(
-        "job.desync", "fail",
+        "job.desync", Status.FAIL,
         f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first[0]))}] "
         f"{first[1]}",
         [f"[{', '.join(map(str, rs))}] {what}" for rs, what in ev.desync_lagging[:6]] + ev.desync,
@@ -194,7 +194,7 @@ def _nccl_errors(ev: Events) -> list[Finding]:
             (x["what"] for x in ev.last_errors), "")
         op = next((e["op"] for e in es if e.get("op")), None) or _op(ev, es)
         out.append(Finding(
-            "job.nccl_error", "fail",
+            "job.nccl_error", Status.FAIL,
             f"NCCL error '{kind}'" + (f" on {', '.join(where[:4])}" if where else "")
             + (f" in {op}" if op else "")
             + (f" (NCCL {version})" if version else "") + (f": {last}" if last else ""),
@@ -206,7 +206,7 @@ def _nccl_errors(ev: Events) -> list[Finding]:
         what = ev.last_errors[0]["what"]
         op = _op(ev, ev.last_errors)
         out.append(Finding(
-            "job.nccl_error", "fail",
+            "job.nccl_error", Status.FAIL,
             "NCCL's last error" + (f" on {', '.join(where[:4])}" if where else "")
             + (f" in {op}" if op else "") + f": {what}",
             [f"Last error: {x['what']}" for x in ev.last_errors[:4]],
@@ -250,13 +250,13 @@ def _cuda(ev: Events) -> list[Finding]:
         else:
             fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
         hardware = _HARDWARE.search(what) is not None
-        out.append(Finding("job.cuda_error", "fail", f"{_who(es)} hit CUDA error: {what}"
+        out.append(Finding("job.cuda_error", Status.FAIL, f"{_who(es)} hit CUDA error: {what}"
                            + (" (a GPU hardware fault, not the code's)" if hardware else ""),
                            [e["line"] for e in es[:4]], fix, "hardware" if hardware else ""))
     if ev.ooms:
         o = first(ev.ooms)
         out.append(Finding(
-            "job.cuda_oom", "fail",
+            "job.cuda_oom", Status.FAIL,
             f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o['size']}"
             + (f" on GPU {o['gpu']} ({o['total']} total)" if o["gpu"] else ""),
             [e["line"] for e in ev.ooms[:4]],
@@ -274,7 +274,7 @@ def _xids(ev: Events) -> list[Finding]:
     causes = sorted({x["cause"] for x in ev.xids if x["cause"]})
     named = ", ".join(f"Xid {c}" + (f" ({XIDS[c]})" if c in XIDS else "") for c in codes)
     return [Finding(
-        "job.gpu_xid", "fail",
+        "job.gpu_xid", Status.FAIL,
         f"the GPU driver reported {named} on {len(gpus)} GPU(s) ({', '.join(gpus[:4])})"
         + (f" of {', '.join(hosts)}" if hosts else "")
         + (f"; the first error was Xid {', '.join(map(str, causes))}" if causes else ""),
@@ -289,7 +289,7 @@ def _stuck(ev: Events) -> list[Finding]:
     if not ev.stuck:
         return []
     return [Finding(
-        "job.watchdog_stuck", "fail",
+        "job.watchdog_stuck", Status.FAIL,
         f"the NCCL watchdog of {_who(ev.stuck)} got stuck for "
         f"{max(s['seconds'] for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
         [f"{_where(s['rank'], s['host'])}: stuck for {s['seconds']} s" for s in ev.stuck[:6]],
@@ -331,7 +331,7 @@ def _root_cause(ev: Events) -> list[Finding]:
     others = [f for f in ev.failures if f is not root]
     failed = sorted({f["rank"] for f in ev.failures if f["rank"] is not None})
     return [Finding(
-        "job.root_cause", "fail",
+        "job.root_cause", Status.FAIL,
         f"{root.get('launcher', 'torchrun')}'s first observed failure: {who}, {how}"
         + (f"; failed: {ranks(failed)}" if len(failed) > 1 else ""),
         [f"{'root cause' if f['root'] else 'also failed'}: "
@@ -354,7 +354,7 @@ def _nccl_debug(ev: Events) -> list[Finding]:
     its errno (`_ibv`), so the analysis' memlock advice stays only where ENOMEM says so."""
     if ev.nccl is None:
         return []
-    fs = [f for f in nccl_log.findings(ev.nccl) if f.status != "skip"]
+    fs = [f for f in nccl_log.findings(ev.nccl) if f.status is not Status.SKIP]
     if any(e["errno"] for e in ev.ibv):  # `_ibv` says it, with the advice of its errno
         fs = [f for f in fs if f.id != "nccl.system_error"
               or not all("ibv_" in x for x in f.evidence)]
@@ -392,7 +392,7 @@ def _ibv(ev: Events) -> list[Finding]:
                       or e["pid"]})
         op = _op(ev, es)
         out.append(Finding(
-            "nccl.ibverbs_call", "fail",
+            "nccl.ibverbs_call", Status.FAIL,
             f"{', '.join(calls)} failed" + (f" with {errno}" if errno else "")
             + (f" ({es[0]['error']})" if es[0]["error"] else "")
             + (f" on {', '.join(who[:4])}" if who else "") + (f" in {op}" if op else ""),
@@ -419,7 +419,7 @@ def _rank_of(f: Finding) -> tuple[int, int]:
         rank = ORDER.index("job.root_cause") + 1
     if f.id == "job.signal" and f.kind in ("agent", "SIGTERM"):  # sent from outside
         rank = ORDER.index("job.scheduler") + 1
-    return (f.status != "fail", rank)
+    return (f.status is not Status.FAIL, rank)
 
 
 def findings(ev: Events) -> list[Finding]:
@@ -431,7 +431,7 @@ def findings(ev: Events) -> list[Finding]:
           + outcome.table(ev, skip=frozenset({"job.rendezvous"} | (
               {"job.scheduler"} if ev.cancelled else set()))))
     fs.sort(key=_rank_of)
-    fs += outcome.outcome(ev, any(f.status == "fail" for f in fs))
+    fs += outcome.outcome(ev, any(f.status is Status.FAIL for f in fs))
     return [Finding(f.id, f.status, f.summary, f.evidence, f.fix,
                     families.family(f.id, f.kind).name) for f in fs]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_env.errors import UserError
-from megatron_env.findings import ORDER, Finding, worst
+from megatron_env.findings import Finding, Status, worst
 from megatron_env.host import checks, parsers
 from megatron_env.host.parsers import ParseError
 from megatron_env.host.snapshot import Snapshot
@@ -43,7 +43,7 @@ class NodeResult:
     findings: list[Finding]
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         return worst(self.findings)
 
 
@@ -53,13 +53,12 @@ class Report:
 
     @property
     def exclude(self) -> list[str]:
-        return [n.host for n in self.nodes if n.status == "fail"]
+        return [n.host for n in self.nodes if n.status is Status.FAIL]
 
     @property
     def exit_code(self) -> int:
         """0 all pass, 1 warnings, 2 a node fails (gcm's OK / WARN / CRITICAL)."""
-        statuses = {n.status for n in self.nodes}
-        return 2 if "fail" in statuses else 1 if "warn" in statuses else 0
+        return max((n.status.health_code for n in self.nodes), default=0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": [{"host": n.host, "status": n.status,
@@ -188,12 +187,12 @@ def gpu_speed(nodes: list[Node], slow: float) -> dict[str, Finding]:
                     bad.append(f"GPU{g.get('index')} ({model}) {what} {got:g} {unit} is "
                                f"{1 - got / med:.0%} below the fleet median {med:g}")
         if bad:
-            out[n.host] = Finding("fleet.gpu_speed", "fail", f"{n.host}: " + "; ".join(bad),
+            out[n.host] = Finding("fleet.gpu_speed", Status.FAIL, f"{n.host}: " + "; ".join(bad),
                                   evidence, fix="a synchronous job runs at its slowest GPU: "
                                   f"exclude {n.host}, check clocks and cooling (nvidia-smi -q "
                                   "-d PERFORMANCE), run dcgmi diag -r 3")
         else:
-            out[n.host] = Finding("fleet.gpu_speed", "pass",
+            out[n.host] = Finding("fleet.gpu_speed", Status.PASS,
                                   f"{n.host}: {len(mine)} GPU(s) within {slow:.0%} of the fleet "
                                   "median", evidence)
     return out
@@ -224,12 +223,13 @@ def drift(nodes: list[Node]) -> dict[str, Finding]:
     out = {}
     for n in nodes:
         if odd[n.host]:
-            out[n.host] = Finding("fleet.drift", "warn", f"{n.host}: " + "; ".join(odd[n.host]),
+            out[n.host] = Finding("fleet.drift", Status.WARN,
+                                  f"{n.host}: " + "; ".join(odd[n.host]),
                                   [f"{k}: {v}" for k, v in sorted(facts[n.host].items())],
                                   fix="make every node run the same driver and environment "
                                       "(invoke setup from the same profile and lock)")
         elif facts[n.host]:
-            out[n.host] = Finding("fleet.drift", "pass",
+            out[n.host] = Finding("fleet.drift", Status.PASS,
                                   f"{n.host}: {len(facts[n.host])} fingerprint values agree "
                                   "with the fleet", [f"{k}: {v}" for k, v in
                                                      sorted(facts[n.host].items())])
@@ -253,7 +253,7 @@ def nvlink(nodes: list[Node]) -> dict[str, Finding]:
             fewest = min(below.values())
             culprits = [g for g, c in below.items() if c == fewest]
             out[host] = Finding(
-                "fleet.nvlink", "fail",
+                "fleet.nvlink", Status.FAIL,
                 f"{host}: {', '.join(culprits)} {'has' if len(culprits) == 1 else 'have'} "
                 f"{fewest} NVLinks against the fleet's {med:g} per GPU"
                 + (f"; {len(below) - len(culprits)} other GPU(s) lost links to "
@@ -262,7 +262,7 @@ def nvlink(nodes: list[Node]) -> dict[str, Finding]:
                 fix=f"exclude {host}; have the NVLink/NVSwitch fabric checked "
                     "(nvidia-smi nvlink -s, fabric manager logs)")
         else:
-            out[host] = Finding("fleet.nvlink", "pass",
+            out[host] = Finding("fleet.nvlink", Status.PASS,
                                 f"{host}: {len(per_gpu)} GPUs with the fleet's {med:g} "
                                 "NVLinks each", evidence)
     return out
@@ -283,7 +283,7 @@ def ib(nodes: list[Node]) -> dict[str, Finding]:
     for n in nodes:
         mine = ports.get(n.host)
         if mine is None:
-            out[n.host] = Finding("fleet.ib", "warn", f"{n.host}: no ibstatus recorded while "
+            out[n.host] = Finding("fleet.ib", Status.WARN, f"{n.host}: no ibstatus recorded while "
                                   "its peers have active IB ports",
                                   fix="install infiniband-diags on the node and re-run")
             continue
@@ -293,12 +293,12 @@ def ib(nodes: list[Node]) -> dict[str, Finding]:
             problems.insert(0, f"{len(mine)} active port(s), its peers {counts:g}")
         evidence = [f"{p.name} {p.link_layer} {p.rate_gbps:g} Gb/s" for p in mine]
         if problems:
-            out[n.host] = Finding("fleet.ib", "fail", f"{n.host}: " + "; ".join(problems),
+            out[n.host] = Finding("fleet.ib", Status.FAIL, f"{n.host}: " + "; ".join(problems),
                                   evidence, fix=f"exclude {n.host}; reseat or replace the "
                                   "cable/transceiver, check the switch port (ibstatus, "
                                   "ibdiagnet)")
         else:
-            out[n.host] = Finding("fleet.ib", "pass", f"{n.host}: {len(mine)} active port(s) "
+            out[n.host] = Finding("fleet.ib", Status.PASS, f"{n.host}: {len(mine)} active port(s) "
                                   "at the fleet's rate", evidence)
     return out
 
@@ -308,7 +308,7 @@ def _node_findings(node: Node, profile: Profile) -> list[Finding]:
     own = checks.run_all(node.snapshot, profile)
     for name, doc in (("gpu_health.json", node.health), ("fingerprint.json", node.fingerprint)):
         if "_error" in doc:
-            own.append(Finding("fleet.input", "warn", f"{doc['_error']}: left out of the "
+            own.append(Finding("fleet.input", Status.WARN, f"{doc['_error']}: left out of the "
                                "comparison", [f"file: {node.host}/{name}"],
                                fix="re-run `invoke preflight` on the node, or remove the file"))
     for f in node.health.get("findings", []) if isinstance(node.health.get("findings"),
@@ -316,7 +316,7 @@ def _node_findings(node: Node, profile: Profile) -> list[Finding]:
         try:
             own.append(Finding.from_dict(f, f"{node.host}/gpu_health.json"))
         except UserError as e:  # one node's bad file is said, the fleet still compared
-            own.append(Finding("fleet.input", "warn", f"{e.message}: left out",
+            own.append(Finding("fleet.input", Status.WARN, f"{e.message}: left out",
                                [f"file: {node.host}/gpu_health.json"], fix=e.fix))
     # the host in front of the summary; id, kind, evidence and fix as the check gave them
     return [dataclasses.replace(f, summary=f"{node.host}: {f.summary}") for f in own]
@@ -330,12 +330,12 @@ def analyse(nodes: list[Node], profile: Profile, *, slow: float = DEFAULT_SLOW,
     results = []
     for n in nodes:
         fs = _node_findings(n, profile) + [f[n.host] for f in fleet if n.host in f]
-        results.append(NodeResult(n.host, sorted(fs, key=lambda f: ORDER[f.status])))
+        results.append(NodeResult(n.host, sorted(fs, key=lambda f: f.status.rank)))
     have = {n.host for n in nodes}
     for host in expected or []:
         if host not in have:
             results.append(NodeResult(host, [Finding(
-                "fleet.missing", "fail", f"{host}: sent no results (its preflight task failed "
+                "fleet.missing", Status.FAIL, f"{host}: sent no results (its preflight task failed "
                 "or could not write the run directory)",
                 fix=f"read srun.log in the run directory; exclude {host} until it answers")]))
     return Report(sorted(results, key=lambda r: r.host))

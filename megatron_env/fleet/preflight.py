@@ -95,6 +95,7 @@ def apply_override(host: str, out: Path) -> list[str]:
         if f.is_file():
             shutil.copyfile(f, out / f.name)
             replaced.append(f.name)
+    snapshot.reseal(out, replaced)  # a replaced file is no longer what collect recorded
     return replaced
 
 
@@ -267,7 +268,7 @@ def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
         output.block(json.dumps(rep.to_dict(), indent=2) + "\n")
     else:
         findings.print_fleet(rep.nodes, rep.exclude)
-    counts = {s: sum(n.status == s for n in rep.nodes) for s in ("pass", "warn", "fail", "skip")}
+    counts = {s: sum(n.status == s for n in rep.nodes) for s in findings.Status}
     # on stderr: with --json, stdout is the document alone
     output.status(f"preflight: {len(rep.nodes)} node(s) against {prof.name}: "
                   + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
@@ -276,7 +277,7 @@ def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
     if rep.exclude:
         output.hint(f"srun/sbatch --exclude={','.join(rep.exclude)}")
     if nccl and not (fleet or local):  # only where this run launched the nodes itself
-        healthy = [n.host for n in rep.nodes if n.status != "fail"]
+        healthy = [n.host for n in rep.nodes if n.status is not findings.Status.FAIL]
         per_node = max((len(analysis.gpus(n)) for n in nodes if n.host in healthy), default=0)
         code = verify_nccl(root, healthy, max(per_node, 1),
                            fingerprint.interpreter(prof, python), shlex.split(nccl_args),

@@ -58,11 +58,11 @@ def run_all(snap: Snapshot, profile: Profile) -> list[Finding]:
         try:
             out.append(fn(snap, profile))
         except ParseError as e:
-            out.append(Unparsed(check_id, "warn", f"could not parse the input: {e}",
+            out.append(Unparsed(check_id, Status.WARN, f"could not parse the input: {e}",
                                 fix="re-collect the snapshot with `invoke collect`"))
     unparsed = [f for f in out if isinstance(f, Unparsed)]
-    if unparsed and all(isinstance(f, Unparsed) or f.status == "skip" for f in out):
-        out.insert(0, Finding("snapshot", "fail",
+    if unparsed and all(isinstance(f, Unparsed) or f.status is Status.SKIP for f in out):
+        out.insert(0, Finding("snapshot", Status.FAIL,
                               f"nothing in {snap.path} could be parsed ({len(unparsed)} check(s) "
                               "found only unrecognisable input)",
                               [f"{f.id}: {f.summary}" for f in unparsed[:4]],
@@ -72,7 +72,7 @@ def run_all(snap: Snapshot, profile: Profile) -> list[Finding]:
 
 
 def _unparseable(check_id: str, name: str, err: ParseError) -> Finding:
-    return Unparsed(check_id, "warn", f"{name} could not be parsed: {err}",
+    return Unparsed(check_id, Status.WARN, f"{name} could not be parsed: {err}",
                     evidence=[f"file: {name}"],
                     fix=f"re-run the command behind {name} on the node, or `invoke collect` "
                         "again")
@@ -84,7 +84,7 @@ def _parsed(snap: Snapshot, cid: str, name: str, parser: Callable[[str], T],
     none (absent: skip; unparseable)."""
     text = snap.text(name)
     if text is None:
-        return Finding(cid, "skip", missing)
+        return Finding(cid, Status.SKIP, missing)
     try:
         return parser(text)
     except ParseError as e:
@@ -126,7 +126,8 @@ def driver_version(snap: Snapshot, profile: Profile) -> Finding:
         text = snap.text("nvidia-smi.txt") or snap.nvml().get("error", "")
         evidence = [line for line in text.strip().splitlines()[:3]] if text else []
         if snap.missing("nvidia-smi.txt") or not text or "NVML" in text or "failed" in text:
-            return Finding(cid, "fail", "no NVIDIA driver: nvidia-smi and NVML are unavailable",
+            return Finding(cid, Status.FAIL,
+                           "no NVIDIA driver: nvidia-smi and NVML are unavailable",
                            evidence=evidence or ["nvidia-smi: not installed"],
                            fix="install the NVIDIA driver (or run on a GPU node); "
                                f"the profile needs >= {profile.min_driver}", kind="absent")
@@ -135,14 +136,15 @@ def driver_version(snap: Snapshot, profile: Profile) -> Finding:
     evidence = [f"driver {driver}", f"profile {profile.name}: CUDA {profile.cuda} "
                 f"needs >= {profile.min_driver}"]
     if have >= need:
-        return Finding(cid, "pass", f"driver {driver} supports CUDA {profile.cuda}", evidence)
+        return Finding(cid, Status.PASS, f"driver {driver} supports CUDA {profile.cuda}", evidence)
     compat = MINOR_COMPAT_DRIVER.get(profile.cuda_major)
     if compat and have >= Version(compat):
-        return Finding(cid, "warn",
+        return Finding(cid, Status.WARN,
                        f"driver {driver} runs CUDA {profile.cuda} only through minor-version "
                        "compatibility (no PTX JIT of newer code)", evidence,
                        fix=f"upgrade the driver to >= {profile.min_driver}")
-    return Finding(cid, "fail", f"driver {driver} is too old for CUDA {profile.cuda}", evidence,
+    return Finding(cid, Status.FAIL, f"driver {driver} is too old for CUDA {profile.cuda}",
+                   evidence,
                    fix=f"upgrade the driver to >= {profile.min_driver}, or pick a profile "
                        "with an older CUDA")
 
@@ -162,7 +164,7 @@ def cuda_toolkit(snap: Snapshot, profile: Profile) -> Finding:
     evidence = [e for v in sorted(versions) for e in sorted(versions[v])]
     text = snap.text("nvcc-version.txt")
     if not text:
-        status: Status = "warn" if len(versions) > 1 else "skip"
+        status = Status.WARN if len(versions) > 1 else Status.SKIP
         return Finding(cid, status,
                        f"no nvcc on the host; the environment's CUDA {profile.cuda} toolkit "
                        "(conda) builds the kernels" + (
@@ -176,21 +178,22 @@ def cuda_toolkit(snap: Snapshot, profile: Profile) -> Finding:
         return _unparseable(cid, "nvcc-version.txt", e)
     evidence.insert(0, f"nvcc release {nvcc}")
     if len(versions) > 1:
-        return Finding(cid, "warn",
+        return Finding(cid, Status.WARN,
                        f"several CUDA toolkits on PATH/LD_LIBRARY_PATH: "
                        f"{', '.join(sorted(versions))}", evidence,
                        fix=f"keep only CUDA {profile.cuda} on PATH and LD_LIBRARY_PATH")
     if nvcc.split(".")[0] != profile.cuda.split(".")[0]:
-        return Finding(cid, "fail",
+        return Finding(cid, Status.FAIL,
                        f"nvcc {nvcc} has another major version than the profile's CUDA "
                        f"{profile.cuda}: the kernel builds will fail", evidence,
                        fix=f"put a CUDA {profile.cuda} toolkit first on PATH (set CUDA_HOME), "
                            "or let `invoke env` install it with conda")
     if nvcc != profile.cuda:
-        return Finding(cid, "warn", f"nvcc {nvcc} differs from the profile's CUDA {profile.cuda} "
+        return Finding(cid, Status.WARN,
+                       f"nvcc {nvcc} differs from the profile's CUDA {profile.cuda} "
                        "in the minor version", evidence,
                        fix=f"use a CUDA {profile.cuda} toolkit for kernel builds")
-    return Finding(cid, "pass", f"nvcc {nvcc} matches the profile", evidence)
+    return Finding(cid, Status.PASS, f"nvcc {nvcc} matches the profile", evidence)
 
 
 def _nvml_disagreement(pairs: list[tuple[str, str, str]], nvml: dict[str, Any]) -> list[str]:
@@ -210,10 +213,11 @@ def _nvml_disagreement(pairs: list[tuple[str, str, str]], nvml: dict[str, Any]) 
 @check("gpu.topology")
 def gpu_topology(snap: Snapshot, profile: Profile) -> Finding:
     finding, pairs = _topology_verdict(snap)
-    odd = _nvml_disagreement(pairs, snap.nvml()) if finding.status in ("pass", "fail") else []
+    judged = finding.status in (Status.PASS, Status.FAIL)
+    odd = _nvml_disagreement(pairs, snap.nvml()) if judged else []
     if not odd:
         return finding
-    return Finding(finding.id, "warn" if finding.status == "pass" else "fail",
+    return Finding(finding.id, Status.WARN if finding.status is Status.PASS else Status.FAIL,
                    f"{finding.summary}; NVML and nvidia-smi disagree on {len(odd)} pair(s)",
                    finding.evidence + odd[:8],
                    finding.fix or "compare `nvidia-smi nvlink -s` with `nvidia-smi topo -m`; "
@@ -241,14 +245,14 @@ def _topology_verdict(snap: Snapshot) -> tuple[Finding, list[tuple[str, str, str
                  for i in range(len(m)) for j in range(i + 1, len(m))]
         source = "NVML"
     else:
-        return Finding(cid, "skip", "no topology recorded (no GPU, or nvidia-smi missing)"), []
+        return Finding(cid, Status.SKIP, "no topology recorded (no GPU, or nvidia-smi missing)"), []
     if len(gpus) < 2:
-        return Finding(cid, "pass", f"{len(gpus)} GPU: no GPU-to-GPU links to check",
+        return Finding(cid, Status.PASS, f"{len(gpus)} GPU: no GPU-to-GPU links to check",
                        [f"{source}: {', '.join(gpus)}"]), pairs
     nv = [(a, b, c) for a, b, c in pairs if c.startswith("NV")]
     not_nv = [(a, b, c) for a, b, c in pairs if not c.startswith("NV")]
     if not nv:
-        return Finding(cid, "warn",
+        return Finding(cid, Status.WARN,
                        f"no NVLink: all {len(gpus)} GPUs talk over PCIe "
                        f"({', '.join(sorted({c for _, _, c in pairs}))})",
                        [f"{source}: {len(pairs)} pairs, none NV#"],
@@ -258,7 +262,7 @@ def _topology_verdict(snap: Snapshot) -> tuple[Finding, list[tuple[str, str, str
         shown = [f"{a}-{b}: {c}" for a, b, c in not_nv]
         lost = Counter(g for a, b, _ in not_nv for g in (a, b))
         suspects = [g for g, n in lost.items() if n == len(gpus) - 1]
-        return Finding(cid, "fail",
+        return Finding(cid, Status.FAIL,
                        f"{len(not_nv)} of {len(pairs)} GPU pairs are not on NVLink"
                        + (f"; {', '.join(suspects)} lost all NVLinks" if suspects else ""),
                        shown[:16] + ([f"... {len(shown) - 16} more"] if len(shown) > 16 else []),
@@ -268,10 +272,10 @@ def _topology_verdict(snap: Snapshot) -> tuple[Finding, list[tuple[str, str, str
     if source != "NVML" and len(counts) > 1:
         usual = counts.most_common(1)[0][0]
         odd = [f"{a}-{b}: {c} (others {usual})" for a, b, c in nv if c != usual]
-        return Finding(cid, "fail", f"{len(odd)} GPU pairs have fewer NVLinks than the others",
+        return Finding(cid, Status.FAIL, f"{len(odd)} GPU pairs have fewer NVLinks than the others",
                        odd[:16], fix="drain the node and have the NVLinks checked "
                                      "(nvidia-smi nvlink -s shows inactive links)"), pairs
-    return Finding(cid, "pass", f"all {len(pairs)} pairs of {len(gpus)} GPUs on NVLink "
+    return Finding(cid, Status.PASS, f"all {len(pairs)} pairs of {len(gpus)} GPUs on NVLink "
                    f"({', '.join(sorted(counts))})", [f"source: {source}"]), pairs
 
 
@@ -293,17 +297,18 @@ def gpu_throttle(snap: Snapshot, profile: Profile) -> Finding:
     other = [(g.bus_id, r) for g in gpus for r in g.active
              if r not in _BAD_REASONS and r not in _BENIGN_REASONS]
     if bad:
-        return Finding(cid, "fail", f"hardware/thermal slowdown active on "
+        return Finding(cid, Status.FAIL, f"hardware/thermal slowdown active on "
                        f"{len({b for b, _ in bad})} GPU(s)",
                        [f"{b}: {r}" for b, r in bad],
                        fix="check cooling, power supply and the BMC's power brake; "
                            "drain the node until nvidia-smi -q shows Not Active")
     if other:
-        return Finding(cid, "warn", "clocks limited: " + ", ".join(sorted({r for _, r in other})),
+        return Finding(cid, Status.WARN,
+                       "clocks limited: " + ", ".join(sorted({r for _, r in other})),
                        [f"{b}: {r}" for b, r in other],
                        fix="a power cap under load is common; if it persists at idle, "
                            "check the power limit (nvidia-smi -q -d POWER)")
-    return Finding(cid, "pass", f"no clock slowdown on {len(gpus)} GPU(s)",
+    return Finding(cid, Status.PASS, f"no clock slowdown on {len(gpus)} GPU(s)",
                    [f"{g.bus_id}: {', '.join(g.active) or 'none active'}" for g in gpus])
 
 
@@ -313,7 +318,7 @@ def net_ib(snap: Snapshot, profile: Profile) -> Finding:
     text = snap.text("ibstatus.txt")
     if text is None or not text.strip():
         why = "ibstatus not installed" if snap.missing("ibstatus.txt") else "no ibstatus output"
-        return Finding(cid, "skip", f"no InfiniBand/RoCE ports seen ({why}); "
+        return Finding(cid, Status.SKIP, f"no InfiniBand/RoCE ports seen ({why}); "
                        "fine for a single node, NCCL will use sockets across nodes",
                        fix="for multi-node training install rdma-core / infiniband-diags "
                            "and check the HCAs")
@@ -334,10 +339,10 @@ def net_ib(snap: Snapshot, profile: Profile) -> Finding:
         problems += [f"{p.name} trained at {p.rate_gbps:g} Gb/s, its peers at {top:g}"
                      for p in peers if p.rate_gbps < top]
     if problems:
-        return Finding(cid, "fail", "; ".join(problems), evidence,
+        return Finding(cid, Status.FAIL, "; ".join(problems), evidence,
                        fix="reseat or replace the cable/transceiver, check the switch port; "
                            "until fixed exclude the port with NCCL_IB_HCA")
-    return Finding(cid, "pass", f"{len(ports)} port(s) ACTIVE at "
+    return Finding(cid, Status.PASS, f"{len(ports)} port(s) ACTIVE at "
                    f"{', '.join(sorted({f'{p.rate_gbps:g}' for p in ports}))} Gb/s", evidence)
 
 
@@ -348,9 +353,9 @@ def limits_memlock(snap: Snapshot, profile: Profile) -> Finding:
     if isinstance(kib, Finding):
         return kib
     if kib is None:
-        return Finding(cid, "pass", "locked memory is unlimited", ["ulimit -l: unlimited"])
+        return Finding(cid, Status.PASS, "locked memory is unlimited", ["ulimit -l: unlimited"])
     ib = bool(_active_ib(snap))
-    return Finding(cid, "fail" if ib else "warn",
+    return Finding(cid, Status.FAIL if ib else Status.WARN,
                    f"locked memory limited to {kib} KiB: NCCL over IB fails with "
                    "'unhandled system error'" + ("" if ib else " (no active IB port here)"),
                    [f"ulimit -l: {kib}"],
@@ -368,12 +373,12 @@ def sys_shm(snap: Snapshot, profile: Profile) -> Finding:
     evidence = [f"/dev/shm: {size / GIB:.2f} GiB"]
     fix = "give the container --shm-size=64g (or --ipc=host); on bare metal remount /dev/shm larger"
     if size < 1 * GIB:
-        return Finding(cid, "fail", f"/dev/shm is only {size / MIB:.0f} MiB: NCCL's SHM "
+        return Finding(cid, Status.FAIL, f"/dev/shm is only {size / MIB:.0f} MiB: NCCL's SHM "
                        "transport and data-loader workers will fail", evidence, fix)
     if size < 8 * GIB:
-        return Finding(cid, "warn", f"/dev/shm is {size / GIB:.1f} GiB: tight for 8 ranks of "
+        return Finding(cid, Status.WARN, f"/dev/shm is {size / GIB:.1f} GiB: tight for 8 ranks of "
                        "data-loader workers", evidence, fix)
-    return Finding(cid, "pass", f"/dev/shm is {size / GIB:.0f} GiB", evidence)
+    return Finding(cid, Status.PASS, f"/dev/shm is {size / GIB:.0f} GiB", evidence)
 
 
 def _ifname_matches(spec: str, names: list[str]) -> list[str]:
@@ -423,7 +428,7 @@ def nccl_env(snap: Snapshot, profile: Profile) -> Finding:
         problems.append(("NCCL_SHM_DISABLE=1", "unset NCCL_SHM_DISABLE"))
     evidence = [f"{k}={v}" for k, v in sorted(nccl.items())] or ["no NCCL_* variables set"]
     if problems:
-        return Finding(cid, "fail", "; ".join(p for p, _ in problems), evidence,
+        return Finding(cid, Status.FAIL, "; ".join(p for p, _ in problems), evidence,
                        fix="; ".join(f for _, f in problems))
-    return Finding(cid, "pass", "NCCL_* variables agree with the host" if nccl
+    return Finding(cid, Status.PASS, "NCCL_* variables agree with the host" if nccl
                    else "no NCCL_* variables set; NCCL picks transports itself", evidence)

@@ -15,6 +15,7 @@ to the end has its meta.json and is read as before.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -75,6 +76,13 @@ class Snapshot:
                 "part way and its absent files would read as absent tools",
                 fix=f"collect it again on its node: invoke collect --out {path} --force",
                 kind="snapshot.incomplete",
+            )
+        altered = _altered(path, meta)
+        if altered:
+            raise UserError(
+                f"snapshot {path} was changed after it was collected: {altered}",
+                fix=f"collect it again on its node: invoke collect --out {path} --force",
+                kind="snapshot.altered",
             )
         return cls(path)
 
@@ -190,6 +198,50 @@ def _nvlink_p2p(nv: Any, handles: list[Any]) -> list[list[bool]]:
     return [[linked(i, j) for j in range(len(handles))] for i in range(len(handles))]
 
 
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _altered(path: Path, meta: dict[str, Any]) -> str:
+    """The first file whose content differs from the sha256 `collect` recorded for it ("" when
+    none): a file cut short or edited after collection would read as false host facts. Older
+    snapshots record no digests; their files are read as they are."""
+    record = meta.get("files")
+    for name, entry in (record.items() if isinstance(record, dict) else ()):
+        want = entry.get("sha256") if isinstance(entry, dict) else None
+        if not isinstance(want, str) or not isinstance(name, str) or "/" in name:
+            continue
+        try:
+            got = hashlib.sha256((path / name).read_bytes()).hexdigest()
+        except OSError as e:
+            return f"{name} cannot be read ({e.strerror or e})"
+        if got != want:
+            return f"{name} differs from what was collected"
+    return ""
+
+
+def reseal(path: Path, names: list[str]) -> None:
+    """Record in meta.json the digests of files replaced on purpose after collection (fleet
+    preflight's test hook), each marked as replaced: the snapshot then says what it holds."""
+    meta, _ = files.read_json(path / "meta.json")
+    if not isinstance(meta, dict) or "meta.json" in names:
+        return
+    record = meta.setdefault("files", {})
+    for name in names:
+        entry = record.setdefault(name, {})
+        if isinstance(entry, dict):
+            entry.update(sha256=hashlib.sha256((path / name).read_bytes()).hexdigest(),
+                         replaced="after collection, on purpose")
+    files.write_text(path / "meta.json", redact.text(json.dumps(meta, indent=2) + "\n"))
+
+
+def _write(out: Path, name: str, text: str) -> str:
+    """Write one file of the snapshot through the redaction; its sha256 for meta.json."""
+    text = redact.text(text)
+    files.write_text(out / name, text)
+    return _sha256(text)
+
+
 def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False) -> Snapshot:
     """Record this host into `out` (created). A snapshot already there is replaced only with
     `force`: it may be the only record of a node as it was. Every file is written through
@@ -218,16 +270,16 @@ def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False
             record[name] = {"argv": argv, "status": "missing"}
             (out / name).unlink(missing_ok=True)
         else:
-            files.write_text(out / name, redact.text(r.output))
             record[name] = {"argv": argv, "status": "ok" if r.ok else "failed",
-                           "returncode": r.returncode}
+                           "returncode": r.returncode, "sha256": _write(out, name, r.output)}
         echo(f"  {name:<24} {record[name]['status']}")
     env = redact.variables({k: v for k, v in os.environ.items()
                             if k in ENV_NAMES or k.startswith(ENV_PREFIXES)})
-    files.write_text(out / "env.txt", redact.text("".join(f"{k}={v}\n" for k, v in env.items())))
-    record["env.txt"] = {"status": "ok", "source": "environment (GPU-related variables only)"}
-    files.write_text(out / "nvml.json", redact.text(json.dumps(nvml_facts(), indent=2) + "\n"))
-    record["nvml.json"] = {"status": "ok", "source": "nvidia-ml-py"}
+    record["env.txt"] = {"status": "ok", "source": "environment (GPU-related variables only)",
+                         "sha256": _write(out, "env.txt", "".join(
+                             f"{k}={v}\n" for k, v in env.items()))}
+    record["nvml.json"] = {"status": "ok", "source": "nvidia-ml-py", "sha256": _write(
+        out, "nvml.json", json.dumps(nvml_facts(), indent=2) + "\n")}
     meta = {
         "hostname": socket.gethostname(),
         "collected_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

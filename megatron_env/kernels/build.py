@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tarfile
 import time
-import urllib.parse
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,18 +23,27 @@ from pathlib import Path
 from megatron_env import digest, files, mutex, output, proc, recipes
 from megatron_env.errors import UserError
 from megatron_env.host import resources
-from megatron_env.kernels import compiler, libstdcxx
+from megatron_env.kernels import compiler, jobserver, libstdcxx
 from megatron_env.kernels.jobs import Jobs, derive
+from megatron_env.kernels.source_trees import (  # the build's sources, named from here too
+    PATCHED as PATCHED,
+)
+from megatron_env.kernels.source_trees import PRISTINE as PRISTINE
+from megatron_env.kernels.source_trees import _download as _download
+from megatron_env.kernels.source_trees import fetch as fetch
+from megatron_env.kernels.source_trees import git_sources as git_sources
+from megatron_env.kernels.source_trees import patched as patched
+from megatron_env.kernels.source_trees import patched_path as patched_path
+from megatron_env.kernels.source_trees import pristine_path as pristine_path
+from megatron_env.kernels.source_trees import sdist_archive as sdist_archive
+from megatron_env.kernels.source_trees import seal as seal
 from megatron_env.kernels.toolkit import cuda_home, site_paths
 from megatron_env.profile import Profile
 from megatron_env.pyenv import probe, uv
 from megatron_env.recipes import recipe
-from megatron_env.recipes.recipe import Package, source_var
-from megatron_env.redact import mask_urls
-from megatron_env.sources import archive as archive_mod
-from megatron_env.sources import http, index, patches, repos
+from megatron_env.recipes.recipe import Package
+from megatron_env.sources import patches, repos
 from megatron_env.sources.given import Given
-from megatron_env.sources.resources import place as place_resource
 
 CACHE_DIR_ENV = repos.CACHE_ENV
 GIB = 2**30
@@ -52,146 +59,6 @@ def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Pack
 
 def cache_dir() -> Path:
     return repos.cache_dir()
-
-
-# --- sources ---------------------------------------------------------------------------------
-
-
-def fetch(pkg: Package, echo=output.status, *, given: Given | None = None,
-          cache: Path | None = None) -> Path:
-    """The pristine source tree, fetched once into the cache and verified by hash or commit.
-    `given`: a bundle's repositories and sdists instead of the network."""
-    src = pkg.source
-    root = cache or cache_dir()
-    if src.repo:
-        dest = root / "src" / f"{pkg.name}-{src.commit[:12]}"
-        if src.submodules or src.resources:
-            dest = dest.with_name(f"{dest.name}-{digest.hexpart(digest.of(src.digest), 8)}")
-        if not _whole(dest, PRISTINE, f"{pkg.name}: the cached source tree"):
-            files.sweep(dest.parent, dest.name)
-            with files.publishing(dest, tree=True) as tmp:
-                for name, repo, commit, tag, path in git_sources(pkg):
-                    repos.checkout(name, repo, tag, commit, tmp / path, echo=echo, given=given)
-                for res in src.resources:  # pinned content in place of a submodule
-                    echo(f"{pkg.name}: {res.path} from {res.origin} ({', '.join(res.take)})")
-                    place_resource(res, tmp, echo=echo,
-                                   given=given and given.resource(res.name))
-                seal(tmp, PRISTINE, src.digest)
-        return dest
-    archive = sdist_archive(pkg, root)
-    if archive.exists() and (got := digest.file_hex(archive)) != src.sha256:
-        output.warning(f"{pkg.name}: the cached sdist {archive} has sha256 {got}, the profile "
-                       f"pins {src.sha256}: it changed in the cache; fetching it again")
-        files.discard(archive)
-    if not archive.exists():
-        with files.publishing(archive) as tmp:
-            origin = _download(pkg, tmp, echo, given)
-            got = digest.file_hex(tmp)
-            if got != src.sha256:
-                raise UserError(f"{pkg.name} source {origin}: sha256 {got}, the profile pins "
-                                f"{src.sha256}", fix="the file was changed or is another "
-                                "version: use the original sdist", kind="source.sha256")
-    dest = root / "src" / f"{pkg.name}-{src.sha256[:12]}"
-    if not _whole(dest, PRISTINE, f"{pkg.name}: the cached source tree"):
-        _unpack_sdist(pkg, archive, dest)
-    return dest
-
-
-def _unpack_sdist(pkg: Package, archive: Path, dest: Path) -> None:
-    """The verified sdist's top directory published as `dest`, sealed."""
-    files.sweep(dest.parent, dest.name)
-    with files.publishing(dest, tree=True) as tmp:
-        try:
-            with tarfile.open(archive) as tar:
-                archive_mod.extract(tar, tmp / "x", f"the {pkg.name} {pkg.pin} sdist")
-        except (tarfile.TarError, ValueError, OSError) as e:
-            if files.no_space(e):
-                raise
-            raise UserError(f"cannot unpack {archive}: {e}",
-                            fix=f"remove {archive} and fetch it again",
-                            kind="source.unreadable") from None
-        tops = list((tmp / "x").iterdir())
-        top = tops[0] if len(tops) == 1 and tops[0].is_dir() else tmp / "x"
-        for item in top.iterdir():
-            os.rename(item, tmp / item.name)
-        shutil.rmtree(tmp / "x", ignore_errors=True)
-        seal(tmp, PRISTINE, pkg.source.sha256 or "")
-
-
-PRISTINE, PATCHED = ".megatron-env-pristine", ".megatron-env-patched"
-
-
-seal = files.seal
-
-
-def _whole(tree: Path, marker: str, what: str) -> bool:
-    """Whether a cached tree is whole as it was sealed; else it is gone (the caller makes it
-    again from its pinned source), with a warning when it had changed."""
-    why = files.unsealed(tree, marker)
-    if why:
-        output.warning(f"{what} {tree} {why}; making it again")
-    return why is None
-
-
-def git_sources(pkg: Package) -> list[tuple[str, str, str, str | None, str]]:
-    """(name, repository, commit, tag, path in the tree) of a git-sourced package: the package
-    itself, then each submodule at the commit the profile pins (not the parent's index). A
-    submodule is named `<package>/<path>`: its MEGATRON_ENV_MIRROR_ variable and its repository
-    in a bundle follow from the name."""
-    src = pkg.source
-    if not src.repo or not src.commit:
-        return []
-    return [(pkg.name, src.repo, src.commit, src.tag, ""),
-            *((f"{pkg.name}/{path}", repo, commit, None, path)
-              for path, repo, commit in src.submodules)]
-
-
-def sdist_archive(pkg: Package, cache: Path | None = None) -> Path:
-    """Where the cache keeps a package's verified sdist (named by its sha256)."""
-    return (cache or cache_dir()) / "sdists" / f"{pkg.source.sha256}.tar.gz"
-
-
-def _download(pkg: Package, target: Path, echo, given: Given | None) -> str:
-    """The sdist written to `target` (its sha256 checked by the caller); -> where it came from.
-
-    In order: the bundle's copy, the user's MEGATRON_ENV_SOURCE_<NAME> (a path or URL), the
-    configured package index by file name. Nothing of the package runs: pip's `download
-    --no-binary` would execute setup.py (a kernel package's imports torch) just to fetch a file."""
-    fix = (f"set {source_var(pkg.name)} to the sdist's path or URL, or pass --no-builds to "
-           "`invoke setup` to go on without the kernels")
-    url = str((given and given.sdist(pkg.name)) or os.environ.get(source_var(pkg.name)) or "")
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme in ("http", "https", "file"):
-        shown = mask_urls(url)
-        echo(f"{pkg.name}: downloading {shown}")
-        try:
-            with http.open_url(url) as r:
-                digest.copy_hashed(r, target)
-        except (OSError, ValueError) as e:
-            if files.no_space(e):
-                raise
-            raise UserError(f"cannot download {shown}: {getattr(e, 'reason', e)}", fix=fix,
-                            kind="source.unreachable") from None
-        return shown
-    if url:
-        if not Path(url).is_file():
-            raise UserError(f"{source_var(pkg.name)}={url}: no such file", fix=fix,
-                            kind="source.no-such-file")
-        shutil.copy(url, target)
-        return url
-    name = pkg.source.url or ""
-    echo(f"{pkg.name}: fetching {name} from the package index")
-    try:
-        got = index.fetch(pkg.name, name, pkg.source.sha256 or "", target, echo=echo)
-    except UserError as e:
-        raise UserError(f"cannot fetch the {pkg.name} {pkg.pin} sdist: {e.message}",
-                        fix=fix, kind=e.kind or "source.unreachable") from None
-    if got.yanked:
-        output.warning(f"{pkg.name}: {name} is yanked on its index"
-                       + (f" ({got.yanked.reason})" if got.yanked.reason else "")
-                       + "; using it because the profile pins its sha256")
-    return got.source
-
 
 # --- the build environment -------------------------------------------------------------------
 
@@ -224,7 +91,7 @@ class Plan:
         flags = {k: v for k, v in self.env.items()
                  if k in shown or k not in os.environ or os.environ[k] != v}
         out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
-                                          if k not in ("PATH",)))
+                                          if k != "PATH" and not k.startswith("MEGATRON_ENV_")))
         if p.build_options:
             out.append("  options  --build-option=" + " ".join(p.build_options))
         out.append(f"  cache    {self.key}")
@@ -268,9 +135,11 @@ def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str,
 
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
-         facts: dict | None = None, cache: Path | None = None) -> Plan:
+         facts: dict | None = None, cache: Path | None = None,
+         pool: Mapping[str, str] | None = None) -> Plan:
     """`facts`: probe.torch_facts(python) when the caller has them already (one torch import);
-    `cache`: the build cache (default: cache_dir())."""
+    `cache`: the build cache (default: cache_dir()); `pool`: the shared jobserver's variables
+    (kernels.together), in place of this build's own job counts."""
     cache = cache or cache_dir()
     facts = facts or torch_facts(python, cache)
     series = patches.series(pkg.name, pkg.pin, patch_root or patches.PATCHES_DIR)
@@ -288,7 +157,17 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     build_env["MAX_JOBS"] = str(jobs)
     if pkg.parallel_var:
         build_env[pkg.parallel_var] = str(derived.extensions)
-    if not proc.which("ninja", path=build_env["PATH"]):
+    if pool:  # one jobserver for every kernel: its width, not this build's own -j
+        build_env.update(pool)
+        jobs, why = int(pool["MEGATRON_ENV_POOL_SLOTS"]), pool["MEGATRON_ENV_POOL_WHY"]
+        build_env.pop("CMAKE_BUILD_PARALLEL_LEVEL", None)
+        build_env.update(jobserver.driver_env(pkg.pool_env))  # drivers pass ninja no -j
+        if pkg.parallel_var:
+            build_env[pkg.parallel_var] = pool["MEGATRON_ENV_POOL_CLIENTS"]
+        if pkg.cuda:  # nvcc's per-arch processes (--threads) take tokens too
+            build_env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, [
+                build_env.get("NVCC_APPEND_FLAGS", ""), "--jobserver"]))
+    elif not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
     key_doc = cache_key_doc(pkg, series, facts["torch"], facts["cuda"], facts["tag"],
                             facts["abi"], archs)
@@ -357,36 +236,17 @@ class Result:
     modules: dict[str, str]
 
 
-def patched(pkg: Package, series: list[Path], echo=output.status, *, given: Given | None = None,
-            cache: Path | None = None) -> Path:
-    """The package's pristine source with its patch series applied: made once per source and
-    series under the cache (whole or not at all), then only copied. The setup chain's patches
-    step makes it; a build copies it (a build writes objects into its tree)."""
-    root = cache or cache_dir()
-    key = digest.hexpart(digest.of([pkg.source.digest, digest.of_files(series)]), 16)
-    dest = root / "patched" / f"{pkg.name}-{key}"
-    if _whole(dest, PATCHED, f"{pkg.name}: the cached patched tree"):
-        return dest
-    pristine = fetch(pkg, echo, given=given, cache=root)
-    files.sweep(dest.parent, dest.name)  # of killed runs, this host's or long dead only
-    with files.publishing(dest, tree=True) as staged:
-        staged.rmdir()  # apply_series makes it
-        patches.apply_series(pristine, staged, series)  # on failure nothing is left
-        for x in series:
-            echo(f"{pkg.name}: applied {x.name}")
-        seal(staged, PATCHED, json.dumps([x.name for x in series]))
-    return dest
-
-
 def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
                       patch_root: Path | None = None, echo=output.status,
                       given: Given | None = None, cache: Path | None = None,
-                      child_env: Mapping[str, str] | None = None) -> Result | Plan:
+                      child_env: Mapping[str, str] | None = None,
+                      pool: Mapping[str, str] | None = None) -> Result | Plan:
     """`given`: a bundle's sources; `cache`: the build cache (default MEGATRON_ENV_CACHE);
-    `child_env`: what uv is told besides (a bundle's offline settings)."""
+    `child_env`: what uv is told besides (a bundle's offline settings); `pool`: the shared
+    jobserver's variables (kernels.together)."""
     t0 = time.monotonic()
     cache = cache or cache_dir()
-    p = plan(pkg, python, archs, patch_root, cache=cache)
+    p = plan(pkg, python, archs, patch_root, cache=cache, pool=pool)
     for line in p.lines():
         echo(line)
     if dry_run:
@@ -450,6 +310,7 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         if not r.ok:
             raise UserError(f"installing {wheel.name} failed: {r.tail(5)}",
                             kind="build.install-failed")
+    _install_requires(pkg, python, child_env)
     t_verify = time.monotonic()
     missing, facts = probe.imports(python, pkg.modules)
     echo(f"{pkg.name}: plan {t_install - t0 - (built_in or 0):.1f} s, install "
@@ -463,6 +324,21 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                         kind="build.python-only")
     return Result(pkg.name, wheel, hit, time.monotonic() - t0, built_in, log,
                   facts["imported"])
+
+
+def _install_requires(pkg: Package, python: Path, child_env: Mapping[str, str] | None) -> None:
+    """What the package imports at run time (Recipe.requires), installed where missing; what
+    the environment has already satisfied is not moved (uv pip install, no --upgrade)."""
+    if not pkg.requires:
+        return
+    r = proc.run([uv.exe(), "pip", "install", "--python", python, *pkg.requires],
+                 env=uv.env(**(child_env or {})), timeout=1800)
+    if not r.ok:
+        raise UserError(f"{pkg.name} needs {', '.join(pkg.requires)} at run time; installing "
+                        f"them failed: {r.tail(5)}",
+                        fix="a bundle carries them among its wheels (make it again with this "
+                            "version), or install them into the environment",
+                        kind="build.requires-failed")
 
 
 def _sweep(key: str, cache: Path) -> None:

@@ -31,6 +31,7 @@ RECIPE = Recipe(
         Variant("fast_layer_norm", "contrib FastLayerNorm (Megatron core_v0.4.0 imports it)",
                 env={"APEX_FAST_LAYER_NORM": "1"}, modules=("fast_layer_norm",)),
     ),
+    requires=("packaging>20.6",),  # setup.py's install_requires (setup.py and apex import it)
     gpu_check="apex",
     proves="FusedLayerNorm matches torch.nn.functional.layer_norm",
 )

@@ -19,7 +19,10 @@ RECIPE = Recipe(
     about="FlashAttention-2 CUDA kernels (Megatron's --use-flash-attn)",
     source="sdist",
     sdist="flash_attn-{version}.tar.gz",
-    env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE"},  # never fetch a prebuilt wheel
+    # never fetch a prebuilt wheel; --split-compile: each of its few objects instantiates dozens
+    # of kernels, and its longest (a split-KV forward) was 390 s of a 397 s build on an H200
+    # node: nvcc optimises the kernels of one object on up to 8 threads
+    env={"FLASH_ATTENTION_FORCE_BUILD": "TRUE", "NVCC_APPEND_FLAGS": "--split-compile=8"},
     metadata_env={"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"},
     archs_var="FLASH_ATTN_CUDA_ARCHS",
     archs_form="sm",
@@ -34,6 +37,7 @@ RECIPE = Recipe(
                ("32", "64", "96", "128", "160", "192", "224", "256")),
         Choice("dtypes", "dtypes to compile kernels for", "FLASH_ATTN_DTYPES", ("fp16", "bf16")),
     ),
+    requires=("einops",),  # setup.py's install_requires, but torch
     gpu_check="flash_attn",
     proves="causal bf16 forward and backward match torch's scaled_dot_product_attention",
 )

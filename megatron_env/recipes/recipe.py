@@ -107,6 +107,12 @@ class Recipe:
     gpu_check: str = ""  # the scripts/gpu_health.py result that proves it on a GPU
     proves: str = ""  # what that check compares, in words
     cuda: bool = True  # needs nvcc
+    # what its Python package imports at run time (its install_requires but torch, which the
+    # environment has): installed beside the wheel, so a bare image imports what was built
+    requires: tuple[str, ...] = ()
+    # what its build driver must be told, besides MAX_JOBS=jobserver (not a number), to pass
+    # ninja no -j when it builds from the shared pool (kernels.jobserver)
+    pool_env: Mapping[str, str] = field(default_factory=dict)
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -154,6 +160,8 @@ class Package:
     parallel_var: str = ""  # builds its extensions N at a time when this variable says N
     libraries: tuple[str, ...] = ()  # shared objects the wheel must hold (default: the modules)
     site_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    requires: tuple[str, ...] = ()  # run-time requirements (Recipe.requires)
+    pool_env: dict[str, str] = field(default_factory=dict)  # Recipe.pool_env
 
     @property
     def wheel_libraries(self) -> tuple[str, ...]:
@@ -210,4 +218,5 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
                    build_options=tuple(options), metadata_env=dict(recipe.metadata_env),
                    variants=tuple(v.name for v in chosen) + tuple(picked),
                    parallel_var=recipe.parallel_var, libraries=recipe.libraries,
-                   site_paths=dict(recipe.site_paths))
+                   site_paths=dict(recipe.site_paths), requires=recipe.requires,
+                   pool_env=dict(recipe.pool_env))

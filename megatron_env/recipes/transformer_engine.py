@@ -65,8 +65,12 @@ RECIPE = Recipe(
                  commit="fb682ce761a2705e40f9b5d528737a3e0eb33cec",  # v1.23.0
                  tree="0fdf136318fee402f6182cffbff27041dbe4d8a3"),
     ),
+    # --split-compile: its longest objects (fused attention, casts) each hold many kernels
     env={"NVTE_FRAMEWORK": "pytorch", "NVTE_WITH_NCCL_EP": "0", "NVTE_NO_LOCAL_VERSION": "1",
-         "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1"},
+         "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1", "NVCC_APPEND_FLAGS": "--split-compile=4"},
+    # build_tools reads NVTE_BUILD_MAX_JOBS before MAX_JOBS (int() of it): 0 gives CMake a bare
+    # `--parallel`, so its ninja runs without -j and joins the jobserver
+    pool_env={"NVTE_BUILD_MAX_JOBS": "0"},
     site_paths={"CPATH": ("nvidia/cudnn/include", "nvidia/nccl/include"),
                 "CUDNN_PATH": ("nvidia/cudnn",)},
     archs_var="NVTE_CUDA_ARCHS",
@@ -75,6 +79,10 @@ RECIPE = Recipe(
     modules=("transformer_engine.pytorch", "transformer_engine_torch"),
     libraries=("transformer_engine/libtransformer_engine",
                "transformer_engine/transformer_engine_torch"),
+    # setup.py's install_requires at v2.17.1 (setup_requirements + build_tools/pytorch.py), but
+    # torch; `import transformer_engine.pytorch` fails without pydantic
+    requires=("pydantic", "importlib-metadata>=1.0", "packaging", "einops", "onnxscript", "onnx",
+              "nvdlfw-inspect"),
     gpu_check="transformer_engine",
     proves="bf16 te.Linear and te.LayerNormLinear forward and backward match fp32 PyTorch",
 )

@@ -19,8 +19,8 @@ decodes to where it decodes to text: a secret in it masks it, words keep it.
 Harmless forms, never masked: hex (digests, git SHAs, addresses, UUIDs, GPU-/MIG- UUIDs, MACs,
 PCI bus ids), numbers, sizes, times and versions (digits with at most a few letters: `1e-4`,
 `12.5GiB`, `2.11.0+cu130`, `cu130`), words and identifiers (`ProcessGroupNCCL`, `mlx5_0`,
-`expandable_segments`), host names and paths (made of those), NIC names, tempfile names,
-NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves. Hex is
+`expandable_segments`), host names and paths (made of those), NIC names, tempfile and
+mktemp names, NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves. Hex is
 harmless here only because a git SHA and a W&B key look the same: a hex key is masked by where it
 stands (pass 1: a key's name, a login command), never by its shape.
 """
@@ -66,6 +66,8 @@ _BIGRAMS = frozenset(_BIGRAM_TEXT[i:i + 2] for i in range(0, len(_BIGRAM_TEXT), 
 _HOST = re.compile(r"(?:[\w-]+=)?[a-z0-9-]+(?:\.[a-z0-9-]+)+\.[a-z]{2,}(?::\d+)?")
 # a temporary name Python's tempfile made (`tmpa8x_3kz9`): random, but the tool's or the user's
 _TEMP = re.compile(r"tmp[a-z0-9_]{8}")
+# and one mktemp(1) made (`tmp.Xk3aB9qLm2`), judged whole: its dot would cut it in two pieces
+_MKTEMP = re.compile(r"tmp\.[A-Za-z0-9]{10}")
 _NIC = re.compile(r"(?:en|ib|eth|wl|ww|bond)[a-z]?\d+(?:[a-z]{1,3}\d+)*")
 # a C++ symbol as a backtrace prints it, mangled (`_ZN6c10...`)
 _MANGLED = re.compile(r"_Z[A-Za-z0-9_]+(?:\+0x[0-9a-f]+)?")
@@ -120,6 +122,8 @@ def _unexplained(p: str) -> int:
 def _score(seg: str) -> tuple[int, int]:
     """(unexplained characters, judged characters) over the pieces of `seg` that are no
     harmless form."""
+    if _MKTEMP.fullmatch(seg):
+        return 0, 0
     junk = size = 0
     for p in _PIECE_SEP.split(seg):
         if p and not _harmless_piece(p) and len(set(p)) >= min(5, len(p) - 1):  # not `yyyy`
@@ -242,6 +246,10 @@ def _chunk(chunk: str, redact: Callable[[str], str]) -> str:
         if parts[2 * k - 1] == ":" and segs[k - 1].isdigit() and len(segs[k]) >= LONG_HEX \
                 and _HEX.fullmatch(segs[k]):
             marks[k] = "random"
+            j = k - 1  # with the ids it is issued under (`2/<user>/<app>:`): one token
+            while j >= 0 and segs[j].isdigit():
+                marks[j] = "random"
+                j -= 1
     masked = _runs(segs, marks)
     if not any(masked):
         return chunk

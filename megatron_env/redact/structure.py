@@ -89,6 +89,12 @@ FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("heroku", ("HRKU-",), r"HRKU-[A-Za-z0-9_-]{20,}"),
     ("pulumi/postman/newrelic", ("pul-", "PMAK-", "NRAK-"),
      r"pul-[a-f0-9]{40}|PMAK-[a-f0-9]{24}(?:-[a-f0-9]{34})?|NRAK-[A-Z0-9]{27}"),
+    # keys whose body is hex after a short prefix: the shape pass keeps a hex body (a digest),
+    # and tools name their things the same way (`worker-<hex>`), so the prefix must be known
+    ("hex-bodied keys", ("sbp_", "sntry", "lsv2_", "local-", "pplx-", "glsa_", "pat"),
+     r"sbp_[a-f0-9]{40}|sntry[usa]_[a-f0-9]{64}|lsv2_(?:pt|sk)_[a-f0-9]{32}_[a-f0-9]{10}"
+     r"|local-[a-f0-9]{40}|pplx-[a-f0-9]{48}|glsa_[A-Za-z0-9]{32}_[a-f0-9]{8}"
+     r"|pat[A-Za-z0-9]{14}\.[a-f0-9]{64}"),
     ("jwt", ("eyJ",), r"eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{4,}(?:\.[A-Za-z0-9_-]*)?"),
 )
 

@@ -1,5 +1,5 @@
 """The setup chain's vocabulary and its memory: what a step does (`Action`), how it ended
-(`Status`), and the stamp a step that succeeded leaves (`Stamp`).
+(`Outcome`), and the stamp a step that succeeded leaves (`Stamp`).
 
 A stamp is parsed once, here, into a frozen value; a file that is not a stamp (truncated by a
 kill -9 mid-write, edited by hand, from another version) is reported as absent with the reason,
@@ -28,8 +28,10 @@ class Action(Enum):
     UNCHOSEN = "unchosen"  # outside --only/--from: neither run nor reported
 
 
-class Status(Enum):
-    """How a step ended, as the table prints it."""
+class Outcome(Enum):
+    """How a step ended; its value is its word in the table and in `setup --json`. Not a
+    check's verdict (findings.Status: pass, warn, fail, skip, which judges a host): an outcome
+    says what was done to a step, and the chain stops on FAILED alone."""
 
     DONE = "done"
     UP_TO_DATE = "up to date"
