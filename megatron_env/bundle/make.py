@@ -45,6 +45,7 @@ _PIP_NAME = re.compile(r"[-_.]+")
 
 @dataclass
 class Entry:
+    """One file of the archive: its name there, where it is here, its role, digest and size."""
     arcname: str
     path: Path
     role: str
@@ -252,9 +253,7 @@ def _builds(prof: Profile, without: Iterable[str] = (),
     """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
     out: list[tuple[str, Path]] = []
     kernels = build.packages(prof) if kernels is None else kernels
-    for k in kernels.values():
-        if k.name in without:
-            continue
+    for k in (k for k in kernels.values() if k.name not in without):
         want = {"source": k.source.digest,
                 "patches": digest.of_files(patches.series(k.name, k.pin)),
                 "python": py_tag(prof.python), "cuda": prof.cuda,
@@ -444,9 +443,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
             for e in written:
                 tar.add(e.path, arcname=e.arcname, recursive=False)
-    by_role: dict[str, int] = {}
-    for e in written:
-        by_role[e.role] = by_role.get(e.role, 0) + e.size
+    by_role = {r: sum(e.size for e in written if e.role == r) for r in {e.role for e in written}}
     return Made(out, manifest, len(written), len(entries) - len(written), out.stat().st_size,
                 time.monotonic() - t0, by_role)
 
