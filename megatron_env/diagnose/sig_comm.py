@@ -22,7 +22,6 @@ _DUMP_WORK = re.compile(r"dump signal.*?[Ll]ast enqueued NCCL work: (-?\d+), las
                         r"NCCL work: (-?\d+)")
 _STUCK = re.compile(r"watchdog got stuck for (\d+) seconds")
 _DUMP_FROM = re.compile(r"dump signal due to a collective timeout from\s+rank (\d+)")
-_RANK_IN_TEXT = re.compile(r"\[(?:PG [^\]]*?)?Rank (\d+)\]")
 DESYNC_HEAD = "lagging/dead/mismatched ranks that caused the desync are"
 DESYNC_ENTRY = re.compile(r"^\s*-?\s*\[(?:Rank )?(\d+(?:, \d+)*)\] (.+)$")
 DESYNC_AT = re.compile(r"Timeout at collective: (\w+), #(\d+)")
@@ -59,7 +58,6 @@ _NATIVE_COLL = re.compile(r"\bp?nccl(AllReduce|AllGather|ReduceScatter|Broadcast
                           r"barrier|alltoall\w*|send|recv|reduce)\b")
 _NOT_COLL = frozenset({"wrapper", "new_group", "init_process_group", "destroy_process_group",
                        "get_rank", "get_world_size", "new_subgroups"})
-_INIT = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nranks \d+ cudaDev (\d+)")
 _BOOTSTRAP = re.compile(r"Bootstrap Root : rank (\d+) of (\d+) ranks has already checked in")
 _LAST_ERROR = re.compile(r"^\s*Last error:\s*(.*)")
 def _watchdog(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:

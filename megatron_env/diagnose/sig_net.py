@@ -20,9 +20,6 @@ _STORE_AT = re.compile(r"(?:\(|to |\[)([\w.:-]*?[\w-])\]?[,:] ?(\d{2,5})\)?"
 _STORE_LINE = re.compile(r"(?:to connect to|connect to any network address|TCPStore\(|"
                          r"Connection to) \S")
 _ENDPOINT = re.compile(r"rdzv_endpoint\s*[:=]\s*'?([\w.-]+(?::\d+)?)")
-_RAY_DIED = re.compile(r"A worker died or was killed.*?Worker IP address: (\S+).*?Worker PID: "
-                       r"(\d+)(?:.*?Worker exit type: (\w+))?")
-_RAY_ACTOR = re.compile(r"RayTaskError\((\w+)\): \S+ \(pid=(\d+), ip=([\w.-]+)")
 # dynamic rendezvous naming its node "host_pid_n"
 _RDZV_NODE = re.compile(r"The node '([\w.-]+?)_(\d+)_\d+' has failed to (\w+) the rendezvous "
                         r"'[^']*' due to an error of type (\w+)")

@@ -18,15 +18,8 @@ _ELASTIC = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\
 _RAY_DIED = re.compile(r"A worker died or was killed.*?Worker IP address: (\S+).*?Worker PID: "
                        r"(\d+)(?:.*?Worker exit type: (\w+))?")
 _RAY_ACTOR = re.compile(r"RayTaskError\((\w+)\): \S+ \(pid=(\d+), ip=([\w.-]+)")
-# dynamic rendezvous naming its node "host_pid_n"
-_RDZV_NODE = re.compile(r"The node '([\w.-]+?)_(\d+)_\d+' has failed to (\w+) the rendezvous "
-                        r"'[^']*' due to an error of type (\w+)")
-_RAISED = re.compile(r"^\w*(?:Error|Exception): (.+)")
-_BOOTSTRAP = re.compile(r"Bootstrap Root : rank (\d+) of (\d+) ranks has already checked in")
 _SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) ([\w.]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO "
                            r"([A-Z ]+?))? \*\*\*")
-_DATE = re.compile(r"\[[EWIF](\d{1,2})(\d\d) \d\d:|\b(20\d\d)-(\d\d)-(\d\d)[ T_]")
-_TIMEOUT_MS = re.compile(r"Timeout\(ms\)=(\d+)")
 # a process killed by a signal, as UCX, CPython, Open MPI, the DataLoader, torchrun's agent, gdb
 # and Python's subprocess say it: (pattern, groups of number, name, host, pid)
 _SIGNAL_FORMS = [
