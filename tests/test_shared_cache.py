@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import pytest
 
 from megatron_env import files
 from megatron_env.recipes import recipe
+
+from .test_trust_nothing import _sdist  # one tiny sdist for both files
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,19 +98,6 @@ def test_two_hosts_writing_one_cache_leave_each_other_alone(tmp_path):
     assert sorted(p.name for p in dest.iterdir()) == ["first-half", "second-half"]
     assert (dest / "first-half").read_text() == (dest / "second-half").read_text()
     assert [p.name for p in cache.iterdir()] == [dest.name]
-
-
-def _sdist(tmp_path: Path) -> tuple[Path, str]:
-    src = tmp_path / "tinyk-1.0"
-    (src / "tinyk").mkdir(parents=True)
-    (src / "tinyk" / "__init__.py").write_text("ANSWER = 42\n")
-    (src / "setup.py").write_text("from setuptools import setup\nsetup()\n")
-    sdist = tmp_path / "tinyk-1.0.tar.gz"
-    with tarfile.open(sdist, "w:gz") as tar:
-        tar.add(src, arcname=src.name)
-    import hashlib
-
-    return sdist, hashlib.sha256(sdist.read_bytes()).hexdigest()
 
 
 def test_a_writer_killed_with_sigkill_leaves_nothing_a_later_run_trips_over(tmp_path):
