@@ -38,10 +38,20 @@ _EXT = (r"\.(?:sig|json|toml|yaml|yml|txt|log|tar|gz|zst|xz|whl|pem|crt|key|pub|
 _FILE = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]+)*/?|[\w.+-]+(?:/[\w.@~+-]+)*" + _EXT)
 
 
+_ROOTED = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]+){2,}/?|(?:~|\.{1,2})?/[\w.@~+-]+"
+                     r"(?:/[\w.@~+-]+)+" + _EXT)
+
+
 def _a_path(value: str) -> bool:
     """A path, whatever it is called (`"signature": "out/bundle.sig"`): spelled as one, each
-    part written as words (`Tr0ub4dor/3` is a password, not a directory)."""
-    return _FILE.fullmatch(value) is not None and all(map(reads_as_words, value.split("/")))
+    part written as words (`Tr0ub4dor/3` is a password, not a directory); or rooted, three
+    parts deep or ending in a file's name, its top folder a word: a temporary folder's random
+    suffix is part of a path (`/tmp/bundle-x8K2q9/b.sig`)."""
+    if _FILE.fullmatch(value) is None:
+        return False
+    if _ROOTED.fullmatch(value) and reads_as_words(value.lstrip("~./").split("/", 1)[0]):
+        return True
+    return all(map(reads_as_words, value.split("/")))
 
 
 def secret_value(kind: str | None, value: str) -> bool:
@@ -289,7 +299,7 @@ def _netrc(m: re.Match[str]) -> str:
 
 def _b64_line(m: re.Match[str]) -> str:
     v = m.group(2)
-    if v.isdigit() or not (any(c.islower() for c in v) and any(c.isupper() for c in v)
+    if v.isdigit() or _a_path(v) or not (any(c.islower() for c in v) and any(c.isupper() for c in v)
                            and any(c.isdigit() for c in v)):
         return m.group(0)
     return m.group(1) + REDACTED + m.group(3)
