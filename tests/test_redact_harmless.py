@@ -34,13 +34,22 @@ def test_harmless_values_come_through(value):
     assert [redact.text(f, {}) for f in _forms(value)] == _forms(value)
 
 
-def test_numbers_and_booleans_are_never_masked_whatever_their_field():
+def test_counts_and_booleans_are_never_masked_whatever_their_field():
     doc = findings.to_json([findings.Finding("env.torch", "pass", "torch 2.11.0")],
                            pass_rate=1.0)
     out = json.loads(redact.text(doc, {}))
     assert out["summary"]["pass"] == 1 and out["summary"]["fail"] == 0
-    assert json.loads(redact.text('{"password": 1234, "token": true, "secret": null}', {})) == {
-        "password": 1234, "token": True, "secret": None}
+    assert json.loads(redact.text('{"pass": 12, "passes": 3, "pin": 2, "token": true, '
+                                  '"secret": null, "retries": 4}', {})) == {
+        "pass": 12, "passes": 3, "pin": 2, "token": True, "secret": None, "retries": 4}
+
+
+def test_a_number_under_a_passwords_name_is_masked():
+    """A PIN or a numeric password is a number: under password, passwd, passcode it is masked;
+    under an ambiguous name (`pass`, a count) it is not."""
+    for name in ("password", "passwd", "passcode", "db_password"):
+        assert json.loads(redact.text(json.dumps({name: 483920, "pass": 3}), {})) == {
+            name: redact.REDACTED, "pass": 3}
 
 
 def test_paths_the_tool_wrote_are_kept_whatever_their_field():

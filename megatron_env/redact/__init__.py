@@ -16,8 +16,9 @@ It fails closed, in three passes:
 3. cut (`cut`): only then is a line cut to length, so no cut leaves half a secret unseen.
 Plus the environment: the value of any secret-named variable of the process, wherever it shows.
 
-A value is judged by what it is, not by its field's name: in a JSON document numbers and
-booleans are never masked (`{"pass": 3}` is a count), a path stays a path (`"signature":
+A value is judged by what it is, not by its field's name: in a JSON document booleans are
+never masked and numbers only under an unambiguous password's name (`{"password": 1234}`;
+`{"pass": 3}` is a count), a path stays a path (`"signature":
 "/out/b.sig"`), a file name is no key (`my_password_profile.toml: read`).
 
 Pure functions (`text` reads os.environ unless given a mapping).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 
 from megatron_env.redact import shape, structure
@@ -40,6 +42,9 @@ __all__ = ["REDACTED", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind
 _MIN_SECRET = 4  # a shorter environment value would blank out ordinary words
 # a JSON Web Key's private members (RFC 7518 6.2.2, 6.3.2, 6.4.1): short names no rule knows
 _JWK_PRIVATE = frozenset({"d", "p", "q", "dp", "dq", "qi", "k", "oth", "r", "t"})
+# the names under which a number is a password: unambiguous ones (`pass`, `passes` are counts,
+# a report's `pin` is a version pin)
+_NUMBER_SECRET = re.compile(r"(?i)(?:password|passwd|passcode|passphrase)$")
 
 
 def _walk(obj: object, environ: Mapping[str, str], name: object = None,
@@ -55,7 +60,10 @@ def _walk(obj: object, environ: Mapping[str, str], name: object = None,
             return REDACTED
         kind = name_kind(name) if isinstance(name, str) else None
         return REDACTED if secret_value(kind, obj.strip()) else _text(obj, environ)
-    return obj  # a number, a boolean, null: never a secret, whatever its field is called
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool) and isinstance(name, str) \
+            and _NUMBER_SECRET.search(name):
+        return REDACTED  # `"password": 1234`: a PIN is a number
+    return obj  # a number, a boolean, null: a count (`"pass": 3`), whatever its field is called
 
 
 def _json(s: str, environ: Mapping[str, str]) -> str | None:

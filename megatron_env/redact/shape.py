@@ -158,6 +158,10 @@ def random_looking(value: str) -> bool:
     a value behind a weak secret name (pass 1), where shorter values are judged too."""
     if len(value) < 8 or value.isalpha() and value.islower():
         return False
+    motif = next((n for n in range(2, 5) if value == (value[:n] * len(value))[:len(value)]), 0)
+    if motif:  # a short motif repeated (`Xk9Xk9Xk9Xk9`): typed to fill a length, not a word
+        return sum(any(f(c) for c in value[:motif]) for f in (str.isalpha, str.isdigit,
+                                                              lambda c: not c.isalnum())) >= 2
     counts = Counter(value)
     bits = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
     classes = sum(any(f(c) for c in value) for f in (str.islower, str.isupper, str.isdigit))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from megatron_env.redact import options
 from megatron_env.redact.names import STEMS, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking, reads_as_words
 
@@ -152,21 +153,41 @@ _URL_PAIR = re.compile(
 _URL_PATH = re.compile(r"(:/{1,2}[^\s\"']*?/t/)([^/\s\"']{6,})|(/bot\d+:)([^/\s\"']+)|"
                        r"(:/{1,2}[^\s\"']*?/(?:services|webhooks?|webhookb2|IncomingWebhook|hooks)/)"
                        r"([^\s\"'?#<>]{8,})", re.I)
-_CONNECT = re.compile(r"(?<![\w/.:-])([A-Za-z_][\w.$-]*/)([^\s/@\"']+)(@(?://|[\w.-]+:\d+))")
+_CONNECT = re.compile(r"(?:(?<![\w/.:-])|(?<=:thin:)|(?<=:oci:))([A-Za-z_][\w.$-]*/)([^\s/@\"']+)"
+                      r"(@(?://|[\w.-]+:\d+))")
 _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]igest|"
           r"[Nn]egotiate|NTLM|OAuth|AWS4-HMAC-SHA256)[ \t]+)?(?P<pre>[bBrRuU]{0,2}(?=[\"']))?"
           r"(?:(?P<vq>\\{0,3}[\"'])(?P<qv>(?:(?!(?P=vq))(?:\\.|[^\n]))*)(?P<vc>(?P=vq)|$)"
           r"|(?P<tv>[(\[](?:[ \t]*[bBrRuU]{0,2}(?:'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")"
           r"[ \t]*,?)+[ \t]*[)\]])"
+          r"|(?P<brv>\{[^{}\n]*\})(?=$|[\s;,\"'])"
           r"|(?P<bv><[^<>\n]*>(?=$|[\s\"'`,;&)}\]])|[^\s\"'`,;&)}\]]*))")
+# a key in any spelling: `--name`, `name`, `"name"`, `b'name'`, a label in any language; its
+# separator `=`, `:`, `=>`, a full-width colon, `is:`, with spaces or no-break spaces around
 _KV = re.compile(
-    r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|(?P<kq>\\{0,3}[\"'])?)(?P<name>[A-Za-z_][\w.-]*)"
-    r"(?(kq)(?P=kq)))(?P<sep>[ \t]*[:=][ \t]*|(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
+    r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|[bBuU]?(?P<kq>\\{0,3}[\"'])?)(?P<name>[^\W\d][\w.-]*)"
+    r"(?(kq)(?P=kq)))(?P<sep>[ \t\u00a0]*(?:=>|[:=\uff1a])[ \t\u00a0]*|[ \t]+is[ \t]*:[ \t]*|"
+    r"(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
 _SPACE = re.compile(r"[\s\"'`]")
+# what a log puts before a line's text (`2026-12-05T10:00:01Z node3 job[41]: `, `INFO x: `)
+_LOG_PREFIX = r"(?:[^\n]*?[\]\w)][ \t]*[:|][ \t]+)??"
 # `NAME=value` (an env file) or `name: value` (YAML) on a line of its own: the value is the
 # rest of the line, whatever characters it holds
-_LINE = re.compile(r"(?m)^([ \t]*(?:export[ \t]+|-[ \t]+)?([A-Za-z_][\w.-]*)(?:=|[ \t]*:[ \t]+))"
-                   r"(?![\"'])([^\r\n]+)")
+_LINE = re.compile(r"(?m)^" + _LOG_PREFIX + r"([ \t]*(?:export[ \t]+|-[ \t]+)?([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*)"
+                   r"{0,3})(?:[ \t\u00a0]*(?:=>?|\uff1a)|[ \t]*:(?:[ \t\u00a0]+|(?=[^\x00-\x7f]))"
+                   r"|[ \t]{2,}|\t)[ \t\u00a0]*)(?![\"'])([^\r\n]+)")
+# a directive and its one value, alone on a line: `requirepass X` (a plain word as the name,
+# `password changed`, is a sentence and no directive); a table's row `| password | X |`
+_DIRECTIVE = re.compile(r"(?m)^" + _LOG_PREFIX + r"([ \t]*([^\W\d][\w.-]*)[ \t]+)(\S+)[ \t]*$")
+# a password's label in a sentence, its value after the sentence's colon at the line's end:
+# `A temporary password is generated for root@localhost: X`
+_SENTENCE = re.compile(r"(?i)\b([^\W\d_]*(?:pass|пароль|密码|kennwort|contrase|senha|wachtwoord)"
+                       r"[^\W\d_]*)\b((?:[ \t]+[\w@.'-]+){1,6}?[ \t]*:[ \t]+)(\S[^\n]*?)[ \t]*$",
+                       re.M)
+_PLAIN_NAMES = frozenset({"password", "passwd", "token", "secret", "pass", "auth", "cookie",
+                          "signature", "credentials", "credential", "authorization", "key"})
+_TABLE = re.compile(r"(?m)^" + _LOG_PREFIX + r"([ \t]*\|[ \t]*([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3})[ \t]*\|"
+                    r"[ \t]*)([^|\n]*?)(?=[ \t]*\|)")
 _QUOTED = re.compile(r"([bBrRuU]{0,2})([\"'])((?:(?!\2)(?:\\.|[^\n]))*)\2")
 # a quoted name, a comma, a quoted value: argv lists and (name, value) tuples
 _PAIR = re.compile(r"([\"'])-{0,2}([A-Za-z_][\w.-]*)\1[ \t]*,[ \t]*(?=[bBrRuU]{0,2}([\"'])"
@@ -246,12 +267,29 @@ def _kv(s: str) -> str:
             out += [s[pos:m.end()], m.group("scheme") or "", masked]
             pos = m.end("tv")
             continue
+        if m.group("brv") is not None:  # ODBC's `Pwd={...}`: what the braces hold
+            if kind == "strong" and len(m.group("brv")) > 2:
+                out += [s[pos:m.end()], "{", REDACTED, "}"]
+                pos = m.end("brv")
+            continue
         value = m.group("qv") if m.group("vq") is not None else m.group("bv")
         end = m.end("vc") if m.group("vq") is not None else m.end("bv")
         if m.group("vq") is None and kind == "strong" and secret_value(kind, value or "x"):
-            # a secret's bare value ends at a space, not at `&`, `,` or `)` it may hold
-            stop = _SPACE.search(s, end)
-            end = stop.start() if stop else len(s)
+            # a secret's bare value ends at a space, not at `&`, `,` or `)` it may hold; after
+            # a label's colon (`admin password: a whole sentence`) at the line's end; in a
+            # connection string (`;Password=a b;`) at its `;`
+            sep = m.group("sep")
+            line_end = s.find("\n", end)
+            line_end = len(s) if line_end < 0 else line_end
+            if m.group("dash") is None and sep[-1:].isspace() and sep.strip() in (
+                    ":", "\uff1a", "is:", "is :"):
+                end = len(s[:line_end].rstrip())
+            elif sep == "=" and s[m.start() - 1:m.start()] == ";":
+                stop = s.find(";", end, line_end)
+                end = line_end if stop < 0 else stop
+            else:
+                stop = _SPACE.search(s, end)
+                end = stop.start() if stop else len(s)
             value = s[m.end("bv") - len(value):end]
         if not secret_value(kind, value.strip()):
             continue
@@ -261,11 +299,43 @@ def _kv(s: str) -> str:
     return "".join(out) + s[pos:] if out else s
 
 
+def _label(label: str) -> str | None:
+    """How secret the value behind a label of one to four words is (`Client secret`, `mot de
+    passe`, `Root password is`)."""
+    words = label.split()
+    if len(words) > 1 and words[-1].lower() in ("is", "was"):
+        words = words[:-1]
+    return name_kind("_".join(words))
+
+
 def _line(m: re.Match[str]) -> str:
+    if " " in m.group(2).strip() and "=" in m.group(1)[m.end(2) - m.start(1):]:
+        return m.group(0)  # words before `=` are a sentence's (`a password=X b`), no label
     value = m.group(3).rstrip()
-    if not secret_value(name_kind(m.group(2)), value):
+    if not secret_value(_label(m.group(2)), value):
         return m.group(0)
     return m.group(1) + REDACTED + m.group(3)[len(value):]
+
+
+def _directive(m: re.Match[str]) -> str:
+    name = m.group(2)
+    if name.lower() in _PLAIN_NAMES or name_kind(name) != "strong" or not secret_value(
+            "strong", m.group(3)):
+        return m.group(0)
+    return m.group(1) + REDACTED
+
+
+def _sentence(m: re.Match[str]) -> str:
+    if name_kind(m.group(1)) != "strong" or not secret_value("strong", m.group(3)):
+        return m.group(0)
+    return m.group(0)[:m.start(3) - m.start()] + REDACTED
+
+
+def _table(m: re.Match[str]) -> str:
+    value = m.group(3).strip()
+    if not secret_value(_label(m.group(2)), value):
+        return m.group(0)
+    return m.group(1) + REDACTED
 
 
 def _pairs(s: str) -> str:
@@ -336,6 +406,7 @@ RULES: tuple[Rule, ...] = (
     (("auth", "cookie", "api-key", "token", "key:", "secret"), lambda s: _HEADER.sub(_header, s)),
     (("mc ",), lambda s: _MC_KEY.sub(lambda m: m.group(1) + REDACTED, s)),
     (("",), _COMMAND_RULE),
+    (("",), options.mask),
     (("password", "account"), lambda s: _NETRC_LINE.sub(
         lambda m: m.group(1) + REDACTED, _NETRC.sub(_netrc, s))),
     ((":",), lambda s: _PGPASS.sub(lambda m: m.group(1) + REDACTED, s) if s.count(":") >= 4
@@ -343,7 +414,8 @@ RULES: tuple[Rule, ...] = (
     (("",), _FORMAT_RULE),
     (("earer", "basic", "token"), lambda s: _BEARER.sub(_bearer, s)),
     (STEMS, _pairs),
-    (STEMS, lambda s: _LINE.sub(_line, s)),
+    (STEMS, lambda s: _SENTENCE.sub(_sentence, s)),
+    (STEMS, lambda s: _TABLE.sub(_table, _DIRECTIVE.sub(_directive, _LINE.sub(_line, s)))),
     (STEMS, _kv),
 )
 
