@@ -6,7 +6,8 @@ snapshot's files and the command logs call it); `variables` is for a mapping of 
 log), which must remember that it is inside a PEM block; `cut` is `text` and then a cut to a
 width, for evidence quoted from a line of any length.
 
-It fails closed, in three passes:
+It fails closed, in three passes (after pass 0, context, for a text of several lines or a
+stream: a value whose label stands on a line before it, megatron_env.redact.context):
 1. structure (megatron_env.redact.structure): the positions where secrets stand, whatever they
    look like: flags, `key=value`, URLs, headers, PEM, netrc, connect strings, Python reprs,
    argv lists, commands that take a password, vendor token formats;
@@ -31,7 +32,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from megatron_env.redact import shape, structure
+from megatron_env.redact import context, shape, structure
 from megatron_env.redact.names import is_secret_name, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking
 from megatron_env.redact.structure import mask_urls, secret_value
@@ -97,6 +98,8 @@ def _text(s: str, environ: Mapping[str, str]) -> str:
     as_json = _json(s, environ)
     if as_json is not None:
         return as_json
+    if "\n" in s.rstrip("\n"):
+        s = context.mask_text(s)
     s = shape.mask(structure.mask(s), lambda t: _text(t, environ))
     return _environment(s, environ)
 
@@ -132,13 +135,17 @@ def scrub(s: str, environ: Mapping[str, str]) -> str:
 
 class Lines:
     """`text` for a stream taken line by line (a command's log): the lines of a PEM block that
-    began on an earlier line are masked whole until its END line."""
+    began on an earlier line are masked whole until its END line, and each line is judged with
+    the two before it as context (megatron_env.redact.context: a value on the line after its
+    label, a YAML or TOML block under a secret's key, a Kubernetes Secret's data)."""
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self.environ = environ
         self.inside = False
+        self.context = context.Context()
 
     def __call__(self, line: str) -> str:
+        line = self.context(line)
         if self.inside:
             if "-----END " in line:
                 self.inside = False

@@ -170,15 +170,15 @@ _KV = re.compile(
     r"(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
 _SPACE = re.compile(r"[\s\"'`]")
 # what a log puts before a line's text (`2026-12-05T10:00:01Z node3 job[41]: `, `INFO x: `)
-_LOG_PREFIX = r"(?:[^\n]*?[\]\w)][ \t]*[:|][ \t]+)??"
+LOG_PREFIX = r"(?:[^\n]*?[\]\w)][ \t]*[:|][ \t]+)??"
 # `NAME=value` (an env file) or `name: value` (YAML) on a line of its own: the value is the
 # rest of the line, whatever characters it holds
-_LINE = re.compile(r"(?m)^" + _LOG_PREFIX + r"([ \t]*(?:export[ \t]+|-[ \t]+)?([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*)"
+_LINE = re.compile(r"(?m)^" + LOG_PREFIX + r"([ \t]*(?:export[ \t]+|-[ \t]+)?([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*)"
                    r"{0,3})(?:[ \t\u00a0]*(?:=>?|\uff1a)|[ \t]*:(?:[ \t\u00a0]+|(?=[^\x00-\x7f]))"
                    r"|[ \t]{2,}|\t)[ \t\u00a0]*)(?![\"'])([^\r\n]+)")
 # a directive and its one value, alone on a line: `requirepass X` (a plain word as the name,
 # `password changed`, is a sentence and no directive); a table's row `| password | X |`
-_DIRECTIVE = re.compile(r"(?m)^" + _LOG_PREFIX + r"([ \t]*([^\W\d][\w.-]*)[ \t]+)(\S+)[ \t]*$")
+_DIRECTIVE = re.compile(r"(?m)^" + LOG_PREFIX + r"([ \t]*([^\W\d][\w.-]*)[ \t]+)(\S+)[ \t]*$")
 # a password's label in a sentence, its value after the sentence's colon at the line's end:
 # `A temporary password is generated for root@localhost: X`
 _SENTENCE = re.compile(r"(?i)\b([^\W\d_]*(?:pass|пароль|密码|kennwort|contrase|senha|wachtwoord)"
@@ -186,7 +186,7 @@ _SENTENCE = re.compile(r"(?i)\b([^\W\d_]*(?:pass|пароль|密码|kennwort|co
                        re.M)
 _PLAIN_NAMES = frozenset({"password", "passwd", "token", "secret", "pass", "auth", "cookie",
                           "signature", "credentials", "credential", "authorization", "key"})
-_TABLE = re.compile(r"(?m)^" + _LOG_PREFIX + r"([ \t]*\|[ \t]*([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3})[ \t]*\|"
+_TABLE = re.compile(r"(?m)^" + LOG_PREFIX + r"([ \t]*\|[ \t]*([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3})[ \t]*\|"
                     r"[ \t]*)([^|\n]*?)(?=[ \t]*\|)")
 _QUOTED = re.compile(r"([bBrRuU]{0,2})([\"'])((?:(?!\2)(?:\\.|[^\n]))*)\2")
 # a quoted name, a comma, a quoted value: argv lists and (name, value) tuples
