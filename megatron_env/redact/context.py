@@ -22,11 +22,12 @@ import re
 
 from megatron_env.redact.names import name_kind
 from megatron_env.redact.shape import REDACTED
-from megatron_env.redact.structure import LOG_PREFIX
 
-_YAML_BLOCK = re.compile(r"^" + LOG_PREFIX + r"([ \t]*)(?:-[ \t]+)?([^\s:#'\"][^:#]*?|\"[^\"]+\"|'[^']+')[ \t]*:"
+# what a log puts before a line's text (`2026-12-05T10:00:01Z node3 job[41]: `)
+_LOG_PREFIX = r"(?:[^\n]*?[\]\w)]:[ \t]+)??"
+_YAML_BLOCK = re.compile(r"^" + _LOG_PREFIX + r"([ \t]*)(?:-[ \t]+)?([^\s:#'\"][^:#]*?|\"[^\"]+\"|'[^']+')[ \t]*:"
                          r"[ \t]*[|>][-+0-9]*[ \t]*(?:#.*)?$")
-_TOML_OPEN = re.compile(r"^" + LOG_PREFIX + r"[ \t]*([\w.\"'-]+)[ \t]*=[ \t]*(\"\"\"|''')(.*)$")
+_TOML_OPEN = re.compile(r"^" + _LOG_PREFIX + r"[ \t]*([\w.\"'-]+)[ \t]*=[ \t]*(\"\"\"|''')(.*)$")
 _KEY_LINE = re.compile(r"^[ \t]*(?:-[ \t]+)?[\"']?[\w./-]+[\"']?[ \t]*:(?:[ \t]|$)")
 _DATA = re.compile(r"^([ \t]*)(?:data|stringData|binaryData)[ \t]*:[ \t]*$")
 _ENTRY = re.compile(r"^([ \t]*)[\"']?[^:\s\"']+[\"']?[ \t]*:[ \t]*")

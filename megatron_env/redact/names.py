@@ -65,9 +65,11 @@ _RUNS = re.compile(r"[^\W_]+")
 # of them holds no secret-named key, and the key rules are not scanned for
 STEMS = ("pass", "pw", "psw", "secret", "token", "key", "auth", "cred", "sig", "cookie", "sas",
          "jwt", "_pat", "-pat", "sid", "session", "bearer", "dsn", "webhook", "psk", "kennwort",
-         "contrase", "пароль", "密码", "密碼", "口令", "パスワード", "비밀번호", "senha", "wachtwoord",
-         "hasło", "haslo", "parola", "şifre", "sifre", "lösenord", "losenord", "salasana", "adgangskode",
-         "passord", "heslo", "jelsz", "κωδικός")
+         "contrase", "senha", "wachtwoord", "hasło", "haslo", "parola", "şifre", "sifre",
+         "lösenord", "losenord", "salasana", "adgangskode", "heslo", "jelsz", "пароль", "密码",
+         "密碼", "口令", "パスワード", "비밀번호", "κωδικός")
+# the stems a line of ASCII alone may hold
+ASCII_STEMS = tuple(s for s in STEMS if s.isascii())
 
 
 @functools.lru_cache(maxsize=4096)

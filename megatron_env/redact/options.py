@@ -48,10 +48,11 @@ _TOOLS: tuple[tuple[tuple[str, ...], tuple[str, ...], str], ...] = (
 )
 # commands that take a secret by position: what precedes it
 _POSITIONAL = (
-    r"\brabbitmqctl[ \t]+(?:add_user|change_password|authenticate_user)[ \t]+\S+[ \t]+",
-    r"\bnet[ \t]+user[ \t]+(?!/)\S+[ \t]+(?!/)",
-    r"\bnet[ \t]+use[ \t]+\S+[ \t]+(?!/)",
-    r"\bvault[ \t]+login[ \t]+(?!-)(?=\S+(?:[ \t]|$))(?![\w-]+=)",
+    ("rabbitmqctl", r"\brabbitmqctl[ \t]+(?:add_user|change_password|authenticate_user)[ \t]+"
+                    r"\S+[ \t]+"),
+    ("net", r"\bnet[ \t]+user[ \t]+(?!/)\S+[ \t]+(?!/)"),
+    ("net", r"\bnet[ \t]+use[ \t]+\S+[ \t]+(?!/)"),
+    ("vault", r"\bvault[ \t]+login[ \t]+(?!-)(?=\S+(?:[ \t]|$))(?![\w-]+=)"),
 )
 _VALUE = r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+)"
 
@@ -80,8 +81,8 @@ def _option(m: re.Match[str]) -> str:
 
 _RULES: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]] = [
     (tools, _tool_rule(tools, options, how), _option) for tools, options, how in _TOOLS]
-_RULES += [((p.split("[")[0][3:],), re.compile("(" + p + ")()(" + _VALUE + ")"), _option)
-           for p in _POSITIONAL]
+_RULES += [((tool,), re.compile("(" + p + ")()(" + _VALUE + ")"), _option)
+           for tool, p in _POSITIONAL]
 
 # curl's user:password glued to -u; its cookies: each value of `name=value; ...`
 _CURL_USER = re.compile(r"(\bcurl\b[^\n;|&]*?(?<![^\s'\"])-u[^\s:'\"]+:)([^\s'\"]+)")
@@ -138,8 +139,7 @@ def _before_key(m: re.Match[str]) -> str:
     return m.group(0)
 
 
-_ALL: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]] = [
-    *_RULES,
+_OTHER: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]] = [
     (("curl",), _CURL_USER, lambda m: m.group(1) + REDACTED),
     (("curl",), _CURL_COOKIE, _cookie),
     (("identified", "password"), _SQL, lambda m: m.group(1) + (
@@ -149,17 +149,31 @@ _ALL: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str
     (("<name>",), _XML_NAME_VALUE, _xml_name_value),
     ((" is ", " was ", " does ", " should ", " must ", " can"), _BEFORE_KEY, _before_key),
 ]
-_HINT = re.compile("|".join(sorted({re.escape(w) for words, _, _ in _ALL for w in words},
-                                   key=len, reverse=True)), re.I)
+# a tool's name as a word of the line; the rules of the tools a line names
+_NAME = re.compile(r"[\w.-]+")
+_BY_TOOL: dict[str, list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]]] = {}
+for _words, _pattern, _repl in _RULES:
+    for _tool in _words:
+        _BY_TOOL.setdefault(_tool, []).append((_pattern, _repl))
+_TOOL_NAMES = frozenset(_BY_TOOL)
+# what a line with a tool's option holds: an option (` -p`, `'-p'`), an argument (`/p:`, a
+# positional command's word)
+_OPTION_HINTS = (" -", "'-", "\"-", "/p:", "_pw", "rabbitmqctl", "net ", "vault ")
 
 
-def mask(s: str) -> str:
-    """Every rule of this module, each where its words are (most lines hold none)."""
-    if _HINT.search(s) is None:
-        return s
-    low = s.lower()
-    for words, pattern, repl in _ALL:
-        if any(w.lower() in low for w in words):
+def mask(s: str, low: str | None = None) -> str:
+    """Every rule of this module, each where its words are (most lines hold none): a tool's
+    options only in a line that names the tool and holds an option."""
+    low = s.lower() if low is None else low
+    if any(map(s.__contains__, _OPTION_HINTS)):
+        tools = _TOOL_NAMES.intersection(_NAME.findall(s))
+        for tool in sorted(tools):
+            for pattern, repl in _BY_TOOL[tool]:
+                s = pattern.sub(repl, s)
+        if tools:
+            low = s.lower()
+    for words, pattern, repl in _OTHER:
+        if any(map(low.__contains__, words)):
             done = pattern.sub(repl, s)
             if done != s:
                 s, low = done, done.lower()

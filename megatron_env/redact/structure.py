@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 
 from megatron_env.redact import options
-from megatron_env.redact.names import STEMS, name_kind
+from megatron_env.redact.names import ASCII_STEMS, STEMS, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking, reads_as_words
 
 # (words that must be in the line, the rule): a rule is scanned for only where its words are
@@ -169,25 +169,28 @@ _KV = re.compile(
     r"(?(kq)(?P=kq)))(?P<sep>[ \t\u00a0]*(?:=>|[:=\uff1a])[ \t\u00a0]*|[ \t]+is[ \t]*:[ \t]*|"
     r"(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
 _SPACE = re.compile(r"[\s\"'`]")
-# what a log puts before a line's text (`2026-12-05T10:00:01Z node3 job[41]: `, `INFO x: `)
-LOG_PREFIX = r"(?:[^\n]*?[\]\w)][ \t]*[:|][ \t]+)??"
-# `NAME=value` (an env file) or `name: value` (YAML) on a line of its own: the value is the
-# rest of the line, whatever characters it holds
-_LINE = re.compile(r"(?m)^" + LOG_PREFIX + r"([ \t]*(?:export[ \t]+|-[ \t]+)?([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*)"
-                   r"{0,3})(?:[ \t\u00a0]*(?:=>?|\uff1a)|[ \t]*:(?:[ \t\u00a0]+|(?=[^\x00-\x7f]))"
-                   r"|[ \t]{2,}|\t)[ \t\u00a0]*)(?![\"'])([^\r\n]+)")
+# `NAME=value` (an env file) or `name: value` (YAML) on a line of its own, or after what a log
+# puts before a line's text (`2026-12-05T10:00:01Z node3 job[41]: `, `INFO x: `, `| `): the value
+# is the rest of the line, whatever characters it holds; the name may be a label of up to four
+# words (`Client secret : X`, `mot de passe : X`), its separator `=`, `=>`, `:`, a full-width
+# colon, a no-break space, or two spaces and more (a table's row)
+_LINE = re.compile(r"([ \t]*(?:export[ \t]+|-[ \t]+)?([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3})"
+                   r"(?:[ \t\u00a0]*(?:=>?|\uff1a)|[ \t]*:(?:[ \t\u00a0]+|(?=[^\x00-\x7f]))"
+                   r"|[ \t]{2,}|\t)[ \t\u00a0]*)(?![ \t\u00a0]*[\"'])([^\r\n]+)")
 # a directive and its one value, alone on a line: `requirepass X` (a plain word as the name,
 # `password changed`, is a sentence and no directive); a table's row `| password | X |`
-_DIRECTIVE = re.compile(r"(?m)^" + LOG_PREFIX + r"([ \t]*([^\W\d][\w.-]*)[ \t]+)(\S+)[ \t]*$")
+_DIRECTIVE = re.compile(r"([ \t]*([^\W\d][\w.-]*)[ \t]+)(\S+)[ \t]*$", re.M)
+_TABLE = re.compile(r"([ \t]*\|[ \t]*([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3})[ \t]*\|"
+                    r"[ \t]*)([^|\n]*?)(?=[ \t]*\|)")
+# where a log's prefix ends: `]: `, `x: `, `| `
+_PREFIX_ENDS = (": ", ":\t", "| ")
 # a password's label in a sentence, its value after the sentence's colon at the line's end:
 # `A temporary password is generated for root@localhost: X`
-_SENTENCE = re.compile(r"(?i)\b([^\W\d_]*(?:pass|пароль|密码|kennwort|contrase|senha|wachtwoord)"
-                       r"[^\W\d_]*)\b((?:[ \t]+[\w@.'-]+){1,6}?[ \t]*:[ \t]+)(\S[^\n]*?)[ \t]*$",
-                       re.M)
+_SENTENCE = re.compile(r"(?i)(?:pass|пароль|密码|kennwort|contrase|senha|wachtwoord)[^\W\d_]*"
+                       r"((?:[ \t]+[\w@.'-]+){1,6}?[ \t]*:[ \t]+)(\S[^\n]*?)[ \t]*$", re.M)
+_SENTENCE_WORDS = ("pass", "пароль", "密码", "kennwort", "contrase", "senha", "wachtwoord")
 _PLAIN_NAMES = frozenset({"password", "passwd", "token", "secret", "pass", "auth", "cookie",
                           "signature", "credentials", "credential", "authorization", "key"})
-_TABLE = re.compile(r"(?m)^" + LOG_PREFIX + r"([ \t]*\|[ \t]*([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3})[ \t]*\|"
-                    r"[ \t]*)([^|\n]*?)(?=[ \t]*\|)")
 _QUOTED = re.compile(r"([bBrRuU]{0,2})([\"'])((?:(?!\2)(?:\\.|[^\n]))*)\2")
 # a quoted name, a comma, a quoted value: argv lists and (name, value) tuples
 _PAIR = re.compile(r"([\"'])-{0,2}([A-Za-z_][\w.-]*)\1[ \t]*,[ \t]*(?=[bBrRuU]{0,2}([\"'])"
@@ -326,9 +329,52 @@ def _directive(m: re.Match[str]) -> str:
 
 
 def _sentence(m: re.Match[str]) -> str:
-    if name_kind(m.group(1)) != "strong" or not secret_value("strong", m.group(3)):
+    start = m.start()
+    while start > 0 and (m.string[start - 1].isalpha()):
+        start -= 1
+    word = m.string[start:m.start(1)]
+    if name_kind(word) != "strong" or not secret_value("strong", m.group(2)):
         return m.group(0)
-    return m.group(0)[:m.start(3) - m.start()] + REDACTED
+    return m.group(0)[:m.start(2) - m.start()] + REDACTED
+
+
+def _starts(s: str, begin: int, end: int) -> list[int]:
+    """Where a line's text may begin: the line's start, and after a log's prefix."""
+    out = [begin]
+    for sep in _PREFIX_ENDS:
+        i = s.find(sep, begin, end)
+        while i > begin:
+            if sep == "| " or s[i - 1] in ")]" or s[i - 1].isalnum() or s[i - 1] == "_":
+                out.append(i + len(sep))
+            i = s.find(sep, i + 1, end)
+    return sorted(set(out))
+
+
+_LineRule = tuple[re.Pattern[str], Callable[[re.Match[str]], str]]
+
+
+def _at_line_starts(s: str, rules: tuple[_LineRule, ...]) -> str:
+    """Each rule tried where a line's text may begin (`_starts`); the first that changes a
+    line is its change (each takes a value to the line's end)."""
+    out, pos, begin = [], 0, 0
+    while begin <= len(s):
+        end = s.find("\n", begin)
+        end = len(s) if end < 0 else end
+        done = False
+        for at in _starts(s, begin, end):
+            for pattern, repl in rules:
+                m = pattern.match(s, at, end)
+                if m is None:
+                    continue
+                new = repl(m)
+                if new != m.group(0):
+                    out += [s[pos:m.start()], new]
+                    pos, done = m.end(), True
+                    break
+            if done:
+                break
+        begin = end + 1
+    return "".join(out) + s[pos:] if out else s
 
 
 def _table(m: re.Match[str]) -> str:
@@ -397,6 +443,9 @@ def mask_urls(text: str) -> str:
     return _URL_PAIR.sub(r"\1***", _URL_USERINFO.sub(r"\1***@", text))
 
 
+_LINE_RULES: tuple[_LineRule, ...] = ((_LINE, _line), (_DIRECTIVE, _directive),
+                                       (_TABLE, _table))
+
 RULES: tuple[Rule, ...] = (
     (("-----begin",), lambda s: _PEM.sub(_pem, s)),
     (("kty",), lambda s: _JWK.sub(lambda m: m.group(1) + REDACTED, s)),
@@ -406,7 +455,7 @@ RULES: tuple[Rule, ...] = (
     (("auth", "cookie", "api-key", "token", "key:", "secret"), lambda s: _HEADER.sub(_header, s)),
     (("mc ",), lambda s: _MC_KEY.sub(lambda m: m.group(1) + REDACTED, s)),
     (("",), _COMMAND_RULE),
-    (("",), options.mask),
+    (("",), options.mask),  # its words are its own
     (("password", "account"), lambda s: _NETRC_LINE.sub(
         lambda m: m.group(1) + REDACTED, _NETRC.sub(_netrc, s))),
     ((":",), lambda s: _PGPASS.sub(lambda m: m.group(1) + REDACTED, s) if s.count(":") >= 4
@@ -414,8 +463,8 @@ RULES: tuple[Rule, ...] = (
     (("",), _FORMAT_RULE),
     (("earer", "basic", "token"), lambda s: _BEARER.sub(_bearer, s)),
     (STEMS, _pairs),
-    (STEMS, lambda s: _SENTENCE.sub(_sentence, s)),
-    (STEMS, lambda s: _TABLE.sub(_table, _DIRECTIVE.sub(_directive, _LINE.sub(_line, s)))),
+    (_SENTENCE_WORDS, lambda s: _SENTENCE.sub(_sentence, s) if ":" in s else s),
+    (STEMS, lambda s: _at_line_starts(s, _LINE_RULES)),
     (STEMS, _kv),
 )
 
@@ -423,9 +472,16 @@ RULES: tuple[Rule, ...] = (
 def mask(s: str) -> str:
     """Every rule of RULES, each where its words are."""
     low = s.lower()
+    ascii_only = low.isascii()
+    seen: dict[int, bool] = {}  # a table of words looked for once per line (STEMS thrice)
     for words, rule in RULES:
-        if any(map(low.__contains__, words)):
+        hit = seen.get(id(words))
+        if hit is None:
+            hit = seen[id(words)] = any(map(low.__contains__, words if not ascii_only or (
+                words is not STEMS) else ASCII_STEMS))
+        if hit:
             done = rule(s)
             if done != s:
                 s, low = done, done.lower()
+                seen.clear()
     return _B64_LINE.sub(_b64_line, s) if len(s) >= 40 else s
