@@ -123,7 +123,7 @@ def quality(scanners: dict[str, Reported | str | None]) -> dict[str, object]:
             row[f"{name}_leaks_alone"] = sum(bool(gen.leaked(as_redactor(c.text, f), c.text,
                                                              gen.secret_forms(c.position,
                                                                               c.value)))
-                                             for c, f in zip(alone, found))
+                                             for c, f in zip(alone, found, strict=True))
             row[f"{name}_harmless_masked"] = sum(bool(f) for f in scan([h.text for h in
                                                                       harmless]))
         out[side] = row
@@ -175,7 +175,8 @@ def measure(tree: Path) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "tests" / "fixtures")],
                          cwd=tree, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return result
 
 
 def cost(base: str, rounds: int) -> dict[str, object]:

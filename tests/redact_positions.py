@@ -24,6 +24,7 @@ fixed on the tune side, and the held side is the figure reported.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import random
@@ -345,10 +346,8 @@ def leaked(out: str, text: str, forms: list[str]) -> list[str]:
     for f in sorted(forms, key=len, reverse=True):
         around = around.replace(f, " ")
     out_plain = out + json.dumps(out)  # a JSON carrier escapes Cyrillic and quotes
-    try:
+    with contextlib.suppress(ValueError, AttributeError):
         out_plain += json.loads(out).get("log", "") if out.lstrip().startswith("{") else ""
-    except (ValueError, AttributeError):
-        pass
     found = []
     for f in forms:
         for word in f.split():

@@ -8,7 +8,8 @@ A line alone cannot say that it is a secret when its label stands on an earlier 
 - a command that decodes a secret, and its output on the next line (`kubectl get secret ... |
   base64 -d`);
 - a block under a secret's key: a YAML block scalar (`password: |`), a TOML multi-line string
-  (`password = ` and three quotes), a Kubernetes Secret's `data:`/`stringData:` whose keys are file names;
+  (`password = ` and three quotes), a Kubernetes Secret's `data:`/`stringData:` whose keys
+  are file names;
 - an XML `<name>` of a secret, its `<value>` on the next line.
 
 `Context` is called on each line in order (a stream's, or a text's split at its newlines) and
@@ -25,7 +26,8 @@ from megatron_env.redact.shape import REDACTED
 
 # what a log puts before a line's text (`2026-12-05T10:00:01Z node3 job[41]: `)
 _LOG_PREFIX = r"(?:[^\n]*?[\]\w)]:[ \t]+)??"
-_YAML_BLOCK = re.compile(r"^" + _LOG_PREFIX + r"([ \t]*)(?:-[ \t]+)?([^\s:#'\"][^:#]*?|\"[^\"]+\"|'[^']+')[ \t]*:"
+_YAML_BLOCK = re.compile(r"^" + _LOG_PREFIX + r"([ \t]*)(?:-[ \t]+)?"
+                         r"([^\s:#'\"][^:#]*?|\"[^\"]+\"|'[^']+')[ \t]*:"
                          r"[ \t]*[|>][-+0-9]*[ \t]*(?:#.*)?$")
 _TOML_OPEN = re.compile(r"^" + _LOG_PREFIX + r"[ \t]*([\w.\"'-]+)[ \t]*=[ \t]*(\"\"\"|''')(.*)$")
 _KEY_LINE = re.compile(r"^[ \t]*(?:-[ \t]+)?[\"']?[\w./-]+[\"']?[ \t]*:(?:[ \t]|$)")
@@ -127,39 +129,49 @@ class Context:
     def _open(self, raw: str, stripped: str) -> str:
         """Whether this line opens a context for the next ones; the line itself, or with the
         rest of a TOML string's opening line masked."""
-        if not stripped:
+        if not stripped or self._label(raw, stripped):
             return raw
-        last = stripped[-1]
-        if last in ":\uff1a" or stripped.isidentifier() or "." in stripped[:40] and \
+        block = self._block(raw, stripped[-1])
+        if block is not None:
+            return block
+        if "</name>" in raw:
+            m = _XML_NAME.search(raw)
+            if m and _strong(m.group(1)):
+                self.armed, self.armed_xml = 1, True
+        elif ("base64" in raw or "-d" in raw or "decrypt" in raw) and _DECODE.search(raw) \
+                and _SECRETISH.search(raw):
+            self.armed = 1
+        return raw
+
+    def _label(self, raw: str, stripped: str) -> bool:
+        """A label whose value is on the next lines, or a Kubernetes Secret's data."""
+        if stripped[-1] in ":\uff1a" or stripped.isidentifier() or "." in stripped[:40] and \
                 " " not in stripped:
             if self.secret_doc and _DATA.match(raw):
                 self.data = _indent(raw)
-                return raw
+                return True
             if _label(stripped):
                 self.armed = 2
-                return raw
+                return True
+        return False
+
+    def _block(self, raw: str, last: str) -> str | None:
+        """A YAML block scalar or a TOML multi-line string under a secret's key: the line as
+        it is to be printed, or None when it opens none."""
         if last in "|>-+0123456789" and ":" in raw:
             m = _YAML_BLOCK.match(raw)
             if m and _strong(m.group(2)):
                 self.block = ("indent", len(m.group(1)))
                 return raw
         if ('"""' in raw or "'''" in raw) and "=" in raw:
-            m = _TOML_OPEN.match(raw)
-            if m and _strong(m.group(1)):
-                rest = m.group(3)
-                if m.group(2) in rest:
+            t = _TOML_OPEN.match(raw)
+            if t and _strong(t.group(1)):
+                rest = t.group(3)
+                if t.group(2) in rest:
                     return raw
-                self.block = ("quote", m.group(2))
-                return raw[:m.start(3)] + (REDACTED if rest.strip() else rest)
-        if "</name>" in raw:
-            m = _XML_NAME.search(raw)
-            if m and _strong(m.group(1)):
-                self.armed, self.armed_xml = 1, True
-                return raw
-        if "base64" in raw or "-d" in raw or "decrypt" in raw:
-            if _DECODE.search(raw) and _SECRETISH.search(raw):
-                self.armed = 1
-        return raw
+                self.block = ("quote", t.group(2))
+                return raw[:t.start(3)] + (REDACTED if rest.strip() else rest)
+        return None
 
 
 def mask_text(s: str) -> str:

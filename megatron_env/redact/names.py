@@ -25,11 +25,13 @@ _STRONG_LAST = frozenset({"pass", "creds", "auth", "authorization", "cookie", "s
                           "sas", "jwt", "pat", "passin", "passout", "pwd", "psw", "pw", "passwd",
                           "bearer", "oauth", "passcode", "privkey", "seckey",
                           "apitoken", "webhook", "dsn", "psk", "sshpass", "requirepass",
-                          "masterauth", "passphrase", "storepass", "keypass"} | set(
-                          "passwort kennwort contraseña contrasena пароль 密码 密碼 口令 パスワード "
-                          "비밀번호 senha wachtwoord hasło haslo parola şifre sifre lösenord "
-                          "losenord salasana adgangskode passord heslo jelszó κωδικός "
-                          "mot_de_passe mot-de-passe".split()))
+                          "masterauth", "passphrase", "storepass", "keypass",
+                          # a password's label in other languages
+                          "passwort", "kennwort", "contraseña", "contrasena", "пароль", "密码",
+                          "密碼", "口令", "パスワード", "비밀번호", "senha", "wachtwoord", "hasło",
+                          "haslo", "parola", "şifre", "sifre", "lösenord", "losenord",
+                          "salasana", "adgangskode", "passord", "heslo", "jelszó", "κωδικός",
+                          "mot_de_passe"})
 _STRONG_ENDS = ("token", "apikey", "accesskey", "secretkey", "privatekey", "authkey",
                 "credential", "credentials", "password", "secret")
 _STRONG_PAIRS = frozenset({"api", "access", "private", "secret", "account", "client", "auth",

@@ -291,8 +291,8 @@ def _kv(s: str) -> str:
                 stop = s.find(";", end, line_end)
                 end = line_end if stop < 0 else stop
             else:
-                stop = _SPACE.search(s, end)
-                end = stop.start() if stop else len(s)
+                space = _SPACE.search(s, end)
+                end = space.start() if space else len(s)
             value = s[m.end("bv") - len(value):end]
         if not secret_value(kind, value.strip()):
             continue
