@@ -117,3 +117,18 @@ def test_a_json_number_under_a_passwords_name_and_the_reports_pin():
     out = json.loads(redact.text(doc, {}))
     assert out["password"] == redact.REDACTED and out["pass"] == 3 and out["passes"] == 7
     assert out["kernels"][0]["pin"] == "2.7.4"
+
+
+def test_triage_evidence_is_redacted_with_the_lines_before_it():
+    """A finding's evidence lines are one stream: a value on the line after its label (here
+    pydantic's location line, then its input) is masked."""
+    from megatron_env.diagnose import render
+    from megatron_env.findings import Finding, Status
+
+    f = Finding("job.python", Status.FAIL, "a validation error", [
+        "1 validation error for Settings", "password",
+        "  String should have at least 20 characters [type=string_too_short, "
+        "input_value='sunflower12', input_type=str]"], "fix the settings")
+    shown = render.shown([f])[0]
+    assert "sunflower" not in "\n".join(shown.evidence)
+    assert shown.evidence[:2] == f.evidence[:2]
