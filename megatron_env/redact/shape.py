@@ -20,7 +20,11 @@ Harmless forms, never masked: hex (digests, git SHAs, addresses, UUIDs, GPU-/MIG
 PCI bus ids), numbers, sizes, times and versions (digits with at most a few letters: `1e-4`,
 `12.5GiB`, `2.11.0+cu130`, `cu130`), words and identifiers (`ProcessGroupNCCL`, `mlx5_0`,
 `expandable_segments`), host names and paths (made of those), NIC names, tempfile and
-mktemp names, NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves. Hex is
+mktemp names, NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves; and
+generated names by their grammar and where they are printed (`_GENERATED_PIECE`, `_KEPT`): a
+pod's ReplicaSet hash and suffix, Ray submission ids, SRI and go.sum digests, base32 and Nix
+base32 store hashes, S3's extended request ids, trackers' run ids and dashboards' uids in their
+URLs, uv's archive ids, conda build strings, `git describe`'s `g<sha>`. Hex is
 harmless here only because a git SHA and a W&B key look the same: a hex key is masked by where it
 stands (pass 1: a key's name, a login command), never by its shape.
 """

@@ -4,7 +4,12 @@ A password can be `hunter2`: no shape pass sees it, so the places a secret is wr
 masked first, each a rule of a table below:
 - a PEM block of any kind, with real newlines or `\\n` escapes (a service-account JSON);
 - the value after a secret-named key in any spelling (`--password X`, `--api-key=X`, `PWD=X`,
-  `password: X`, `"client_secret": "X"`, `b'X'`, `auth=('user', 'X')`); quoted name-value pairs
+  `password: X`, `"client_secret": "X"`, `b'X'`, `auth=('user', 'X')`, `'password' => 'X'`,
+  `{b'password': b'X'}`, ODBC's `Pwd={X}`), a label in any language and of up to four words
+  (`Passwort: X`, `mot de passe : X`, `Secret ID: X`; after a colon, the rest of the line), a
+  table's row (`password    X`, `| password | X |`), a directive (`requirepass X`), each also
+  after what a log puts before a line; a password's label in a sentence (`A temporary password
+  is generated for root@localhost: X`); quoted name-value pairs
   (an argv list `['curl', '--oauth2-bearer', 'X']`, gRPC metadata `[('authorization', 'X')]`);
 - commands that take a secret by position or glued to a flag (`docker login -p X`, `mysql -pX`,
   `mc alias set NAME URL KEY SECRET`, `wandb login X`, `curl -u user:X`, `pass:X`);
@@ -13,7 +18,9 @@ masked first, each a rule of a table below:
 - URLs: userinfo (a raw `@` in the password too), query and fragment pairs of secret keys, path
   segments that are tokens (`/t/<token>/` of a conda channel, `/bot<id>:<token>/`, webhooks);
 - connect strings (`user/password@//host`), netrc entries, `.pgpass` lines;
-- the vendor token formats of `FORMATS`, under any name and anywhere.
+- the vendor token formats of `FORMATS`, under any name and anywhere;
+- a tool's own password options, SQL's `IDENTIFIED BY`, XML properties (megatron_env.redact.
+  options).
 Each rule runs only where its words are (substring tests first, regex scans after).
 """
 
