@@ -53,7 +53,9 @@ def test_a_number_under_a_passwords_name_is_masked():
 
 
 def test_paths_the_tool_wrote_are_kept_whatever_their_field():
-    for sig in ("/tmp/out/bundle-core.tar.sig", "out/bundle.tar.sig", "bundle.tar.sig"):
+    for sig in ("/tmp/out/bundle-core.tar.sig", "out/bundle.tar.sig", "bundle.tar.sig",
+                "/tmp/tmpk3x_9q2a/bundle-core.tar.sig", "/tmp/bundle-Xk9aB2/out/b.tar.sig",
+                "/var/folders/x7/2kq9vd1n5l3b0c8w6m4r_zpt0000gn/T/tmpa8x_3kz9/b.sig"):
         doc = json.dumps({"bundle": "/tmp/out/bundle-core.tar", "signature": sig})
         assert json.loads(redact.text(doc, {}))["signature"] == sig
     line = "error: profiles/my_password_profile.toml: cannot be read"
