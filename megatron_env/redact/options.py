@@ -89,6 +89,9 @@ _CURL_USER = re.compile(r"(\bcurl\b[^\n;|&]*?(?<![^\s'\"])-u[^\s:'\"]+:)([^\s'\"
 _CURL_COOKIE = re.compile(r"(\bcurl\b[^\n;|&]*?(?<!\S)(?:-b|--cookie)(?:[ \t]+|=))"
                           r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+)")
 _COOKIE_PAIR = re.compile(r"(=)([^;\"']+)")
+# `-u 'user:a password with spaces'` (curl, smbclient's `%`): the password to the closing quote
+_USER_QUOTED = re.compile(r"((?<!\S)(?:-u|--user|--proxy-user|-U)[ \t]+([\"'])[^\s:%\"']+[:%])"
+                          r"([^\"'\n]*)(?=\2)")
 # SQL: IDENTIFIED BY 'X', IDENTIFIED WITH plugin BY 'X', PASSWORD 'X', PASSWORD('X')
 _SQL = re.compile(r"(?i)(\bIDENTIFIED(?:[ \t]+WITH[ \t]+\w+)?[ \t]+BY(?:[ \t]+PASSWORD)?[ \t]+|"
                   r"\b(?:WITH|LOGIN|ENCRYPTED|UNENCRYPTED|ROLE|USER)[ \t]+[^\n;]*?"
@@ -142,6 +145,8 @@ def _before_key(m: re.Match[str]) -> str:
 _OTHER: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]] = [
     (("curl",), _CURL_USER, lambda m: m.group(1) + REDACTED),
     (("curl",), _CURL_COOKIE, _cookie),
+    (("-u ", "-u\t", "--user", "--proxy-user"), _USER_QUOTED,
+     lambda m: m.group(1) + REDACTED if m.group(3) else m.group(0)),
     (("identified", "password"), _SQL, lambda m: m.group(1) + (
         m.group(2)[0] + REDACTED + m.group(2)[-1] if m.group(2)[:1] in "'\"" else REDACTED)),
     (("value",), _XML_ATTR, _xml_attr),
