@@ -68,3 +68,12 @@ def test_what_is_spelled_as_a_secret_is_still_masked_under_those_names():
         {"pass": "hunter2", "signature": "Zr8vQ2mXk9LpWq7T", "password": "Tr0ub4dor/3"}), {}))
     assert out == {"pass": redact.REDACTED, "signature": redact.REDACTED,
                    "password": redact.REDACTED}
+
+
+@pytest.mark.parametrize("line", [
+    "google-auth                    2.29.0", "SecretStorage                  3.3.3",
+    "google-auth==2.29.0", "google-auth 2.29.0", "keyring 24.3.0", "passlib==1.7.4",
+    "tokenizers         0.21.0", "| pass | 3 |", "auth_plugin   none"])
+def test_a_packages_version_stays_whatever_the_package_is_called(line):
+    """`pip list` rows and pins: a package named for auth or secrets has a version, no secret."""
+    assert redact.text(line, {}) == line

@@ -62,10 +62,16 @@ def _a_path(value: str) -> bool:
     return all(map(reads_as_words, value.split("/")))
 
 
+# a version: a package's in `pip list` (`google-auth   2.29.0`) or a pin (`google-auth==2.29.0`)
+_VERSION = re.compile(r"=?=?v?\d+(?:\.\d+){1,3}(?:(?:a|b|rc|\.?post|\.?dev)\d*)?(?:\+[\w.]+)?")
+
+
 def secret_value(kind: str | None, value: str) -> bool:
     """Whether `value`, standing behind a name of this kind, is to be masked. A path is a path
-    whatever it is called; a weak name's value only when it looks random."""
-    if kind is None or not value or _PLAIN.fullmatch(value) or _a_path(value):
+    and a version a version whatever it is called; a weak name's value only when it looks
+    random."""
+    if kind is None or not value or _PLAIN.fullmatch(value) or _VERSION.fullmatch(value) or (
+            _a_path(value)):
         return False
     if kind == "strong":
         return True
