@@ -93,10 +93,11 @@ _COOKIE_PAIR = re.compile(r"(=)([^;\"']+)")
 _USER_QUOTED = re.compile(r"((?<!\S)(?:-u|--user|--proxy-user|-U)[ \t]+([\"'])[^\s:%\"']+[:%])"
                           r"([^\"'\n]*)(?=\2)")
 # SQL: IDENTIFIED BY 'X', IDENTIFIED WITH plugin BY 'X', PASSWORD 'X', PASSWORD('X')
-_SQL = re.compile(r"(?i)(\bIDENTIFIED(?:[ \t]+WITH[ \t]+\w+)?[ \t]+BY(?:[ \t]+PASSWORD)?[ \t]+|"
-                  r"\b(?:WITH|LOGIN|ENCRYPTED|UNENCRYPTED|ROLE|USER)[ \t]+[^\n;]*?"
-                  r"\bPASSWORD[ \t]*(?:=[ \t]*)?\(?[ \t]*)"
-                  r"('(?:''|[^'\n])*'|\"[^\"\n]*\"|[^\s;,)\"']+)")
+# (Oracle's IDENTIFIED BY takes a bare word; the PASSWORD forms a string literal)
+_SQL = re.compile(r"(?i)(\bIDENTIFIED(?:[ \t]+WITH[ \t]+\w+)?[ \t]+BY(?:[ \t]+PASSWORD)?[ \t]+)"
+                  r"('(?:''|[^'\n])*'|\"[^\"\n]*\"|[^\s;,)\"']+)|"
+                  r"(\b(?:WITH|LOGIN|ENCRYPTED|UNENCRYPTED|ROLE|USER)[ \t]+[^\n;]*?"
+                  r"\bPASSWORD[ \t]*(?:=[ \t]*)?\(?[ \t]*)('(?:''|[^'\n])*'|\"[^\"\n]*\")")
 # XML: an element whose name/key attribute is a secret's name, and its value attribute
 _XML_ATTR = re.compile(r"(<[\w:.-]+[^<>]*?\b(?:name|key|id)[ \t]*=[ \t]*([\"'])([^\"'<>]*)\2"
                        r"[^<>]*?\bvalue[ \t]*=[ \t]*([\"']))([^\"'\n]*)(?=\4)")
@@ -117,6 +118,12 @@ def _secret_name(name: str) -> bool:
 def _cookie(m: re.Match[str]) -> str:
     return m.group(1) + _COOKIE_PAIR.sub(lambda p: p.group(1) + REDACTED, m.group(2)) \
         if "=" in m.group(2) else m.group(1) + REDACTED
+
+
+def _sql(m: re.Match[str]) -> str:
+    before, value = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3),
+                                                                              m.group(4))
+    return before + (value[0] + REDACTED + value[-1] if value[:1] in "'\"" else REDACTED)
 
 
 def _xml_attr(m: re.Match[str]) -> str:
@@ -147,8 +154,7 @@ _OTHER: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], s
     (("curl",), _CURL_COOKIE, _cookie),
     (("-u ", "-u\t", "--user", "--proxy-user"), _USER_QUOTED,
      lambda m: m.group(1) + REDACTED if m.group(3) else m.group(0)),
-    (("identified", "password"), _SQL, lambda m: m.group(1) + (
-        m.group(2)[0] + REDACTED + m.group(2)[-1] if m.group(2)[:1] in "'\"" else REDACTED)),
+    (("identified", "password"), _SQL, _sql),
     (("value",), _XML_ATTR, _xml_attr),
     (("</",), _XML_ELEMENT, _xml_element),
     (("<name>",), _XML_NAME_VALUE, _xml_name_value),
