@@ -139,3 +139,43 @@ def test_triage_evidence_is_redacted_with_the_lines_before_it():
     shown = render.shown([f])[0]
     assert "sunflower" not in "\n".join(shown.evidence)
     assert shown.evidence[:2] == f.evidence[:2]
+
+
+# each tool's password option as its manual writes it: a tool lost from the table shows here
+TOOL_LINES = [
+    "7z x -pS3cretVal archive.7z", "7za a -tzip -pS3cretVal out.zip dir", "rar a -pS3cretVal a.rar f",
+    "unrar e -pS3cretVal a.rar", "zip -P S3cretVal -r a.zip d", "unzip -P S3cretVal a.zip",
+    "zipcloak -P S3cretVal a.zip", "ssh-keygen -t rsa -N S3cretVal -f k",
+    "ssh-keygen -p -P S3cretVal -N new -f k", "ldapsearch -x -D cn=a -w S3cretVal",
+    "ldapadd -x -D cn=a -w S3cretVal -f a.ldif", "ldapdelete -D cn=a -w S3cretVal cn=b",
+    "ldappasswd -x -D cn=a -w S3cretVal -s N3wSecret uid=b",
+    "pkcs11-tool --login --pin S3cretVal -O", "softhsm2-util --init-token --slot 0 --label a "
+    "--so-pin S3cretVal --pin S3cretVal", "openssl enc -aes-128-cbc -k S3cretVal -in a",
+    "keytool -list -keystore k.jks -storepass S3cretVal",
+    "keytool -importkeystore -srcstorepass S3cretVal -deststorepass S3cretVal",
+    "gpg --batch --passphrase S3cretVal -c f", "sqlcmd -S db -U sa -P S3cretVal",
+    "bcp t out f.dat -S db -U sa -P S3cretVal", "mongosh -u root -p S3cretVal",
+    "mongodump -u root -p S3cretVal --out d", "cqlsh db -u cassandra -p S3cretVal",
+    "ipmitool -H bmc -U admin -P S3cretVal sel list", "snmpget -v3 -u u -A S3cretVal sw sysName.0",
+    "snmpwalk -v3 -l authPriv -u u -a SHA -A S3cretVal -x AES -X S3cretVal sw",
+    "mosquitto_sub -h mq -u u -P S3cretVal -t x", "sshpass -p S3cretVal ssh h",
+    "az login -u bot@corp -p S3cretVal", "rdesktop -u admin -p S3cretVal host",
+    "xfreerdp /u:admin /p:S3cretVal /v:host", "pdftk in.pdf output out.pdf owner_pw S3cretVal",
+    "rabbitmqctl authenticate_user bob S3cretVal", "net use \\\\srv\\share S3cretVal /user:bob",
+    "vault login S3cretVal",
+]
+
+
+@pytest.mark.parametrize("line", TOOL_LINES)
+def test_each_tools_password_option(line):
+    out = redact.text(line, {})
+    assert "S3cret" not in out and "N3wSecret" not in out, out
+
+
+@pytest.mark.parametrize("line", ["ssh -p 2222 node1", "curl -k https://h/x", "scp -P 2222 a h:",
+                                  "zip -r -9 a.zip d", "ssh -N -L 8080:localhost:80 h",
+                                  "openssl s_client -connect h:443 -servername h",
+                                  "7z a -mx9 out.7z dir", "vault login -method=oidc",
+                                  "net use Z: \\\\srv\\share /persistent:yes"])
+def test_the_same_option_of_another_tool_is_no_password(line):
+    assert redact.text(line, {}) == line

@@ -51,21 +51,25 @@ _POSITIONAL = (
     ("rabbitmqctl", r"\brabbitmqctl[ \t]+(?:add_user|change_password|authenticate_user)[ \t]+"
                     r"\S+[ \t]+"),
     ("net", r"\bnet[ \t]+user[ \t]+(?!/)\S+[ \t]+(?!/)"),
-    ("net", r"\bnet[ \t]+use[ \t]+\S+[ \t]+(?!/)"),
+    ("net", r"\bnet[ \t]+use[ \t]+(?:(?:[A-Za-z]:|\*)[ \t]+)?\\\\\S+[ \t]+(?!/)"),
     ("vault", r"\bvault[ \t]+login[ \t]+(?!-)(?=\S+(?:[ \t]|$))(?![\w-]+=)"),
 )
 _VALUE = r"(\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+)"
 
 
-def _tool_rule(tools: tuple[str, ...], options: tuple[str, ...], how: str) -> re.Pattern[str]:
-    tool = "|".join(re.escape(t) for t in tools)
+def _tool_rule(tools: tuple[str, ...], options: tuple[str, ...], how: str
+               ) -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The options' pattern and the tools' name: each option's match is masked only where one
+    of `tools` is named before it in the same command (no `;`, `|`, `&` or line end between),
+    so that a command's every option is found (`-srcstorepass X -deststorepass Y`)."""
+    tool = re.compile(r"(?<![\w.-])(?:" + "|".join(re.escape(t) for t in tools) + r")(?![\w.-])")
     opt = "|".join(re.escape(o) for o in options)
     sep = {"next": r"(?:[ \t]+|=|[\"'][ \t]*,[ \t]*)", "glued": "",
            "either": r"(?:[\"'][ \t]*,[ \t]*|[ \t]*)"}[how]
     # `'-pX Y'`: the option inside the quotes, the value to the closing quote
-    return re.compile(rf"((?<![\w.-])(?:{tool})(?![\w.-])[^\n;|&]*?(?<![^\s'\"])(?:(['\"]))?"
-                      rf"(?:{opt}){sep})" + ("" if how == "next" else "(?![ \t])")
-                      + r"((?(2)(?:(?=[\"'])" + _VALUE + r"|[^\"'\n]+)|" + _VALUE + "))")
+    return re.compile(rf"((?<![^\s'\"])(?:(['\"]))?(?:{opt}){sep})"
+                      + ("" if how == "next" else "(?![ \t])")
+                      + r"((?(2)(?:(?=[\"'])" + _VALUE + r"|[^\"'\n]+)|" + _VALUE + "))"), tool
 
 
 def _option(m: re.Match[str]) -> str:
@@ -79,8 +83,18 @@ def _option(m: re.Match[str]) -> str:
     return before + REDACTED
 
 
-_RULES: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]] = [
-    (tools, _tool_rule(tools, options, how), _option) for tools, options, how in _TOOLS]
+def _after_tool(tool: re.Pattern[str]) -> Callable[[re.Match[str]], str]:
+    def repl(m: re.Match[str]) -> str:
+        s = m.string
+        start = max(s.rfind(c, 0, m.start()) for c in ";|&\n") + 1
+        return _option(m) if tool.search(s, start, m.start()) else m.group(0)
+    return repl
+
+
+_RULES: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]] = []
+for _tools, _options, _how in _TOOLS:
+    _pattern, _named = _tool_rule(_tools, _options, _how)
+    _RULES.append((_tools, _pattern, _after_tool(_named)))
 _RULES += [((tool,), re.compile("(" + p + ")()(" + _VALUE + ")"), _option)
            for tool, p in _POSITIONAL]
 
