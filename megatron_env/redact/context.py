@@ -38,6 +38,7 @@ _XML_NAME = re.compile(r"<name>[ \t]*([^<>\s]+)[ \t]*</name>[ \t]*$")
 _XML_VALUE = re.compile(r"(<value>)([^<>]+)(?=</value>)")
 _DECODE = re.compile(r"\bbase64\b[^\n]*?(?:-d\b|--decode\b|-D\b)|\bopenssl\b[^\n]*?\benc\b"
                      r"[^\n]*?-d\b|\|[ \t]*(?:gpg|sops|age)\b[^\n]*?(?:-d\b|--decrypt\b)")
+_DECODERS = ("base64", "openssl", "gpg", "sops", "age ")
 _SECRETISH = re.compile(r"(?i)secret|passw|passphrase|token|credential|\.data\.|apikey|api_key")
 _WORD = re.compile(r"[^\W\d][\w-]*")
 _PASSWORD_WORD = re.compile(r"(?i)pass|secret|пароль|密码|kennwort|contrase|senha|wachtwoord")
@@ -138,8 +139,8 @@ class Context:
             m = _XML_NAME.search(raw)
             if m and _strong(m.group(1)):
                 self.armed, self.armed_xml = 1, True
-        elif ("base64" in raw or "-d" in raw or "decrypt" in raw) and _DECODE.search(raw) \
-                and _SECRETISH.search(raw):
+        elif any(map(raw.__contains__, _DECODERS)) and _DECODE.search(raw) and \
+                _SECRETISH.search(raw):
             self.armed = 1
         return raw
 
@@ -158,7 +159,7 @@ class Context:
     def _block(self, raw: str, last: str) -> str | None:
         """A YAML block scalar or a TOML multi-line string under a secret's key: the line as
         it is to be printed, or None when it opens none."""
-        if last in "|>-+0123456789" and ":" in raw:
+        if ("|" in raw[-4:] or ">" in raw[-4:]) and ":" in raw:
             m = _YAML_BLOCK.match(raw)
             if m and _strong(m.group(2)):
                 self.block = ("indent", len(m.group(1)))
