@@ -38,7 +38,10 @@ _XML_NAME = re.compile(r"<name>[ \t]*([^<>\s]+)[ \t]*</name>[ \t]*$")
 _XML_VALUE = re.compile(r"(<value>)([^<>]+)(?=</value>)")
 _DECODE = re.compile(r"\bbase64\b[^\n]*?(?:-d\b|--decode\b|-D\b)|\bopenssl\b[^\n]*?\benc\b"
                      r"[^\n]*?-d\b|\|[ \t]*(?:gpg|sops|age)\b[^\n]*?(?:-d\b|--decrypt\b)")
-_DECODERS = ("base64", "openssl", "gpg", "sops", "age ")
+_DECODERS = ("base64", "openssl", "gpg", "sops", "age -d", "age --decrypt")
+_BLOCK_ENDS = (": |", ": >", ":|", ":>")  # a YAML block scalar's header, its indicators cut
+# what a line that opens a context holds (besides a label's colon or a block's `|`)
+_OPENERS = ('"""', "'''", "</name>", "Secret", "---", *_DECODERS)
 _SECRETISH = re.compile(r"(?i)secret|passw|passphrase|token|credential|\.data\.|apikey|api_key")
 _WORD = re.compile(r"[^\W\d][\w-]*")
 _PASSWORD_WORD = re.compile(r"(?i)pass|secret|пароль|密码|kennwort|contrase|senha|wachtwoord")
@@ -78,6 +81,11 @@ class Context:
         self.armed_xml = False
 
     def __call__(self, line: str) -> str:
+        if self.block is None and self.data is None and not self.armed and not self.secret_doc:
+            r = line.rstrip()  # most lines open nothing: said by a few substring tests
+            if not r or r[-1] not in ":\uff1a" and not r.rstrip("-+0123456789").endswith(
+                    _BLOCK_ENDS) and " " in r and not any(map(r.__contains__, _OPENERS)):
+                return line
         raw = line.rstrip("\r\n")
         end = line[len(raw):]
         return self._line(raw) + end
@@ -159,7 +167,7 @@ class Context:
     def _block(self, raw: str, last: str) -> str | None:
         """A YAML block scalar or a TOML multi-line string under a secret's key: the line as
         it is to be printed, or None when it opens none."""
-        if ("|" in raw[-4:] or ">" in raw[-4:]) and ":" in raw:
+        if raw.rstrip().rstrip("-+0123456789").endswith(_BLOCK_ENDS):
             m = _YAML_BLOCK.match(raw)
             if m and _strong(m.group(2)):
                 self.block = ("indent", len(m.group(1)))

@@ -163,17 +163,22 @@ def _before_key(m: re.Match[str]) -> str:
     return m.group(0)
 
 
-_OTHER: list[tuple[tuple[str, ...], re.Pattern[str], Callable[[re.Match[str]], str]]] = [
-    (("curl",), _CURL_USER, lambda m: m.group(1) + REDACTED),
-    (("curl",), _CURL_COOKIE, _cookie),
-    (("-u ", "-u\t", "--user", "--proxy-user"), _USER_QUOTED,
+# (what a line must hold, the rule): curl's, SQL's, a quoted user:password, XML's, a value
+# quoted before its key; each a cheap test of the line (lower-cased) first
+_OTHER: tuple[tuple[Callable[[str, str], bool], re.Pattern[str], Callable[[re.Match[str]], str]],
+              ...] = (
+    (lambda s, low: "curl" in low, _CURL_USER, lambda m: m.group(1) + REDACTED),
+    (lambda s, low: "curl" in low, _CURL_COOKIE, _cookie),
+    (lambda s, low: "-u" in low, _USER_QUOTED,
      lambda m: m.group(1) + REDACTED if m.group(3) else m.group(0)),
-    (("identified", "password"), _SQL, _sql),
-    (("value",), _XML_ATTR, _xml_attr),
-    (("</",), _XML_ELEMENT, _xml_element),
-    (("<name>",), _XML_NAME_VALUE, _xml_name_value),
-    ((" is ", " was ", " does ", " should ", " must ", " can"), _BEFORE_KEY, _before_key),
-]
+    (lambda s, low: "identified" in low or "password" in low, _SQL, _sql),
+    (lambda s, low: "<" in s and "value" in low, _XML_ATTR, _xml_attr),
+    (lambda s, low: "</" in s, _XML_ELEMENT, _xml_element),
+    (lambda s, low: "<name>" in low, _XML_NAME_VALUE, _xml_name_value),
+    (lambda s, low: ("'" in s or '"' in s) and any(map(low.__contains__, _VERBS)), _BEFORE_KEY,
+     _before_key),
+)
+_VERBS = (" is ", " was ", " does ", " should ", " must ", " can")
 # a tool's name as a word of the line; the rules of the tools a line names
 _NAME = re.compile(r"[\w.-]+")
 _BY_TOOL: dict[str, list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]]] = {}
@@ -197,8 +202,8 @@ def mask(s: str, low: str | None = None) -> str:
                 s = pattern.sub(repl, s)
         if tools:
             low = s.lower()
-    for words, pattern, repl in _OTHER:
-        if any(map(low.__contains__, words)):
+    for holds, pattern, repl in _OTHER:
+        if holds(s, low):
             done = pattern.sub(repl, s)
             if done != s:
                 s, low = done, done.lower()

@@ -476,7 +476,7 @@ RULES: tuple[Rule, ...] = (
     (("",), _FORMAT_RULE),
     (("earer", "basic", "token"), lambda s: _BEARER.sub(_bearer, s)),
     (STEMS, _pairs),
-    (_SENTENCE_WORDS, lambda s: _SENTENCE.sub(_sentence, s) if ":" in s else s),
+    (_SENTENCE_WORDS, lambda s: _SENTENCE.sub(_sentence, s) if ": " in s else s),
     (STEMS, lambda s: _at_line_starts(s, _LINE_RULES)),
     (STEMS, _kv),
 )
@@ -485,16 +485,16 @@ RULES: tuple[Rule, ...] = (
 def mask(s: str) -> str:
     """Every rule of RULES, each where its words are."""
     low = s.lower()
-    ascii_only = low.isascii()
-    seen: dict[int, bool] = {}  # a table of words looked for once per line (STEMS thrice)
+    stems: bool | None = None  # looked for once: three rules share them
     for words, rule in RULES:
-        hit = seen.get(id(words))
-        if hit is None:
-            hit = seen[id(words)] = any(map(low.__contains__, words if not ascii_only or (
-                words is not STEMS) else ASCII_STEMS))
+        if words is STEMS:
+            if stems is None:
+                stems = any(map(low.__contains__, ASCII_STEMS if low.isascii() else STEMS))
+            hit = stems
+        else:
+            hit = any(map(low.__contains__, words))
         if hit:
             done = rule(s)
             if done != s:
                 s, low = done, done.lower()
-                seen.clear()
     return _B64_LINE.sub(_b64_line, s) if len(s) >= 40 else s
