@@ -163,6 +163,7 @@ def _before_key(m: re.Match[str]) -> str:
     return m.group(0)
 
 
+_VERBS = (" is ", " was ", " does ", " should ", " must ", " can")
 # (what a line must hold, the rule): curl's, SQL's, a quoted user:password, XML's, a value
 # quoted before its key; each a cheap test of the line (lower-cased) first
 _OTHER: tuple[tuple[Callable[[str, str], bool], re.Pattern[str], Callable[[re.Match[str]], str]],
@@ -178,7 +179,6 @@ _OTHER: tuple[tuple[Callable[[str, str], bool], re.Pattern[str], Callable[[re.Ma
     (lambda s, low: ("'" in s or '"' in s) and any(map(low.__contains__, _VERBS)), _BEFORE_KEY,
      _before_key),
 )
-_VERBS = (" is ", " was ", " does ", " should ", " must ", " can")
 # a tool's name as a word of the line; the rules of the tools a line names
 _NAME = re.compile(r"[\w.-]+")
 _BY_TOOL: dict[str, list[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]]] = {}
