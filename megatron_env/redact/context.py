@@ -40,8 +40,20 @@ _DECODE = re.compile(r"\bbase64\b[^\n]*?(?:-d\b|--decode\b|-D\b)|\bopenssl\b[^\n
                      r"[^\n]*?-d\b|\|[ \t]*(?:gpg|sops|age)\b[^\n]*?(?:-d\b|--decrypt\b)")
 _DECODERS = ("base64", "openssl", "gpg", "sops", "age -d", "age --decrypt")
 _BLOCK_ENDS = (": |", ": >", ":|", ":>")  # a YAML block scalar's header, its indicators cut
-# what a line that opens a context holds (besides a label's colon or a block's `|`)
-_OPENERS = ('"""', "'''", "</name>", "Secret", "---", *_DECODERS)
+
+
+def _opens_nothing(r: str) -> bool:
+    """A line that opens no context (most lines), said by a few tests of its characters: no
+    label's colon at its end, no block's header, words (a space), no TOML string's quotes, no
+    XML name, no Secret's kind, no YAML document's start, no decoder."""
+    if not r:
+        return True
+    if r[-1] in ":\uff1a" or r[-1] in "|>-+0123456789" and r.rstrip("-+0123456789").endswith(
+            _BLOCK_ENDS) or " " not in r:
+        return False
+    return not (r.endswith(("</name>", "Secret")) or '""' in r or "''" in r or r.startswith(
+        "---") or ("64" in r or "ssl" in r or "gpg" in r or "sops" in r or "age -" in r) and any(
+        map(r.__contains__, _DECODERS)))
 _SECRETISH = re.compile(r"(?i)secret|passw|passphrase|token|credential|\.data\.|apikey|api_key")
 _WORD = re.compile(r"[^\W\d][\w-]*")
 _PASSWORD_WORD = re.compile(r"(?i)pass|secret|пароль|密码|kennwort|contrase|senha|wachtwoord")
@@ -65,7 +77,8 @@ def _label(stripped: str) -> bool:
             return False
         if _strong(words[-1]) or len(words) > 1 and _strong("_".join(words[-2:])):
             return True
-        return any(_PASSWORD_WORD.search(w) and _strong(w) for w in words)
+        return _PASSWORD_WORD.search(stripped) is not None and any(
+            _PASSWORD_WORD.search(w) and _strong(w) for w in words)
     return len(stripped) <= 40 and re.fullmatch(r"[A-Za-z_][\w.]*", stripped) is not None \
         and _strong(stripped)
 
@@ -81,11 +94,9 @@ class Context:
         self.armed_xml = False
 
     def __call__(self, line: str) -> str:
-        if self.block is None and self.data is None and not self.armed and not self.secret_doc:
-            r = line.rstrip()  # most lines open nothing: said by a few substring tests
-            if not r or r[-1] not in ":\uff1a" and not r.rstrip("-+0123456789").endswith(
-                    _BLOCK_ENDS) and " " in r and not any(map(r.__contains__, _OPENERS)):
-                return line
+        if self.block is None and self.data is None and not self.armed and not self.secret_doc \
+                and _opens_nothing(line.rstrip()):
+            return line
         raw = line.rstrip("\r\n")
         end = line[len(raw):]
         return self._line(raw) + end

@@ -186,16 +186,14 @@ for _words, _pattern, _repl in _RULES:
     for _tool in _words:
         _BY_TOOL.setdefault(_tool, []).append((_pattern, _repl))
 _TOOL_NAMES = frozenset(_BY_TOOL)
-# what a line with a tool's option holds: an option (` -p`, `'-p'`), an argument (`/p:`, a
-# positional command's word)
-_OPTION_HINTS = (" -", "'-", "\"-", "/p:", "_pw", "rabbitmqctl", "net ", "vault ")
 
 
 def mask(s: str, low: str | None = None) -> str:
     """Every rule of this module, each where its words are (most lines hold none): a tool's
     options only in a line that names the tool and holds an option."""
     low = s.lower() if low is None else low
-    if any(map(s.__contains__, _OPTION_HINTS)):
+    if "-" in s and (" -" in s or "'-" in s or '"-' in s) or "/p:" in s or "_pw" in s or (
+            "rabbitmqctl" in s or "net " in s or "vault " in s):
         tools = _TOOL_NAMES.intersection(_NAME.findall(s))
         for tool in sorted(tools):
             for pattern, repl in _BY_TOOL[tool]:
