@@ -102,16 +102,18 @@ class _Reader:
         self.entry: dict | None = None
         self.root = False
         self.source: str | None = None
+        self.base = 0  # physical lines of the files read before this one
         self.facts: dict = {}
 
     def line(self, prev: Line | None, line: Line, ahead: deque) -> None:
         ev = self.ev
-        ev.lines += 1
         t = line.text
         if line.source != self.source:
+            self.base = ev.lines  # a file's lines are numbered from 1: counted after the last
             self.source = line.source
             self.facts = ev.sources.setdefault(line.source, new_facts())
             ev.recent.clear()
+        ev.lines = self.base + (line.last or line.number)  # physical lines, however joined
         ev.recent.append(line)
         if line.rank is not None:
             self._tagged(line)

@@ -107,7 +107,7 @@ def read(path: Path) -> Events | None:
     ev = events_mod.events(twocore.lines(path, events_mod.HOT_PARTS, tally))
     if not tally.text:
         return None
-    ev.lines += tally.skipped
+    ev.lines = tally.lines  # the file's physical lines, as `wc -l` counts them
     ev.ranks_seen |= tally.ranks
     ev.sources.setdefault(str(path), events_mod.new_facts())["ranks"] |= tally.ranks
     ev.tail = sig_table.end_state(list(tally.tail), str(path))

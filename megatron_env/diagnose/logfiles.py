@@ -171,6 +171,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.skipped = 0
+        self.lines = 0  # physical lines: `wc -l` (a last line without a line end counted too)
         self.ranks: set[int] = set()
         self.tail: deque[str] = deque(maxlen=TAIL)  # the file's last lines, hot or not
         self.text = False  # any line that is not blank
@@ -212,6 +213,7 @@ def physical(path: Path, hot: Hot | None = None,
             data, rest = data[:cut], data[cut + 1:]
             text, lines = _decode(data)
             if tally is not None:
+                tally.lines += len(lines)
                 tally.tail.extend(lines[-TAIL:])
                 tally.text = tally.text or not text.isspace() and text != ""
             if hot is None:
