@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 
-from megatron_env.diagnose import sig_comm, sig_host, sig_net, sig_proc, sig_table
+from megatron_env.diagnose import sig_comm, sig_end, sig_host, sig_net, sig_proc, sig_table
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import CAP, SIGNALS, XIDS, Events, describe, from_origin, new_facts
 from megatron_env.diagnose.sig_comm import DESYNC_AT, DESYNC_ENTRY, DESYNC_HEAD, STALL_BLOCK
@@ -26,7 +26,7 @@ __all__ = ["CAP", "SIGNALS", "XIDS", "Events", "describe", "events", "is_hot", "
 
 Reader = Callable[[Events, Line, str, deque, dict], None]
 READERS: list[tuple[str, Reader]] = [*sig_comm.READERS, *sig_proc.READERS, *sig_net.READERS,
-                                     *sig_host.READERS, *sig_table.READERS]
+                                     *sig_host.READERS, *sig_table.READERS, *sig_end.READERS]
 # words that open a block, or send a line to the NCCL analysis, beside the readers' triggers
 _BLOCK_WORDS = ("lagging/dead", "Snapshot of", "Missing ranks:", "Root Cause", "Failures:",
                 "NCCL", "WARN")

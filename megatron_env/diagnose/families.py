@@ -7,14 +7,17 @@ family's advice. Which finding id is in which family is data (`FAMILY_OF`), read
 nothing here looks at log text.
 
 Exit codes of `invoke triage` (docs/diagnose.md has the table): 0 when the logs show a normal
-end and no failure, 1 for any failure (a named family, `job.unrecognised` or `job.stopped`),
-2 when the input is not a log (nothing to read, an empty file or directory). The family's
-`means` says what a retry wrapper should make of the 1.
+end and no failure, 1 for any failure seen (a named family or `job.unrecognised`), 3 when the
+logs cannot tell (`job.stopped`: neither a failure nor an end, the `inconclusive` family), 2
+when the input is not a log (nothing to read, an empty file or directory). The family's `means`
+says what a retry wrapper should make of the 1.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from megatron_env.findings import INCONCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "a failure: read the quoted lines",
            "the quoted lines are what looked like the failure: please report them (the log "
            "and `invoke report`) so the next version names this failure"),
-    Family("stopped", "a log that ends with neither an error nor a normal end",
-           "a hang or a kill from outside: the job did not finish",
+    Family(INCONCLUSIVE, "a log that ends with neither an error nor a normal end",
+           "cannot tell (exit 3): a hang, a kill from outside, or a log cut short",
            "a hang or a kill: `py-spy dump --pid` of a live rank says where it waits; rerun "
            "with NCCL_DEBUG=INFO, TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and "
            "TORCH_NCCL_DUMP_ON_TIMEOUT=1 (the flight recorder's dump names the collective)"),
@@ -96,7 +99,7 @@ FAMILY_OF: dict[str, str] = {
     "job.cuda_oom": "user", "job.exception": "user",
     "job.cuda_error": "framework", "job.ray_worker": "framework",
     "job.signal": "signal", "job.root_cause": "signal",
-    "job.unrecognised": "unrecognised", "job.stopped": "stopped", "job.clean": "clean",
+    "job.unrecognised": "unrecognised", "job.stopped": INCONCLUSIVE, "job.clean": "clean",
     "job.mixed": "clean",
 }
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_env.diagnose import sig_end
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import NCCL_ORIGIN, Events, rank_of
 
@@ -289,7 +290,10 @@ def _failing(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str
     """A line that looks like a failure: kept (the first few) for `job.unrecognised`."""
     if len(ev.failing) >= 64:
         return
-    if m := _EXCEPTION.match(t):
+    m = _EXCEPTION.match(t)
+    if sig_end.ignored(facts, line, m is not None):
+        return
+    if m:
         frame = facts.get("frame")
         where = ("framework" if frame and any(p in frame[0] for p in _PACKAGES) else "user"
                  if frame else "")
@@ -308,68 +312,10 @@ def _frame(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, 
         facts["frame"] = (m.group("file"), m.group("line"))
 
 
-# ------------------------------------------------------------------ progress and normal ends
-
-# what a trainer prints as it goes (Megatron, HF Trainer, Lightning/tqdm, DeepSpeed, plain)
-_PROGRESS = re.compile(r"\b(?:iteration|iter|global_step|step|Step|Epoch|epoch)[\s:=\[]*"
-                       r"(?P<n>\d+)(?:\s*/\s*(?P<of>\d+))?")
-# what launchers and trainers print when a run ends well (their source's own words)
-_ENDS = re.compile(
-    r"worker group successfully finished|WorkerState\.SUCCEEDED|exits successfully|"
-    r"Training completed|[Tt]raining (?:is )?(?:finished|complete|done)\b|"
-    r"`Trainer\.fit` stopped: `max_\w+=\d+` reached|\[after training is done\]|"
-    r"exiting program at iteration|'train_runtime'|[Ff]inished training|"
-    r"Job '[\w-]+' succeeded|Exited with exit code 0\b|All done|Done training|"
-    r"torchelastic\.worker\.status\.SUCCEEDED")
-
-
-def _end(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
-    if _ENDS.search(t) and len(ev.ends) < 64:
-        ev.ends.append({"line": t.strip(), "seq": ev.lines, "rank": rank_of(line)})
-
-
-END_WORDS = ("successfully finished", "SUCCEEDED", "exits successfully", "Training completed",
-             "raining is", "raining finished", "raining complete", "raining done", "stopped: `max_",
-             "after training is done", "exiting program at", "train_runtime", "inished training",
-             "succeeded", "Exited with exit code 0", "All done", "Done training")
-PROGRESS_WORDS = ("iteration", "iter", "step", "Step", "epoch", "Epoch")
 FAILING_WORDS = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault", "ERROR",
                  "error:", "FATAL", "fatal error", "CRITICAL")
 
 READERS = [
     *((trigger, reader(sigs)) for trigger, sigs in _TRIGGERS.items()),
     *((w, _failing) for w in FAILING_WORDS), ('File "', _frame),
-    *((w, _end) for w in END_WORDS),
 ]
-
-
-_LAST_RANKS = 50  # lines at the end of a log whose ranks are "still printing"
-
-
-def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
-    """How a log ends, from its last lines: the last time and progress printed, the ranks
-    printing in its last lines, its last line, and whether progress followed a normal end."""
-    from megatron_env.diagnose import joblog
-    from megatron_env.diagnose.model import stamp
-
-    lines = [x for x in joblog.lines(list(tail), source) if x.text.strip()]
-    out: dict[str, Any] = {"time": None, "iteration": None, "ranks": [], "last": "",
-                 "progress_after_end": False}
-    if not lines:
-        return out
-    out["last"] = lines[-1].text.strip()
-    out["ranks"] = sorted({x.rank for x in lines[-_LAST_RANKS:] if x.rank is not None})
-    ended = False
-    for x in lines:
-        if _ENDS.search(x.text):
-            ended, out["progress_after_end"] = True, False
-        elif _PROGRESS.search(x.text) and ended:
-            out["progress_after_end"] = True
-    for x in reversed(lines):
-        if out["time"] is None and (t := stamp(x.text)):
-            out["time"] = t
-        if out["iteration"] is None and _PROGRESS.search(x.text):
-            out["iteration"] = x.text.strip()
-        if out["time"] and out["iteration"]:
-            break
-    return out
