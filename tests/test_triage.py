@@ -218,6 +218,21 @@ def test_cli_json_directory_and_exit_codes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(tmp_path / "nope.log")], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 2 and "no such file or directory" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""  # no JSON asked: the error is the line on stderr only
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda d: d / "nope.log", "triage.no-such-log"),
+    (lambda d: (d / "empty.log").write_text("") and None or d / "empty.log", "triage.empty-log"),
+    (lambda d: str(d / "*.none"), "triage.no-match"),
+])
+def test_cli_json_errors_are_one_json_object_on_stdout(tmp_path, make, kind):
+    r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(make(tmp_path)), "--json"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["command"] == "triage" and doc["error"]["kind"] == kind
+    assert doc["error"]["message"] in r.stderr and doc["error"]["fix"]
 
 
 def test_one_file_per_rank_the_silent_rank_is_the_suspect(tmp_path):
