@@ -18,8 +18,8 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 
-from megatron_env.diagnose import families, launch, nccl_log, outcome
-from megatron_env.diagnose.events import SIGNALS, XIDS, Events, describe, events
+from megatron_env.diagnose import families, launch, nccl_log, outcome, rootcause
+from megatron_env.diagnose.events import XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import first, in_time_order
 from megatron_env.findings import Finding, Status
@@ -299,55 +299,6 @@ def _stuck(ev: Events) -> list[Finding]:
         "when the call is merely slow")]
 
 
-def _root_cause(ev: Events) -> list[Finding]:
-    if not ev.failures:
-        return []
-    roots = [f for f in ev.failures if f["root"]]
-    root = first(roots or ev.failures)  # each node's agent prints its own: the first in time
-    code = root["exitcode"]
-    how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
-           if code is not None and code < 0 else f"exit code {code}" if code is not None
-           else "its exit code cut off")
-    who = _proc(root)
-    if root["rank"] is not None and root["local_rank"] is not None:
-        who += f" (local rank {root['local_rank']})"
-    p = ev.who(root)
-    if p["host"]:
-        who += f" on host {p['host']}"
-    more = ", ".join(x for x in (f"GPU {p['gpu']}" if p["gpu"] is not None else "",
-                                 f"pid {p['pid']}" if p["pid"] else "") if x)
-    who += f" ({more})" if more else ""
-    fixes = {-6: "SIGABRT is usually PyTorch's NCCL watchdog ending the process after a timeout "
-                 "or an NCCL error: see those findings",
-             -9: "SIGKILL: the kernel's OOM killer or the scheduler; check `dmesg` and the job's "
-                 "host memory (`sacct -j JOB -o MaxRSS`), and the scheduler's time limit",
-             -11: "SIGSEGV in native code: kernels built against another torch (`invoke "
-                  "build-check`), or a driver fault (Xid lines in `dmesg`)",
-             -7: "SIGBUS: /dev/shm too small (containers: --shm-size or --ipc=host)"}
-    fix = fixes.get(code if code is not None else 0,
-                    f"{who}'s own traceback, earlier in its log, names the error; rerun with "
-                    "`@record` on the entry point (torch.distributed.elastic.multiprocessing."
-                    "errors) so torchrun prints it here")
-    others = [f for f in ev.failures if f is not root]
-    failed = sorted({f["rank"] for f in ev.failures if f["rank"] is not None})
-    return [Finding(
-        "job.root_cause", Status.FAIL,
-        f"{root.get('launcher', 'torchrun')}'s first observed failure: {who}, {how}"
-        + (f"; failed: {ranks(failed)}" if len(failed) > 1 else ""),
-        [f"{'root cause' if f['root'] else 'also failed'}: "
-         + _proc(f)
-         + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
-         for f in [root, *others][:8]], fix)]
-
-
-def _proc(f: dict) -> str:
-    """A failure table's process: its rank, else its local rank, else (a table cut short) 'a
-    worker'."""
-    if f["rank"] is not None:
-        return f"rank {f['rank']}"
-    return f"local rank {f['local_rank']}" if f["local_rank"] is not None else "a worker"
-
-
 def _nccl_debug(ev: Events) -> list[Finding]:
     """The NCCL_DEBUG lines, through verify_nccl.py's analysis (skips dropped: a job log that
     has no channel lines says nothing about the transport). A failed ibv_* call is judged by
@@ -413,7 +364,9 @@ ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_
 
 def _rank_of(f: Finding) -> tuple[int, int]:
     rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
-    if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
+    if f.id == "job.root_cause" and f.kind in ("user", "framework"):  # the rank's own error
+        rank = ORDER.index("job.signal") - 1
+    elif f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
         rank = ORDER.index("job.timeout") + 1
     if f.id == "job.signal" and f.kind == "launcher":  # the root cause's exit code, again
         rank = ORDER.index("job.root_cause") + 1
@@ -427,7 +380,7 @@ def findings(ev: Events) -> list[Finding]:
     when no signature names a failure, the log's outcome (`outcome`): unrecognised, stopped
     or a clean end."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
-          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
+          + _stuck(ev) + rootcause.findings(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
           + outcome.table(ev, skip=frozenset({"job.rendezvous"} | (
               {"job.scheduler"} if ev.cancelled else set()))))
     fs.sort(key=_rank_of)
