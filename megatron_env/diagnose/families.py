@@ -66,6 +66,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "fix the installation or versions: a retry fails the same way",
            "an error inside the framework or a compiled kernel: `invoke build-check` and "
            "`invoke check` compare what is installed with what the profile pins"),
+    Family("compiler", "the compiler (torch.compile: dynamo, inductor, Triton)",
+           "retry without torch.compile to confirm, then fix or pin the compiler",
+           "torch.compile failed while compiling the model, before it ran: rerun with "
+           "TORCHDYNAMO_DISABLE=1 (eager) to confirm; TORCH_LOGS=+dynamo,+inductor says where; "
+           "a Triton resource limit needs "
+           "smaller blocks or another GPU; a C/C++ compile error needs the compiler the "
+           "profile pins (`invoke check`)"),
+    Family("abort", "a rank that ended the whole job (MPI_Abort)",
+           "find that rank's own error: the others were killed because of it",
+           "mpirun kills every rank when one calls MPI_Abort (Horovod and mpi4py do on an "
+           "uncaught exception): the rank it names printed its own error just before"),
     Family("signal", "a process killed by a signal, its sender not in the logs",
            "find who sent it before retrying",
            "the signal says who: SIGKILL is the kernel's OOM killer or the scheduler, SIGTERM "
@@ -96,6 +107,8 @@ FAMILY_OF: dict[str, str] = {
     "nccl.peer_lost": "communication", "nccl.net": "communication",
     "nccl.transport": "communication", "nccl.shm": "host", "nccl.cuda": "framework",
     "job.numerics": "numerics", "job.data": "data",
+    "job.device_assert": "user", "job.accelerator_oom": "user", "job.kernel_abi": "framework",
+    "job.compiler": "compiler", "job.mpi_abort": "abort",
     "job.cuda_oom": "user", "job.exception": "user",
     "job.cuda_error": "framework", "job.ray_worker": "framework",
     "job.signal": "signal", "job.root_cause": "signal",

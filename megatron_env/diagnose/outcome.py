@@ -55,6 +55,18 @@ _FIX = {
     ("job.rendezvous", "name resolution"):
         "a host name did not resolve: use an IP address or a name every node resolves for "
         "MASTER_ADDR / --rdzv_endpoint (`getent hosts NAME` on each node)",
+    ("job.device_assert", "assert"):
+        "an index out of range inside a CUDA kernel, most often the data: a label >= the "
+        "number of classes (nll_loss, cross_entropy), a token id >= the vocabulary "
+        "(embedding), an index past a tensor's size; rerun with CUDA_LAUNCH_BLOCKING=1 (or on "
+        "CPU) to get the Python line, and check the batch's min/max against the sizes",
+    ("job.kernel_abi", "undefined symbol"):
+        "a compiled package (flash-attn, apex, transformer-engine, a custom op) was built "
+        "against another torch, CUDA or C++ ABI than the one installed: rebuild it against "
+        "this torch or install the wheel made for it; `invoke build-check` compares them",
+    ("job.accelerator_oom", "xla"):
+        "the XLA device (TPU or GPU) ran out of memory or another resource at compile or run "
+        "time: a smaller batch or sequence, more sharding, or rematerialisation",
     ("job.numerics", "loss scale"):
         "the fp16 loss scale fell to its minimum: gradients overflow at every step; use bf16, "
         "a lower learning rate, gradient clipping, or a higher min loss scale",
