@@ -34,6 +34,8 @@ def _first(path):
      "_ZN3c104cuda20getCurrentCUDAStreamEa (ranks 0 and 1)"),
     ("mpi-abort-rank1.log", "job.mpi_abort", "abort",
      "rank 1 called MPI_ABORT on MPI_COMM_WORLD"),
+    ("jax-resource-exhausted.log", "job.accelerator_oom", "user",
+     "RESOURCE_EXHAUSTED Out of memory allocating 640000000000 bytes"),
 ])
 def test_a_failure_seen_is_named_in_its_family(log, fid, family, said):
     f = _first(CAPTURED / log)
