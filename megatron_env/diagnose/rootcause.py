@@ -115,7 +115,7 @@ def findings(ev: Events) -> list[Finding]:
 
 def _said(x: dict[str, Any]) -> str:
     """An exception as its traceback ended, and where it was raised when known."""
-    return x["line"] + (f" ({x['frame']})" if x.get("frame") else "")
+    return str(x["line"]) + (f" ({x['frame']})" if x.get("frame") else "")
 
 
 _EXCEPTION_FIX = ("the exception is that rank's own error, the first in the job; its traceback, "

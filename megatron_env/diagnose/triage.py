@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 from megatron_env.diagnose import families, launch, nccl_log, outcome, rootcause
 from megatron_env.diagnose.events import XIDS, Events, describe, events
@@ -36,7 +37,7 @@ def _where(rank: int | None, host: str | None) -> str:
     return " on ".join(parts) or "a rank"
 
 
-def _who(items: list[dict]) -> str:
+def _who(items: list[dict[str, Any]]) -> str:
     """'rank 1 on gpu187', 'ranks 0 and 3', 'a rank': who printed these events."""
     rs = sorted({e["rank"] for e in items if e.get("rank") is not None})
     local = sorted({e["local"] for e in items if e.get("local") is not None})
@@ -54,11 +55,11 @@ def _seconds(ms: int) -> str:
 def _timeouts(ev: Events) -> list[Finding]:
     if not ev.timeouts:
         return []
-    seen: dict[tuple, dict] = {}
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     for t in ev.timeouts:  # the watchdog line and the exception text repeat the same timeout
         seen.setdefault((t["rank"], t["seq"], t["op"]), t)
     ts = list(seen.values())
-    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for t in ts:
         groups[(t["op"], t["seq"])].append(t)
     by_rank: dict[int, set[int]] = defaultdict(set)
@@ -95,9 +96,9 @@ def _timeouts(ev: Events) -> list[Finding]:
         others = sorted({s for r in rest for s in by_rank[r]})
         hosts = sorted({t["host"] for t in ts if t["rank"] in odd and t["host"]})
         ahead = min(s for r in odd for s in behind[r]) > max(others)
-        ops = {r: {t["op"] for t in ts if t["rank"] == r} for r in by_rank}
-        odd_ops = {o for r in odd for o in ops[r]}
-        rest_ops = {o for r in rest for o in ops[r]}
+        ops_of = {r: {t["op"] for t in ts if t["rank"] == r} for r in by_rank}
+        odd_ops = {o for r in odd for o in ops_of[r]}
+        rest_ops = {o for r in rest for o in ops_of[r]}
         mismatch = (f"; the ranks disagree on the next collective ({', '.join(sorted(odd_ops))} "
                     f"vs {', '.join(sorted(rest_ops))})" if odd_ops.isdisjoint(rest_ops) else "")
         where = f"{ranks(odd)}{' on ' + ', '.join(hosts) if hosts else ''}"
@@ -154,13 +155,14 @@ def _span(seqs: list[int]) -> str:
 def _desync(ev: Events) -> list[Finding]:
     if not ev.desync_lagging:
         return []
-    lag = sorted({r for rs, _ in ev.desync_lagging for r in rs})
+    lag = sorted({r for x in ev.desync_lagging for r in x.ranks})
     first = ev.desync_lagging[0]
     return [Finding(
         "job.desync", Status.FAIL,
-        f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first[0]))}] "
-        f"{first[1]}",
-        [f"[{', '.join(map(str, rs))}] {what}" for rs, what in ev.desync_lagging[:6]] + ev.desync,
+        f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first.ranks))}] "
+        f"{first.what}",
+        [f"[{', '.join(map(str, x.ranks))}] {x.what}" for x in ev.desync_lagging[:6]]
+        + ev.desync,
         f"{ranks(lag)} fell behind or took another code path: read its log and stack "
         f"(`py-spy dump --pid` while hung); a rank that skipped or reordered a collective is a "
         f"bug in the training script, a dead one a host problem (`invoke preflight` on its node)")]
@@ -184,7 +186,7 @@ _NCCL_FIX = {
 
 def _nccl_errors(ev: Events) -> list[Finding]:
     out = []
-    by_kind: dict[str, list[dict]] = defaultdict(list)
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in in_time_order(ev.nccl_errors):
         by_kind[e["kind"]].append(e)
     for kind, es in by_kind.items():
@@ -221,7 +223,7 @@ _LAST_FIX = ("a peer's socket refused or dropped the connection: that rank had a
              "interface; `invoke preflight` on the nodes checks the links")
 
 
-def _op(ev: Events, es: list[dict]) -> str | None:
+def _op(ev: Events, es: list[dict[str, Any]]) -> str | None:
     """The collective the ranks of these events were in, from their tracebacks."""
     return next((ev.collective[e["rank"]] for e in es if e.get("rank") in ev.collective),
                 None) or ev.collective.get(None) or (
@@ -235,7 +237,7 @@ _HARDWARE = re.compile(r"ECC|NVLink|hardware|fallen off|GPU is lost|uncorrectabl
 
 def _cuda(ev: Events) -> list[Finding]:
     out = []
-    by_what: dict[str, list[dict]] = defaultdict(list)
+    by_what: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in in_time_order(ev.cuda_errors):
         by_what[e["what"]].append(e)
     for what, es in by_what.items():
@@ -332,7 +334,7 @@ _IBV_FIX = {
 def _ibv(ev: Events) -> list[Finding]:
     """Failed ibv_* calls, one finding per errno: the advice depends on the errno, not on which
     call failed."""
-    by: dict[str | None, list[dict]] = defaultdict(list)
+    by: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     for e in ev.ibv:
         if e["errno"]:  # without one, the NCCL analysis' system error says what is known
             by[e["errno"]].append(e)
@@ -348,7 +350,7 @@ def _ibv(ev: Events) -> list[Finding]:
             + (f" ({es[0]['error']})" if es[0]["error"] else "")
             + (f" on {', '.join(who[:4])}" if who else "") + (f" in {op}" if op else ""),
             [e["line"] for e in es[:4]],
-            _IBV_FIX.get(errno, "look up the errno the call failed with (`errno -l`); rerun "
+            _IBV_FIX.get(errno or "", "look up the errno the call failed with (`errno -l`); rerun "
                                 "with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET")))
     return out
 
