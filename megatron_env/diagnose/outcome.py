@@ -64,6 +64,10 @@ _FIX = {
         "a compiled package (flash-attn, apex, transformer-engine, a custom op) was built "
         "against another torch, CUDA or C++ ABI than the one installed: rebuild it against "
         "this torch or install the wheel made for it; `invoke build-check` compares them",
+    ("job.script", "missing"):
+        "the script the launcher was told to run is not there on that node: a relative path "
+        "from another working directory (Slurm runs a batch script from its spool directory: "
+        "use an absolute path or cd first), or a file system not mounted there",
     ("job.accelerator_oom", "xla"):
         "the XLA device (TPU or GPU) ran out of memory or another resource at compile or run "
         "time: a smaller batch or sequence, more sharding, or rematerialisation",
