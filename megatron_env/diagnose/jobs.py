@@ -12,7 +12,7 @@ the .out/.err pair of one name, or to files that share a job id).
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from megatron_env import output
 from megatron_env.diagnose import events as events_mod
 from megatron_env.diagnose import logfiles, nccl_log, sig_end, triage, twocore
 from megatron_env.diagnose.events import Events
+from megatron_env.diagnose.model import Placed
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding, Status
 
@@ -53,6 +54,8 @@ def merge(evs: list[Events]) -> Events:
 
 def _shift(x: object, offset: int) -> object:
     """An event of a later file, placed after the files read before it."""
+    if isinstance(x, Placed):
+        return replace(x, seq=x.seq + offset) if x.seq is not None else x
     return {**x, "seq": x["seq"] + offset} if isinstance(x, dict) and "seq" in x else x
 
 

@@ -23,7 +23,7 @@ from collections import deque
 from typing import Any
 
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import Events, rank_of
+from megatron_env.diagnose.model import End, Events, rank_of
 
 # what a trainer prints as it goes (Megatron, HF Trainer, Lightning/tqdm, DeepSpeed, plain)
 PROGRESS = re.compile(r"\b(?:iteration|iter|global_step|step|Step|Epoch|epoch)[\s:=\[]*"
@@ -71,15 +71,15 @@ IGNORED_SPAN = 40  # lines after it within which its exception line is looked fo
 
 def _end(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if ENDS.search(t):
-        _keep(ev, {"line": t.strip(), "seq": ev.lines, "rank": rank_of(line), "exit": False})
+        _keep(ev, End(line=t.strip(), seq=ev.lines, rank=rank_of(line)))
 
 
 def _exit(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if EXITS.search(t):
-        _keep(ev, {"line": t.strip(), "seq": ev.lines, "rank": rank_of(line), "exit": True})
+        _keep(ev, End(line=t.strip(), seq=ev.lines, rank=rank_of(line), exit=True))
 
 
-def _keep(ev: Events, end: dict[str, Any]) -> None:
+def _keep(ev: Events, end: End) -> None:
     """The first ends and always the last one (the one a clean end names)."""
     if len(ev.ends) < 64:
         ev.ends.append(end)

@@ -195,7 +195,10 @@ TABLE: list[Sig] = [
          r"NET/OFI (?P<what>(?:Couldn't|Unable|Failed|failed)[^\n]*|aws-ofi-nccl "
          r"initialization failed)", "NCCL's OFI network plugin failed: {what}"),
     # -- numerics: DeepSpeed's and AMP's loss scalers, Megatron's NaN checks, fairseq, Lightning
-    _sig("job.numerics", "loss scale", "loss scale",
+    # (triggers of the message's own words: "loss scale" alone is on every Megatron iteration
+    # line, which would make each one a line to parse)
+    _sig("job.numerics", "loss scale", ("loss scale already at minimum",
+                                        "inimum loss scale reached"),
          r"(?P<what>(?:Current loss scale already at minimum|[Mm]inimum loss scale reached)"
          r"[^.]*)", "{what}"),
     _sig("job.numerics", "NaN", "NaN",
