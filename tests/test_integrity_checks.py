@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -21,12 +22,13 @@ from pathlib import Path
 import pytest
 
 from megatron_env import files, profile
-from megatron_env.bundle import layout, offline
+from megatron_env.bundle import layout, make, offline
 from megatron_env.bundle.manifest import Manifest
 from megatron_env.errors import UserError
 from megatron_env.host import checks
-from megatron_env.kernels import build, compiler
-from megatron_env.pyenv import manifest
+from megatron_env.host.snapshot import Snapshot
+from megatron_env.kernels import build, compiler, jobserver
+from megatron_env.pyenv import env, manifest
 from megatron_env.recipes import recipe
 from megatron_env.sources import index
 
@@ -135,6 +137,35 @@ def test_a_wheel_rezipped_with_an_edited_member_fails_its_record(tmp_path):
     assert not compiler.intact(edited, None)
 
 
+# --- the conda layer of a bundle: bundle/make.py ------------------------------------------------
+
+
+def _conda_pkg(tmp_path: Path, data: bytes, pinned: bytes) -> dict[str, str]:
+    """A conda-lock.yml package entry whose file holds `data` and whose lock pins `pinned`."""
+    f = tmp_path / "channel" / "tinyk-1.0-0.conda"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_bytes(data)
+    return {"name": "tinyk", "url": f.as_uri(), "path": f.name, "sha256": sha(pinned)}
+
+
+def test_a_conda_package_with_another_hash_is_refused_and_not_cached(tmp_path):
+    pkg = _conda_pkg(tmp_path, b"swapped on the channel", b"the package that was locked")
+    with user_error("source.sha256"):
+        make._conda_fetch([pkg], lambda *_: None, cache=tmp_path / "cache")
+    assert list((tmp_path / "cache" / "conda-pkgs").iterdir()) == []
+
+
+def test_a_cached_conda_package_that_changed_is_downloaded_again(tmp_path):
+    data = b"the package that was locked"
+    pkg = _conda_pkg(tmp_path, data, data)
+    (got,) = make._conda_fetch([pkg], lambda *_: None, cache=tmp_path / "cache")
+    assert got.read_bytes() == data
+    got.write_bytes(b"changed in the cache")
+    said: list[str] = []
+    assert make._conda_fetch([pkg], said.append, cache=tmp_path / "cache") == [got]
+    assert got.read_bytes() == data and said == ["conda: 1/1 downloading tinyk-1.0-0.conda"]
+
+
 # --- environment manifests: pyenv/manifest.py ----------------------------------------------------
 
 
@@ -200,6 +231,31 @@ def test_a_package_installed_after_the_manifest_is_extra(tmp_path):
     assert manifest.stat_check(m, ignore_extra={"other"}) == []
 
 
+def test_a_record_hash_of_another_algorithm_is_not_taken_for_a_sha256(tmp_path):
+    """RECORD may name another hash (PEP 376 allows any hashlib algorithm): it is not decoded
+    as a sha256 and then reported as changed content."""
+    site = _site(tmp_path, {"tinyk/__init__.py": b"A = 1\n"})
+    record = site / "tinyk-1.0.dist-info" / "RECORD"
+    b64 = base64.urlsafe_b64encode(hashlib.sha512(b"A = 1\n").digest()).rstrip(b"=").decode()
+    record.write_text(record.read_text().replace(
+        record.read_text().split("\n")[0], f"tinyk/__init__.py,sha512={b64},6"))
+    m = manifest.scan([str(site)])
+    assert manifest.hash_check(m) == []
+
+
+def test_an_environment_from_another_lock_is_not_up_to_date(tmp_path):
+    """The quick path of `invoke env` (nothing changed, by stat) holds only for the lock the
+    environment was built from: its stamp's lock digest must be the lock's now."""
+    site = _site(tmp_path, {"tinyk/__init__.py": b"A = 1\n"})
+    prefix = tmp_path / "env"
+    prefix.mkdir()
+    manifest.save(manifest.scan([str(site)]), prefix / env.MANIFEST)
+    (prefix / env.STAMP).write_text(json.dumps({"lock_digest": "built-from", "mode": "uv"}))
+    prof = profile.load("core_v0.4.0-cu121")
+    assert env._unchanged(prof, prefix, "built-from").action == "up to date"
+    assert env._unchanged(prof, prefix, "the lock now") is None
+
+
 # --- bundles: bundle/unpack.py, bundle/offline.py -----------------------------------------------
 
 
@@ -252,6 +308,22 @@ def test_a_bundle_is_refused_for_another_python(tmp_path):
     assert f"serves Python {other}" in e.value.message
 
 
+# --- snapshots: host/snapshot.py ----------------------------------------------------------------
+
+
+def test_a_snapshot_record_naming_a_file_outside_it_is_not_followed(tmp_path):
+    """meta.json comes with the snapshot (it is untrusted): an entry `../x` would have the
+    check read and hash a file outside the directory; it is passed over."""
+    outside = tmp_path / "secret"
+    outside.write_text("not the snapshot's\n")
+    snap = tmp_path / "snap"
+    shutil.copytree(H200, snap)
+    meta = json.loads((snap / "meta.json").read_text())
+    meta["files"]["../secret"] = {"status": "ok", "sha256": "0" * 64}
+    (snap / "meta.json").write_text(json.dumps(meta))
+    assert not Snapshot.load(snap).hand_made
+
+
 # --- host checks: the driver boundary and /dev/shm's ---------------------------------------------
 
 
@@ -288,6 +360,54 @@ def test_the_shm_boundaries(make_snapshot, kib, want):
     snap = make_snapshot(shm=df)
     found = checks.evaluate(profile.load("core_v0.19.0-cu130"), snap)
     assert next(f for f in found if f.id == "sys.shm").status == want
+
+
+# --- the build pool's ninja: kernels/jobserver.py ------------------------------------------------
+
+
+def _ninja(d: Path, version: str) -> Path:
+    """A `ninja` on PATH that answers --version as that release does (an old ninja cannot be
+    installed here beside the new one; the choice between them is what is tested)."""
+    d.mkdir(parents=True)
+    f = d / "ninja"
+    f.write_text(f"#!/bin/sh\necho {version}\n")
+    f.chmod(0o755)
+    return f
+
+
+@pytest.mark.parametrize("versions, picked", [
+    (["1.11.1", "1.13.0"], 1),  # an old one first on PATH is passed by
+    (["1.13.0", "1.12.1"], 0),
+    (["1.13.0"], 0),  # exactly the minimum is a jobserver client
+])
+def test_the_pool_takes_the_first_ninja_of_at_least_1_13(tmp_path, versions, picked):
+    found = [_ninja(tmp_path / f"d{i}", v) for i, v in enumerate(versions)]
+    shim = jobserver.shim(tmp_path / "pool", os.pathsep.join(str(f.parent) for f in found))
+    assert str(found[picked]) in (shim / "ninja").read_text()
+
+
+def test_a_ninja_older_than_1_13_alone_is_refused(tmp_path):
+    old = _ninja(tmp_path / "d", "1.12.1")
+    with user_error("build.old-ninja") as e:
+        jobserver.shim(tmp_path / "pool", str(old.parent))
+    assert "1.12" in e.value.message
+
+
+# --- profile files: profile._read_capped ---------------------------------------------------------
+
+
+def test_a_profile_file_is_read_up_to_its_cap_and_refused_past_it(tmp_path):
+    real = (profile.envs_root() / "core_v0.4.0-cu121" / "profile.toml").read_bytes()
+    at = tmp_path / "at" / "profile.toml"
+    at.parent.mkdir()
+    at.write_bytes(real + b"#" * (profile.MAX_PROFILE_BYTES - len(real)))
+    assert at.stat().st_size == profile.MAX_PROFILE_BYTES
+    assert profile.load_file(at).python == "3.10"
+    past = tmp_path / "past" / "profile.toml"
+    past.parent.mkdir()
+    past.write_bytes(at.read_bytes() + b"#")
+    with user_error("profile.too-large"):
+        profile.load_file(past)
 
 
 # --- state files: files.read_json's cap -------------------------------------------------------
