@@ -30,9 +30,10 @@ from megatron_env.host.snapshot import Snapshot
 from megatron_env.kernels import build, compiler, jobserver
 from megatron_env.pyenv import env, manifest
 from megatron_env.recipes import recipe
-from megatron_env.sources import index
+from megatron_env.sources import index, repos
 
 from .conftest import H200, user_error
+from .gitrepo import git, repo_with
 from .test_bundle_unpack import FILES, cache, write_bundle  # noqa: F401 - cache: the fixture
 from .test_bundle_unpack import manifest as bundle_manifest
 from .test_index import Index, served, tiny_sdist  # noqa: F401 - served: the fixture
@@ -106,6 +107,25 @@ def test_a_local_sdist_with_another_hash_is_refused_and_not_cached(tmp_path, mon
         build.fetch(pkg, lambda *_: None)
     assert sha(other.read_bytes()) in e.value.message
     assert not build.sdist_archive(pkg).exists()
+
+
+def test_a_tag_that_moved_from_the_pinned_commit_is_refused(tmp_path, monkeypatch):
+    """A real repository whose tag was moved to a later commit: the pinned commit is not
+    checked out under the tag's name, and the refusal names both commits."""
+    monkeypatch.setenv("MEGATRON_ENV_CACHE", str(tmp_path / "cache"))
+    up = tmp_path / "upstream"
+    pinned = repo_with(up, {"a.txt": "one\n"})
+    git("tag", "v1", cwd=up)
+    assert repos.checkout("tiny", str(up), "v1", pinned, tmp_path / "ok",
+                          echo=lambda *_: None) == tmp_path / "ok"
+    (up / "a.txt").write_text("two\n")
+    git("commit", "-qam", "two", cwd=up)
+    git("tag", "-f", "v1", cwd=up)
+    moved = git("rev-parse", "HEAD", cwd=up)
+    with user_error("source.tag-moved") as e:
+        repos.checkout("tiny", str(up), "v1", pinned, tmp_path / "bad", echo=lambda *_: None)
+    assert pinned in e.value.message and moved in e.value.message
+    assert not (tmp_path / "bad").exists()
 
 
 # --- the kernel build cache: kernels/compiler.py ------------------------------------------------
