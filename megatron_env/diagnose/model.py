@@ -103,7 +103,7 @@ def describe(p: dict[str, Any]) -> str:
     return head + (f" ({more})" if more else "")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Placed:
     """Where an event stands: its file, first physical line, order of reading (the physical
     line count when it was read), its own time and the local rank of a role tag. `Events.add`
@@ -116,7 +116,7 @@ class Placed:
     local: int | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Failure(Placed):
     """One process of a launcher's failure report: an entry of torchrun's table, its agent's
     `failed (exitcode: N) local_rank: L (pid: P)`, DeepSpeed's launcher's failed command."""
@@ -131,7 +131,7 @@ class Failure(Placed):
     launcher: str = "torchrun"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class End(Placed):
     """A line that says how the run ended well (`sig_end`): its own end line, or (`exit`) the
     exit path of a process that ended on its own."""
@@ -139,6 +139,23 @@ class End(Placed):
     line: str = ""
     rank: int | None = None
     exit: bool = False
+
+
+@dataclass(kw_only=True)
+class Failing(Placed):
+    """A line that looks like a failure without a signature of its own (`job.unrecognised`
+    quotes it; `rootcause` takes a rank's exception from it): an exception ending a traceback,
+    an error line, a launcher's non-zero exit code, a failing pod."""
+
+    kind: str = "error"  # "exception", "error", "exit" or "pod"
+    line: str = ""
+    rank: int | None = None
+    host: str | None = None
+    name: str = ""  # an exception's class
+    where: str = ""  # an exception's: "user" (the training code) or "framework" (a package)
+    frame: str = ""  # an exception's innermost frame, file:line
+    code: int | None = None  # an exit code
+    tasks: list[int] = field(default_factory=list)  # srun's task ids
 
 
 Event = TypeVar("Event", bound="dict[str, Any] | Placed")
@@ -195,7 +212,7 @@ class Events:
     # the families' table signatures (sig_table)
     hits: list[dict[str, Any]] = field(default_factory=list)
     # failure-looking lines, no signature yet
-    failing: list[dict[str, Any]] = field(default_factory=list)
+    failing: list[Failing] = field(default_factory=list)
     ends: list[End] = field(default_factory=list)  # normal ends (launchers, trainers)
     prompts: list[str] = field(default_factory=list)  # hosts of shell prompts in the log
     pods: list[str] = field(default_factory=list)  # kubectl's pod rows: the pods named

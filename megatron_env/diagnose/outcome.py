@@ -10,10 +10,11 @@ had its say, and exit 0 must mean exactly that (DESIGN: triage outcomes). Pure f
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from megatron_env.diagnose import families, launch
-from megatron_env.diagnose.model import End, Events, first, in_time_order
+from megatron_env.diagnose.model import End, Events, Failing, first, in_time_order
 from megatron_env.findings import INCONCLUSIVE, Finding, Status
 
 _STOPPED_NEXT = ("`py-spy dump --pid PID` (add --native for a stuck CUDA/NCCL call) on a rank "
@@ -77,14 +78,16 @@ _FIX = {
 }
 
 
-def _who(items: list[dict[str, Any]], prompts: list[str] | None = None) -> str:
+def _who(items: Sequence[dict[str, Any] | Failing], prompts: list[str] | None = None) -> str:
     """Who printed these events: ranks as ranges, srun task ids, hosts (or, when no line
     names one, the host of the one shell prompt pasted with them)."""
     prompts = prompts if prompts and len(prompts) == 1 else []
-    rs = sorted({x["rank"] for x in items if x.get("rank") is not None})
-    hosts = list(dict.fromkeys(x["host"] for x in items if x.get("host"))) or prompts
-    tasks = sorted({t for x in items for t in x.get("tasks") or []})
-    local = sorted({x["local"] for x in items if x.get("local") is not None})
+    got = [(x.rank, x.host, x.tasks, x.local) if isinstance(x, Failing) else
+           (x.get("rank"), x.get("host"), x.get("tasks") or [], x.get("local")) for x in items]
+    rs = sorted({r for r, _, _, _ in got if r is not None})
+    hosts = list(dict.fromkeys(h for _, h, _, _ in got if h)) or prompts
+    tasks = sorted({t for _, _, ts, _ in got for t in ts})
+    local = sorted({lr for _, _, _, lr in got if lr is not None})
     out = (launch.ranks(rs) if rs else
            launch.ranks(local).replace("rank", "local rank") if local else "")
     if tasks:
@@ -108,8 +111,8 @@ def _own_errors(ev: Events, what: str) -> list[str]:
     "Caught X in DataLoader worker" is followed by the worker's traceback, whose last line
     says which sample and why)."""
     return list(dict.fromkeys(
-        x["line"] for x in ev.failing if x["kind"] == "exception" and x["name"] in what
-        and "Caught " not in x["line"]))[:2]
+        x.line for x in ev.failing if x.kind == "exception" and x.name in what
+        and "Caught " not in x.line))[:2]
 
 
 def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
@@ -133,11 +136,11 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
     return out
 
 
-def _failing_lines(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _failing_lines(items: list[Failing]) -> list[Failing]:
     """The failure-looking lines to quote: exceptions first (first in time first), then exit
     codes, then error lines."""
     order = {"exception": 0, "exit": 1, "pod": 2, "error": 3}
-    return sorted(in_time_order(items), key=lambda x: order.get(x["kind"], 3))
+    return sorted(in_time_order(items), key=lambda x: order.get(x.kind, 3))
 
 
 def outcome(ev: Events, failed: bool) -> list[Finding]:
@@ -149,7 +152,7 @@ def outcome(ev: Events, failed: bool) -> list[Finding]:
         return []
     ends = [e for e in ev.ends if not e.exit]
     last_end = max((e.seq or 0 for e in ends), default=None)
-    fails = [x for x in ev.failing if last_end is None or x.get("seq", 0) > last_end]
+    fails = [x for x in ev.failing if last_end is None or (x.seq or 0) > last_end]
     if fails:
         return [_unrecognised(ev, fails)]
     if ev.tail.get("progress_after_end"):
@@ -173,26 +176,26 @@ def _every_rank(ev: Events, exits: list[End]) -> bool:
     return len(ev.ranks_seen) < 2 or not ranks or ev.ranks_seen <= ranks
 
 
-def _unrecognised(ev: Events, fails: list[dict[str, Any]]) -> Finding:
+def _unrecognised(ev: Events, fails: list[Failing]) -> Finding:
     shown = _failing_lines(fails)
     x0 = shown[0]
     who = _who(fails)
     where = {"user": "raised in the training code", "framework": "raised inside an installed "
-             "package"}.get(x0.get("where", ""), "")
-    what = (f"{x0['name']}" if x0["kind"] == "exception" else
-            f"exit code {x0['code']}" if x0["kind"] == "exit" else
+             "package"}.get(x0.where, "")
+    what = (x0.name if x0.kind == "exception" else
+            f"exit code {x0.code}" if x0.kind == "exit" else
             "a pod that keeps failing (`kubectl logs --previous POD` shows why)"
-            if x0["kind"] == "pod" else "an error line")
+            if x0.kind == "pod" else "an error line")
     return Finding(
         "job.unrecognised", Status.FAIL,
         f"the log shows a failure no signature names: {what}"
-        + (f", {where}" + (f" ({x0['frame']})" if x0.get("frame") else "") if where else "")
-        + (f" ({who})" if who else "") + f": {x0['line']}",
-        [x["line"] for x in shown[:6]],
+        + (f", {where}" + (f" ({x0.frame})" if x0.frame else "") if where else "")
+        + (f" ({who})" if who else "") + f": {x0.line}",
+        [x.line for x in shown[:6]],
         "the quoted lines are what looks like the failure; the traceback above the first one "
         "in the log says where. Please report it so the next version names it: open an issue "
         "with these lines (or the whole log) and the output of `invoke report`",
-        x0.get("where") or "unrecognised")
+        x0.where or "unrecognised")
 
 
 def _stopped(ev: Events) -> Finding:

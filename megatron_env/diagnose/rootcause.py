@@ -12,10 +12,8 @@ not time out is the cause then.
 
 from __future__ import annotations
 
-from typing import Any
-
 from megatron_env.diagnose.launch import ranks
-from megatron_env.diagnose.model import SIGNALS, Events, Failure, first
+from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, first
 from megatron_env.findings import Finding, Status
 
 # what the launcher raises about its child, not the child's own error
@@ -38,32 +36,31 @@ def proc(f: Failure) -> str:
     return f"local rank {f.local_rank}" if f.local_rank is not None else "a worker"
 
 
-def _exceptions(ev: Events) -> list[dict[str, Any]]:
-    return [x for x in ev.failing if x["kind"] == "exception" and x["name"] not in
-            LAUNCHER_ERRORS]
+def _exceptions(ev: Events) -> list[Failing]:
+    return [x for x in ev.failing if x.kind == "exception" and x.name not in LAUNCHER_ERRORS]
 
 
-def own_exception(ev: Events, root: Failure) -> dict[str, Any] | None:
+def own_exception(ev: Events, root: Failure) -> Failing | None:
     """The exception the root-cause process printed: the first of its rank's (a global rank
     tag, else its local rank's role tag); in a log whose exceptions carry no tag, the first one
     when only one process failed (nothing else could have printed it)."""
     ex = _exceptions(ev)
-    mine = [x for x in ex if x["rank"] == root.rank] if root.rank is not None else []
+    mine = [x for x in ex if x.rank == root.rank] if root.rank is not None else []
     if not mine and root.local_rank is not None:
-        mine = [x for x in ex if x["rank"] is None and x.get("local") == root.local_rank]
+        mine = [x for x in ex if x.rank is None and x.local == root.local_rank]
     if not mine and len({(f.rank, f.local_rank) for f in ev.failures}) == 1:
-        mine = [x for x in ex if x["rank"] is None and x.get("local") is None]
-    return min(mine, key=lambda x: x.get("seq", 0)) if mine else None
+        mine = [x for x in ex if x.rank is None and x.local is None]
+    return min(mine, key=lambda x: x.seq or 0) if mine else None
 
 
-def _waited(ev: Events, root: Failure) -> dict[str, Any] | None:
+def _waited(ev: Events, root: Failure) -> Failing | None:
     """When the table's first failure only timed out (its watchdog), the first exception of a
     rank that did not time out: the one the others were waiting for."""
     waiting = {t["rank"] for t in ev.timeouts}
     if root.rank is None or root.rank not in waiting:
         return None
-    others = [x for x in _exceptions(ev) if x["rank"] is not None and x["rank"] not in waiting]
-    return min(others, key=lambda x: x.get("seq", 0)) if others else None
+    others = [x for x in _exceptions(ev) if x.rank is not None and x.rank not in waiting]
+    return min(others, key=lambda x: x.seq or 0) if others else None
 
 
 def findings(ev: Events) -> list[Finding]:
@@ -94,15 +91,15 @@ def findings(ev: Events) -> list[Finding]:
     if (culprit := _waited(ev, root)) is not None:
         return [Finding(
             "job.root_cause", Status.FAIL,
-            f"rank {culprit['rank']} raised {_said(culprit)}; {launcher}'s first observed "
+            f"rank {culprit.rank} raised {_said(culprit)}; {launcher}'s first observed "
             f"failure, {who}, only timed out waiting for it ({how}){also}",
-            [culprit["line"], *table], _EXCEPTION_FIX, culprit.get("where") or "user")]
+            [culprit.line, *table], _EXCEPTION_FIX, culprit.where or "user")]
     if (own := own_exception(ev, root)) is not None and code not in (-9, -15):
         return [Finding(
             "job.root_cause", Status.FAIL,
             f"{who} raised {_said(own)}; {launcher}'s first observed failure"
             + (f" ({more})" if more else "") + f", {how}{also}",
-            [own["line"], *table], _EXCEPTION_FIX, own.get("where") or "user")]
+            [own.line, *table], _EXCEPTION_FIX, own.where or "user")]
     who += f" ({ids})" if ids else ""
     fix = _FIXES.get(code if code is not None else 0,
                      f"{who}'s own traceback, earlier in its log, names the error; rerun with "
@@ -113,9 +110,9 @@ def findings(ev: Events) -> list[Finding]:
         table, fix, "signal" if code is not None and code < 0 else "unrecognised")]
 
 
-def _said(x: dict[str, Any]) -> str:
+def _said(x: Failing) -> str:
     """An exception as its traceback ended, and where it was raised when known."""
-    return str(x["line"]) + (f" ({x['frame']})" if x.get("frame") else "")
+    return x.line + (f" ({x.frame})" if x.frame else "")
 
 
 _EXCEPTION_FIX = ("the exception is that rank's own error, the first in the job; its traceback, "

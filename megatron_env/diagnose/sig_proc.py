@@ -10,7 +10,7 @@ from itertools import islice
 from typing import Any
 
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import SIGNALS, Events, Failure, rank_of
+from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, rank_of
 
 FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: (.*)$")
 ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
@@ -229,9 +229,8 @@ def _exit(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, A
                            "line": t.strip()}, key=(name, rank, host, g.get("pid"), g["tasks"]
                                                     if g.get("tasks") else local))
     elif code:
-        ev.add("failing", {"kind": "exit", "code": code, "rank": rank, "host": host,
-                           "tasks": ids, "local": local, "line": t.strip()},
-               key=("exit", code, rank, host, local))
+        ev.add("failing", Failing(kind="exit", line=t.strip(), rank=rank, host=host, code=code,
+                                  tasks=ids, local=local), key=("exit", code, rank, host, local))
 
 
 # a row of `kubectl get pods`: NAME READY STATUS RESTARTS AGE
@@ -244,8 +243,8 @@ def _pod(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, An
     if (m := _POD.match(t)) and m.group("pod") not in ev.pods and len(ev.pods) < 16:
         ev.pods.append(m.group("pod"))
     if m and m.group("status") in ("CrashLoopBackOff", "Error"):  # it failed; its log says why
-        ev.add("failing", {"kind": "pod", "rank": None, "host": m.group("pod"),
-                           "line": t.strip()}, key=("pod", m.group("pod")))
+        ev.add("failing", Failing(kind="pod", line=t.strip(), host=m.group("pod")),
+               key=("pod", m.group("pod")))
 
 
 # a shell prompt a user pasted with the output: `[user@host dir]$ cmd`, `user@host:~$ cmd`

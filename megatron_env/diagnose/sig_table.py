@@ -21,7 +21,7 @@ from typing import Any
 
 from megatron_env.diagnose import sig_end
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import NCCL_ORIGIN, Events, rank_of
+from megatron_env.diagnose.model import NCCL_ORIGIN, Events, Failing, rank_of
 
 
 @dataclass(frozen=True)
@@ -377,13 +377,14 @@ def _failing(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str
         frame = facts.get("frame")
         where = ("framework" if frame and any(p in frame[0] for p in _PACKAGES) else "user"
                  if frame else "")
-        ev.add("failing", {"kind": "exception", "name": m.group("name"), "rank": rank_of(line),
-                           "host": line.host, "line": t.strip(), "where": where,
-                           "frame": f"{frame[0]}:{frame[1]}" if frame else ""},
+        ev.add("failing", Failing(kind="exception", line=t.strip(), rank=rank_of(line),
+                                  host=line.host, name=m.group("name"), where=where,
+                                  frame=f"{frame[0]}:{frame[1]}" if frame else ""),
                key=("exception", t.strip()[:200], rank_of(line)))
     elif _ERROR_LINE.search(t) and "WARN" not in t:
-        ev.add("failing", {"kind": "error", "rank": rank_of(line), "host": line.host,
-                           "line": t.strip()}, key=("error", t.strip()[:200], rank_of(line)))
+        ev.add("failing", Failing(kind="error", line=t.strip(), rank=rank_of(line),
+                                  host=line.host),
+               key=("error", t.strip()[:200], rank_of(line)))
 
 
 def _frame(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
