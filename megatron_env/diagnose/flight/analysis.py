@@ -1,0 +1,258 @@
+"""Where the ranks of a hung job diverge, from their flight-recorder dumps: pure functions.
+
+Per process group, the first collective (by sequence id) where the members disagree: members
+that never entered it, a member that entered another op, sizes or dtypes that differ. Then the
+wait-for chain: a rank whose newest collective is not done waits on the members that never
+entered it (or on the one that entered another op); a rank whose newest collective is done is
+outside every collective. The roots are the ranks the chain ends at: a stall on a subgroup that
+holds up the default group is traced to the rank that stalled, not to the subgroup's waiter.
+
+Why not trust the entries' own state: gloo marks every entry "scheduled" and one that timed
+out as completed, and NCCL's state lags the watchdog. What the entries of all ranks agree on
+(who entered which sequence id) is what tells. Each rank's ring buffer holds only its newest
+entries, so a member counts as never having entered a collective only when its newest entry
+of that group is older, never because the collective fell out of its buffer.
+
+Membership: from the dump's pg_config where it names ranks (NCCL); gloo leaves it empty, so a
+group's members are the ranks whose entries carry it (the default group: every rank dumped).
+A group only one rank ever entered has unknown peers; the ranks outside every collective are
+then the ones it can be waiting on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from megatron_env.diagnose.flight.dump import Dump, Entry
+
+Key = tuple[str, int]  # (group, sequence id)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first collective of one group where its members disagree."""
+
+    pg: str
+    desc: str
+    seq: int
+    op: str  # what most members entered
+    entered: list[int]
+    missing: list[int]  # members that never entered it
+    other_op: dict[int, str]  # member -> the op it entered instead
+    mismatch: dict[int, str]  # member -> "sizes ... / dtypes ..." where they differ
+
+
+@dataclass(frozen=True)
+class Wait:
+    rank: int
+    pg: str
+    desc: str
+    seq: int
+    op: str
+    on: list[int]  # the ranks it waits for (empty: all arrived, the collective itself hung)
+
+
+@dataclass
+class Hang:
+    roots: list[int]  # where the chain ends, root first
+    waits: list[Wait]  # nearest the roots first
+    divergences: list[Divergence]
+    last_done: dict[int, tuple[str, str, int, str]]  # rank -> (pg, desc, seq, op)
+    frames: dict[int, list[tuple[str, str, int]]]  # root's (or first waiter's) stack
+    unknown_peers: list[str] = field(default_factory=list)  # groups of one known member
+
+
+def _by_key(d: Dump) -> dict[Key, list[Entry]]:
+    out: dict[Key, list[Entry]] = defaultdict(list)
+    for e in d.entries:
+        if not e.p2p:
+            out[(e.pg, e.seq)].append(e)
+    return out
+
+
+def members(dumps: list[Dump]) -> dict[str, set[int]]:
+    """Group -> member ranks: the config's where given, else who carries the group."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for d in dumps:
+        for e in d.entries:
+            if not e.p2p:
+                out[e.pg].add(d.rank)
+    for d in dumps:
+        for pg, ranks in d.members.items():
+            if pg in out or any(e.desc == "default_pg" for e in d.entries if e.pg == pg):
+                out[pg] |= set(ranks)
+    everyone = {d.rank for d in dumps}
+    for d in dumps:
+        for e in d.entries:
+            if e.desc == "default_pg":
+                out[e.pg] |= everyone
+    return dict(out)
+
+
+def _op(es: list[Entry]) -> str:
+    return "+".join(e.op for e in es)  # a coalesced group: its ops in order
+
+
+class _View:
+    """Who entered what: each rank's entries by (group, sequence id), its newest and oldest
+    sequence id per group, each group's members."""
+
+    def __init__(self, dumps: list[Dump]) -> None:
+        self.keyed = {d.rank: _by_key(d) for d in dumps}
+        self.newest: dict[tuple[int, str], int] = {}
+        self.oldest: dict[tuple[int, str], int] = {}
+        for r, ks in self.keyed.items():
+            for pg, seq in ks:
+                self.newest[(r, pg)] = max(seq, self.newest.get((r, pg), seq))
+                self.oldest[(r, pg)] = min(seq, self.oldest.get((r, pg), seq))
+        self.members = {pg: sorted(r for r in ms if r in self.keyed)
+                        for pg, ms in members(dumps).items()}
+        self.desc = {e.pg: e.desc for d in dumps for e in d.entries}
+        self.completed = {d.rank: d.completed for d in dumps}
+
+    def entered(self, r: int, pg: str, seq: int) -> bool:
+        return self.newest.get((r, pg), -1) >= seq
+
+    def done(self, pg: str, seq: int) -> bool:
+        """Every member entered it with one op, and one went on past it (or all dumps say it
+        completed)."""
+        ms = self.members[pg]
+        if not all(self.entered(r, pg, seq) for r in ms):
+            return False
+        if len({_op(self.keyed[r][(pg, seq)]) for r in ms if (pg, seq) in self.keyed[r]}) > 1:
+            return False
+        return any(self.newest.get((r, pg), -1) > seq for r in ms) or all(
+            self.completed[r].get(pg, -1) >= seq for r in ms)
+
+
+def analyse(dumps: list[Dump]) -> Hang | None:
+    """The hang the dumps show, or None when every collective they hold completed."""
+    v = _View(dumps)
+    divergences = [dv for pg in sorted(v.members, key=_pg_order)
+                   if (dv := _diverge(v, pg)) is not None]
+    waits, idle, last_done = _positions(v, dumps)
+    if not waits:
+        return None
+    odd = {r: dv for dv in divergences for r in [*dv.other_op, *dv.mismatch]}
+    unknown: list[str] = []
+    for r, w in list(waits.items()):
+        ms = v.members[w.pg]
+        on = [x for x in ms if not v.entered(x, w.pg, w.seq)]
+        if not on:
+            on = [x for x in ms if x in odd and odd[x].pg == w.pg and x != r]
+        if not on and r not in odd and ms == [r]:  # peers unknown (gloo): the idle ranks
+            unknown.append(w.pg)
+            on = list(idle)
+        waits[r] = Wait(r, w.pg, w.desc, w.seq, w.op, on)
+    roots = _roots(waits, odd)
+    order = _distance(waits, roots)
+    shown = sorted(waits.values(),
+                   key=lambda w: (order.get(w.rank, len(order)), len(w.on), w.rank))
+    frames = {}
+    for r in roots:
+        src = v.keyed[r].get((waits[r].pg, waits[r].seq), []) if r in waits else []
+        last = [e for d in dumps if d.rank == r for e in d.entries[-1:]]
+        if (src or last) and (src or last)[0].frames:
+            frames[r] = (src or last)[0].frames
+    return Hang(roots, shown, divergences, last_done, frames, unknown)
+
+
+def _positions(v: _View, dumps: list[Dump]) -> tuple[dict[int, Wait], list[int],
+                                                      dict[int, tuple[str, str, int, str]]]:
+    """Each rank's place: waiting in its newest collective (not done), or idle; and its
+    newest collective that is done."""
+    waits: dict[int, Wait] = {}
+    idle: list[int] = []
+    last_done: dict[int, tuple[str, str, int, str]] = {}
+    for d in dumps:
+        col = [e for e in d.entries if not e.p2p]
+        for e in reversed(col):
+            if v.done(e.pg, e.seq):
+                last_done[d.rank] = (e.pg, e.desc, e.seq, e.op)
+                break
+        if not col or v.done(col[-1].pg, col[-1].seq):
+            idle.append(d.rank)
+            continue
+        e = col[-1]
+        waits[d.rank] = Wait(d.rank, e.pg, e.desc, e.seq, _op(v.keyed[d.rank][(e.pg, e.seq)]),
+                             [])
+    return waits, idle, last_done
+
+
+def _pg_order(pg: str) -> tuple[int, str]:
+    return (int(pg), "") if pg.isdigit() else (1 << 30, pg)
+
+
+def _diverge(v: _View, pg: str) -> Divergence | None:
+    """The first sequence id of `pg` its members disagree on, within what every buffer holds."""
+    ranks = v.members[pg]
+    seqs = sorted({s for r in ranks for (g, s) in v.keyed[r] if g == pg})
+    start = max((v.oldest[(r, pg)] for r in ranks if (r, pg) in v.oldest), default=0)
+    for s in seqs:
+        if s < start:
+            continue
+        have = {r: v.keyed[r][(pg, s)] for r in ranks if (pg, s) in v.keyed[r]}
+        missing = [r for r in ranks if not v.entered(r, pg, s)]
+        ops = Counter(_op(es) for es in have.values())
+        major = _majority(ops)
+        other = {r: _op(es) for r, es in have.items() if _op(es) != major}
+        shapes = Counter((es[0].sizes, es[0].dtypes) for r, es in have.items() if r not in other)
+        shape = _majority(shapes) if shapes else None
+        mismatch = {r: _shape(es[0]) for r, es in have.items()
+                    if r not in other and (es[0].sizes, es[0].dtypes) != shape}
+        if missing or other or mismatch:
+            return Divergence(pg, v.desc.get(pg, ""), s, major, sorted(have), missing, other,
+                              mismatch)
+    return None
+
+
+T = TypeVar("T")
+
+
+def _majority(c: Counter[T]) -> T:
+    """The most common value (ties: the one seen first), so the odd ones are the rest."""
+    best = max(c.values())
+    return next(k for k, n in c.items() if n == best)
+
+
+def _shape(e: Entry) -> str:
+    (ins, outs), (idt, odt) = e.sizes, e.dtypes
+    return (f"sizes {_list(ins)} -> {_list(outs)}, dtypes {'/'.join(map(str, idt or ()))}"
+            f" -> {'/'.join(map(str, odt or ()))}")
+
+
+def _list(x: object) -> str:
+    return str(x).replace("(", "[").replace(")", "]").replace(",]", "]")
+
+
+def _roots(waits: dict[int, Wait], odd: dict[int, Divergence]) -> list[int]:
+    """Where the wait-for chains end: a rank that waits on nobody (outside every collective,
+    or in one all members entered) or that entered another op or shape; every waiter when
+    the chains only go round."""
+    reach: set[int] = set()
+    stack = list(waits)
+    while stack:
+        r = stack.pop()
+        if r in reach:
+            continue
+        reach.add(r)
+        if r in waits and r not in odd:
+            stack.extend(waits[r].on)
+    roots = [r for r in reach if r in odd or r not in waits or not waits[r].on]
+    return sorted(roots) or sorted(waits)
+
+
+def _distance(waits: dict[int, Wait], roots: list[int]) -> dict[int, int]:
+    """How many waits each rank is from a root (BFS against the wait-for edges)."""
+    dist = {r: 0 for r in roots}
+    frontier = list(roots)
+    while frontier:
+        nxt = []
+        for w in waits.values():
+            if w.rank not in dist and any(x in frontier for x in w.on):
+                dist[w.rank] = dist[frontier[0]] + 1
+                nxt.append(w.rank)
+        frontier = nxt
+    return dist
