@@ -132,7 +132,8 @@ def analyse(dumps: list[Dump]) -> Hang | None:
     v = _View(dumps)
     divergences = [dv for pg in sorted(v.members, key=_pg_order)
                    if (dv := _diverge(v, pg)) is not None]
-    waits, idle, last_done = _positions(v, dumps)
+    missing = {r for dv in divergences for r in dv.missing}
+    waits, idle, last_done = _positions(v, dumps, missing)
     if not waits:
         return None
     odd = {r: dv for dv in divergences for r in [*dv.other_op, *dv.mismatch]}
@@ -159,20 +160,27 @@ def analyse(dumps: list[Dump]) -> Hang | None:
     return Hang(roots, shown, divergences, last_done, frames, unknown)
 
 
-def _positions(v: _View, dumps: list[Dump]) -> tuple[dict[int, Wait], list[int],
-                                                      dict[int, tuple[str, str, int, str]]]:
+def _positions(v: _View, dumps: list[Dump], missing: set[int],
+               ) -> tuple[dict[int, Wait], list[int], dict[int, tuple[str, str, int, str]]]:
     """Each rank's place: waiting in its newest collective (not done), or idle; and its
-    newest collective that is done."""
+    newest collective that is done. A collective of a group only this rank carries (gloo:
+    its peers unknown) is not done when others wait for this rank elsewhere (`missing`):
+    gloo marks a collective that timed out as completed."""
     waits: dict[int, Wait] = {}
     idle: list[int] = []
     last_done: dict[int, tuple[str, str, int, str]] = {}
     for d in dumps:
+        alone = d.rank in missing and len(v.keyed) > 1
+
+        def done(e: Entry, alone: bool = alone, rank: int = d.rank) -> bool:
+            return v.done(e.pg, e.seq) and not (alone and v.members[e.pg] == [rank])
+
         col = [e for e in d.entries if not e.p2p]
         for e in reversed(col):
-            if v.done(e.pg, e.seq):
+            if done(e):
                 last_done[d.rank] = (e.pg, e.desc, e.seq, e.op)
                 break
-        if not col or v.done(col[-1].pg, col[-1].seq):
+        if not col or done(col[-1]):
             idle.append(d.rank)
             continue
         e = col[-1]

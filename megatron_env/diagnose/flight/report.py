@@ -144,7 +144,7 @@ def evidence(h: Hang, dumps: list[dump.Dump], timeouts: list[Timeout],
     none = sorted({d.rank for d in dumps} - set(h.last_done))
     if none:
         out.append(f"no completed collective in the buffer of {ranks(none)}")
-    out += agreement(h, timeouts)
+    out += agreement(h, timeouts, {d.rank for d in dumps})
     return out
 
 
@@ -152,12 +152,15 @@ def _norm(op: str) -> str:
     return op.replace("_", "").lower()
 
 
-def agreement(h: Hang, timeouts: list[Timeout]) -> list[str]:
+def agreement(h: Hang, timeouts: list[Timeout], dumped: set[int]) -> list[str]:
     """Whether the watchdog's timeout lines and the dumps name the same collective."""
     waits = {w.rank: w for w in h.waits}
     agree, differ = [], []
+    undumped = sorted({r for r, _, _ in timeouts if r not in dumped})
     for r, seq, op in sorted(set(timeouts)):
         w = waits.get(r)
+        if r not in dumped:
+            continue
         if w is not None and w.seq == seq and _norm(w.op) == _norm(op):
             agree.append(r)
         else:
@@ -165,8 +168,9 @@ def agreement(h: Hang, timeouts: list[Timeout]) -> list[str]:
                           + (f"waits in {_where(w)}" if w else "waits in no collective"))
     out = [f"the logs agree: the watchdog of {ranks(agree)} timed out at the sequence id the "
            "dump shows"] if agree else []
-    return out + [f"the logs and dumps differ: {x} (dumps of another run or moment?)"
-                  for x in differ[:4]]
+    out += [f"the logs and dumps differ: {x} (dumps of another run or moment?)"
+            for x in differ[:4]]
+    return out + ([f"no dump of {ranks(undumped)}, whose logs timed out"] if undumped else [])
 
 
 def findings(dumps: list[dump.Dump], timeouts: list[Timeout] | None = None,
