@@ -87,8 +87,12 @@ def test_subgroup_stall_names_root_first_then_the_waiters(made: Path) -> None:
 
 @needs_torch
 def test_clean_job_shows_no_hang(made: Path) -> None:
+    """Dumped right after the last barrier: gloo may not have marked it completed yet, which
+    is at most a warning that names no rank, never a failure."""
     fs, _, _ = jobs.run([str(made / "clean")])
-    assert [(f.id, f.status) for f in fs] == [("job.hang", Status.PASS)]
+    assert [f.id for f in fs] == ["job.hang"]
+    assert fs[0].status is Status.PASS or (
+        fs[0].status is Status.WARN and fs[0].summary.endswith("no rank is behind"))
 
 
 @needs_torch

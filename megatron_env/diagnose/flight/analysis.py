@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from megatron_env.diagnose.flight.dump import Dump, Entry
+from megatron_env.diagnose.flight.dump import Dump, Entry, frames, shape
 
 Key = tuple[str, int]  # (group, sequence id)
 
@@ -63,53 +63,61 @@ class Hang:
     frames: dict[int, list[tuple[str, str, int]]]  # root's (or first waiter's) stack
     unknown_peers: list[str] = field(default_factory=list)  # groups of one known member
 
+    @property
+    def all_arrived(self) -> bool:
+        """No rank waits for another: every member entered the collectives still open, alike.
+        Either the transport hung, or the ranks were dumped while it completed (gloo and the
+        NCCL watchdog mark completion late): no rank to blame."""
+        return not self.divergences and all(not w.on for w in self.waits)
 
-def _by_key(d: Dump) -> dict[Key, list[Entry]]:
-    out: dict[Key, list[Entry]] = defaultdict(list)
+
+def _by_key(d: Dump) -> tuple[dict[Key, list[Entry]], dict[Key, tuple[str, Any]]]:
+    """A rank's collectives by (group, sequence id), and each one's (op, shape): a coalesced
+    group's entries share one id, its ops joined in order."""
+    keyed: dict[Key, list[Entry]] = {}
+    sig: dict[Key, tuple[str, Any]] = {}
     for e in d.entries:
-        if not e.p2p:
-            out[(e.pg, e.seq)].append(e)
-    return out
-
-
-def members(dumps: list[Dump]) -> dict[str, set[int]]:
-    """Group -> member ranks: the config's where given, else who carries the group."""
-    out: dict[str, set[int]] = defaultdict(set)
-    for d in dumps:
-        for e in d.entries:
-            if not e.p2p:
-                out[e.pg].add(d.rank)
-    for d in dumps:
-        for pg, ranks in d.members.items():
-            if pg in out or any(e.desc == "default_pg" for e in d.entries if e.pg == pg):
-                out[pg] |= set(ranks)
-    everyone = {d.rank for d in dumps}
-    for d in dumps:
-        for e in d.entries:
-            if e.desc == "default_pg":
-                out[e.pg] |= everyone
-    return dict(out)
-
-
-def _op(es: list[Entry]) -> str:
-    return "+".join(e.op for e in es)  # a coalesced group: its ops in order
+        if e.p2p:
+            continue
+        k = (e.pg, e.seq)
+        have = keyed.get(k)
+        if have is None:
+            keyed[k] = [e]
+            sig[k] = (e.op, e.shape)
+        else:
+            have.append(e)
+            sig[k] = (sig[k][0] + "+" + e.op, sig[k][1])
+    return keyed, sig
 
 
 class _View:
-    """Who entered what: each rank's entries by (group, sequence id), its newest and oldest
-    sequence id per group, each group's members."""
+    """Who entered what: each rank's collectives by (group, sequence id), its newest and
+    oldest sequence id per group, each group's members (the config's where it names them,
+    else the ranks whose entries carry the group; the default group: every rank dumped)."""
 
     def __init__(self, dumps: list[Dump]) -> None:
-        self.keyed = {d.rank: _by_key(d) for d in dumps}
+        self.keyed: dict[int, dict[Key, list[Entry]]] = {}
+        self.sig: dict[int, dict[Key, tuple[str, Any]]] = {}
         self.newest: dict[tuple[int, str], int] = {}
         self.oldest: dict[tuple[int, str], int] = {}
-        for r, ks in self.keyed.items():
-            for pg, seq in ks:
-                self.newest[(r, pg)] = max(seq, self.newest.get((r, pg), seq))
-                self.oldest[(r, pg)] = min(seq, self.oldest.get((r, pg), seq))
-        self.members = {pg: sorted(r for r in ms if r in self.keyed)
-                        for pg, ms in members(dumps).items()}
-        self.desc = {e.pg: e.desc for d in dumps for e in d.entries}
+        self.desc: dict[str, str] = {}
+        carriers: dict[str, set[int]] = defaultdict(set)
+        for d in dumps:
+            self.keyed[d.rank], self.sig[d.rank] = _by_key(d)
+            for pg, seq in self.keyed[d.rank]:
+                k = (d.rank, pg)
+                self.newest[k] = max(seq, self.newest.get(k, seq))
+                self.oldest[k] = min(seq, self.oldest.get(k, seq))
+                carriers[pg].add(d.rank)
+            for es in self.keyed[d.rank].values():
+                self.desc.setdefault(es[0].pg, es[0].desc)
+        for d in dumps:
+            for pg, ranks in d.members.items():
+                if pg in carriers:
+                    carriers[pg] |= set(ranks)
+        everyone = set(self.keyed)
+        self.members = {pg: sorted((everyone if self.desc.get(pg) == "default_pg" else ms)
+                                   & everyone) for pg, ms in carriers.items()}
         self.completed = {d.rank: d.completed for d in dumps}
 
     def entered(self, r: int, pg: str, seq: int) -> bool:
@@ -121,7 +129,7 @@ class _View:
         ms = self.members[pg]
         if not all(self.entered(r, pg, seq) for r in ms):
             return False
-        if len({_op(self.keyed[r][(pg, seq)]) for r in ms if (pg, seq) in self.keyed[r]}) > 1:
+        if len({self.sig[r][(pg, seq)][0] for r in ms if (pg, seq) in self.sig[r]}) > 1:
             return False
         return any(self.newest.get((r, pg), -1) > seq for r in ms) or all(
             self.completed[r].get(pg, -1) >= seq for r in ms)
@@ -151,13 +159,13 @@ def analyse(dumps: list[Dump]) -> Hang | None:
     order = _distance(waits, roots)
     shown = sorted(waits.values(),
                    key=lambda w: (order.get(w.rank, len(order)), len(w.on), w.rank))
-    frames = {}
+    stacks = {}
     for r in roots:
         src = v.keyed[r].get((waits[r].pg, waits[r].seq), []) if r in waits else []
         last = [e for d in dumps if d.rank == r for e in d.entries[-1:]]
-        if (src or last) and (src or last)[0].frames:
-            frames[r] = (src or last)[0].frames
-    return Hang(roots, shown, divergences, last_done, frames, unknown)
+        if (src or last) and (fr := frames((src or last)[0])):
+            stacks[r] = fr
+    return Hang(roots, shown, divergences, last_done, stacks, unknown)
 
 
 def _positions(v: _View, dumps: list[Dump], missing: set[int],
@@ -184,8 +192,7 @@ def _positions(v: _View, dumps: list[Dump], missing: set[int],
             idle.append(d.rank)
             continue
         e = col[-1]
-        waits[d.rank] = Wait(d.rank, e.pg, e.desc, e.seq, _op(v.keyed[d.rank][(e.pg, e.seq)]),
-                             [])
+        waits[d.rank] = Wait(d.rank, e.pg, e.desc, e.seq, v.sig[d.rank][(e.pg, e.seq)][0], [])
     return waits, idle, last_done
 
 
@@ -198,18 +205,20 @@ def _diverge(v: _View, pg: str) -> Divergence | None:
     ranks = v.members[pg]
     seqs = sorted({s for r in ranks for (g, s) in v.keyed[r] if g == pg})
     start = max((v.oldest[(r, pg)] for r in ranks if (r, pg) in v.oldest), default=0)
+    behind = min((v.newest.get((r, pg), -1) for r in ranks), default=-1)
     for s in seqs:
         if s < start:
             continue
-        have = {r: v.keyed[r][(pg, s)] for r in ranks if (pg, s) in v.keyed[r]}
+        have = {r: v.sig[r][(pg, s)] for r in ranks if (pg, s) in v.sig[r]}
+        first = have.get(ranks[0])
+        if s <= behind and all(x == first for x in have.values()):
+            continue  # the common case: everyone entered it alike
         missing = [r for r in ranks if not v.entered(r, pg, s)]
-        ops = Counter(_op(es) for es in have.values())
-        major = _majority(ops)
-        other = {r: _op(es) for r, es in have.items() if _op(es) != major}
-        shapes = Counter((es[0].sizes, es[0].dtypes) for r, es in have.items() if r not in other)
-        shape = _majority(shapes) if shapes else None
-        mismatch = {r: _shape(es[0]) for r, es in have.items()
-                    if r not in other and (es[0].sizes, es[0].dtypes) != shape}
+        major = _majority(Counter(op for op, _ in have.values()))
+        other = {r: op for r, (op, _) in have.items() if op != major}
+        shapes = {r: shape(v.keyed[r][(pg, s)][0]) for r in have if r not in other}
+        common = _majority(Counter(shapes.values())) if shapes else None
+        mismatch = {r: sh for r, sh in shapes.items() if sh != common}
         if missing or other or mismatch:
             return Divergence(pg, v.desc.get(pg, ""), s, major, sorted(have), missing, other,
                               mismatch)
@@ -223,16 +232,6 @@ def _majority(c: Counter[T]) -> T:
     """The most common value (ties: the one seen first), so the odd ones are the rest."""
     best = max(c.values())
     return next(k for k, n in c.items() if n == best)
-
-
-def _shape(e: Entry) -> str:
-    (ins, outs), (idt, odt) = e.sizes, e.dtypes
-    return (f"sizes {_list(ins)} -> {_list(outs)}, dtypes {'/'.join(map(str, idt or ()))}"
-            f" -> {'/'.join(map(str, odt or ()))}")
-
-
-def _list(x: object) -> str:
-    return str(x).replace("(", "[").replace(")", "]").replace(",]", "]")
 
 
 def _roots(waits: dict[int, Wait], odd: dict[int, Divergence]) -> list[int]:

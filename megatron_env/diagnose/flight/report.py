@@ -29,13 +29,14 @@ _INTERNAL = ("/torch/distributed/", "/torch/multiprocessing/", "/multiprocessing
 def read(paths: Iterable[Path]) -> list[dump.Dump]:
     """Every dump, each read whole (a bad one stops here, naming it); one dump per rank."""
     out: dict[int, dump.Dump] = {}
-    for p in paths:
-        d = dump.read(p)
-        if d.rank in out:
-            raise UserError(f"{p} and {out[d.rank].path} are both dumps of rank {d.rank}",
-                            fix="pass one job's dumps, one file per rank",
-                            kind="triage.dump-twice")
-        out[d.rank] = d
+    with dump.paused_gc():
+        for p in paths:
+            d = dump.read(p)
+            if d.rank in out:
+                raise UserError(f"{p} and {out[d.rank].path} are both dumps of rank {d.rank}",
+                                fix="pass one job's dumps, one file per rank",
+                                kind="triage.dump-twice")
+            out[d.rank] = d
     return [out[r] for r in sorted(out)]
 
 
@@ -177,12 +178,23 @@ def findings(dumps: list[dump.Dump], timeouts: list[Timeout] | None = None,
              hosts: dict[int, str] | None = None) -> list[Finding]:
     """`job.hang` when the dumps show ranks waiting, else one line saying they do not."""
     hosts = {**file_hosts(dumps), **(hosts or {})}
-    h = analysis.analyse(dumps)
+    with dump.paused_gc():
+        h = analysis.analyse(dumps)
     entries = sum(len(d.entries) for d in dumps)
     if h is None:
         return [Finding("job.hang", Status.PASS,
                         f"the flight-recorder dumps of {ranks(d.rank for d in dumps)} show no "
                         f"collective waiting ({entries} entries)", [], "", "clean")]
+    if h.all_arrived:
+        w = h.waits[0]
+        return [Finding(
+            "job.hang", Status.WARN,
+            f"every member of {_group(w.pg, w.desc)} entered {w.op} #{w.seq}, and the dumps do "
+            "not show it completed: the transport hung, or the ranks were dumped while it "
+            "completed; no rank is behind",
+            evidence(h, dumps, timeouts or [], hosts),
+            "if the job hung here, it is the network or a GPU, not a code path: NCCL_DEBUG=INFO "
+            "and `invoke preflight` on the nodes")]
     roots = _who(h.roots, hosts)
     return [Finding(
         "job.hang", Status.FAIL, "hang: " + summary(h, hosts),
