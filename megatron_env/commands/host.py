@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_env import findings, output, project
-from megatron_env.commands.cli import command
+from megatron_env.commands.cli import command, json_error
 from megatron_env.host import checks, snapshot
 from megatron_env.profile import check_default, load_all
 from megatron_env.profile import load as load_profile
@@ -103,7 +103,8 @@ def triage(logs: str, json: bool = False) -> int:
     from megatron_env.diagnose import jobs, render
 
     skipped: list[str] = []
-    found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+    with json_error(json, "triage"):
+        found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
     found = render.shown(found, family=not json)  # redacted whole, then cut
     for why in skipped:
         output.warning(f"skipped {why}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from megatron_env.diagnose import events as events_mod
-from megatron_env.diagnose import logfiles, nccl_log, sig_table, triage, twocore
+from megatron_env.diagnose import logfiles, nccl_log, sig_end, triage, twocore
 from megatron_env.diagnose.events import Events
 from megatron_env.diagnose.flight import report as flight
 from megatron_env.errors import UserError
@@ -108,10 +108,10 @@ def read(path: Path) -> Events | None:
     ev = events_mod.events(twocore.lines(path, events_mod.HOT_PARTS, tally))
     if not tally.text:
         return None
-    ev.lines += tally.skipped
+    ev.lines = tally.lines  # the file's physical lines, as `wc -l` counts them
     ev.ranks_seen |= tally.ranks
     ev.sources.setdefault(str(path), events_mod.new_facts())["ranks"] |= tally.ranks
-    ev.tail = sig_table.end_state(list(tally.tail), str(path))
+    ev.tail = sig_end.end_state(list(tally.tail), str(path))
     return ev
 
 

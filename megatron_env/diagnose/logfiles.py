@@ -25,7 +25,7 @@ import sys
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from megatron_env.diagnose import joblog
 from megatron_env.diagnose.flight import dump
@@ -34,6 +34,8 @@ from megatron_env.errors import UserError
 STDIN = Path("-")
 # what reading a damaged file raises (a bad gzip header is an OSError, a bad xz stream not)
 _BROKEN: tuple[type[BaseException], ...] = (OSError, EOFError, lzma.LZMAError)
+# ... and while reading on (zstandard raises ZstdError, a ValueError)
+_READ_ERRORS: tuple[type[BaseException], ...] = (*_BROKEN, ValueError)
 # compressed logs, known by their first bytes (a rotated `.log.1` is gzip as often as not)
 _MAGIC = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2"}
 
@@ -124,25 +126,26 @@ def _directory(p: Path, skipped: list[str], dumps: list[Path] | None = None) -> 
 def _open(p: Path) -> BinaryIO:
     """The file (or standard input) as bytes, decompressed on the way when its first bytes
     say gzip, xz, zstd or bzip2 (never its name)."""
-    raw: BinaryIO = (sys.stdin.buffer if p == STDIN else open(p, "rb"))  # noqa: SIM115
-    buf = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
+    raw = sys.stdin.buffer if p == STDIN else open(p, "rb")  # noqa: SIM115
+    buf: io.BufferedReader = (raw if isinstance(raw, io.BufferedReader)
+                              else io.BufferedReader(raw))  # type: ignore[arg-type]
     head = buf.peek(6)[:6]
     kind = next((k for magic, k in _MAGIC.items() if head.startswith(magic)), None)
     if kind == "gzip":
-        return gzip.GzipFile(fileobj=buf)  # type: ignore[return-value]
+        return cast(BinaryIO, gzip.GzipFile(fileobj=buf))
     if kind == "xz":
-        return lzma.LZMAFile(buf)  # type: ignore[return-value]
+        return cast(BinaryIO, lzma.LZMAFile(buf))
     if kind == "bzip2":
-        return bz2.BZ2File(buf)  # type: ignore[return-value]
+        return cast(BinaryIO, bz2.BZ2File(buf))
     if kind == "zstd":
         return _zstd(buf, p)
-    return buf
+    return cast(BinaryIO, buf)
 
 
-def _zstd(buf: BinaryIO, p: Path) -> BinaryIO:
+def _zstd(buf: io.BufferedReader, p: Path) -> BinaryIO:
     try:
-        from compression import zstd  # type: ignore[import-not-found]  # Python 3.14
-        return zstd.ZstdFile(buf)
+        from compression import zstd  # type: ignore[import-not-found,unused-ignore]  # 3.14
+        return cast(BinaryIO, zstd.ZstdFile(buf))
     except ImportError:
         pass
     try:
@@ -152,7 +155,7 @@ def _zstd(buf: BinaryIO, p: Path) -> BinaryIO:
         raise UserError(f"{p} is zstd-compressed and this Python has no zstd reader",
                         fix="pip install zstandard (or `zstd -dc LOG | invoke triage -`)",
                         kind="triage.zstd-missing") from None
-    return zstandard.ZstdDecompressor().stream_reader(buf, closefd=True)  # type: ignore[return-value]
+    return cast(BinaryIO, zstandard.ZstdDecompressor().stream_reader(buf, closefd=True))
 
 
 def _regular(p: Path) -> bool:
@@ -179,6 +182,7 @@ class Tally:
 
     def __init__(self) -> None:
         self.skipped = 0
+        self.lines = 0  # physical lines: `wc -l` (a last line without a line end counted too)
         self.ranks: set[int] = set()
         self.tail: deque[str] = deque(maxlen=TAIL)  # the file's last lines, hot or not
         self.text = False  # any line that is not blank
@@ -207,7 +211,7 @@ def physical(path: Path, hot: Hot | None = None,
         while True:
             try:
                 block = f.read(_BLOCK)
-            except (*_BROKEN, ValueError) as e:  # zstandard raises ZstdError, a ValueError
+            except _READ_ERRORS as e:
                 raise UserError(f"cannot read {path}: {_why(e)}", fix=_FIX,
                                 kind="triage.unreadable") from None
             data = rest + block
@@ -220,6 +224,7 @@ def physical(path: Path, hot: Hot | None = None,
             data, rest = data[:cut], data[cut + 1:]
             text, lines = _decode(data)
             if tally is not None:
+                tally.lines += len(lines)
                 tally.tail.extend(lines[-TAIL:])
                 tally.text = tally.text or not text.isspace() and text != ""
             if hot is None:
@@ -292,7 +297,8 @@ def _hits(text: str, hot: Hot | _Exact,
     taken = 0  # the end of the last match kept
     for m in _matches(text, hot):
         if m.start() < taken:  # inside a match of another part: one scan would not see it
-            if m.end() > taken and _hid(m, text, taken):  # its part's scan missed one
+            # its part's scan missed one (merged matches never overlap: `_Exact` is exact)
+            if m.end() > taken and not isinstance(hot, _Exact) and _hid(m, text, taken):
                 return _hits(text, _Exact(_merged(text, hot)), rare)
             continue
         taken = m.end()

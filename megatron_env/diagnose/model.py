@@ -102,6 +102,14 @@ def describe(p: dict[str, Any]) -> str:
     return head + (f" ({more})" if more else "")
 
 
+@dataclass(frozen=True)
+class Lagging:
+    """One entry of PyTorch's desync report: the ranks it names and what they were doing."""
+
+    ranks: list[int]
+    what: str
+
+
 @dataclass
 class Events:
     timeouts: list[dict[str, Any]] = field(default_factory=list)
@@ -110,7 +118,7 @@ class Events:
     dump_seen_by: set[int] = field(default_factory=set)  # ranks that received that signal
     stuck: list[dict[str, Any]] = field(default_factory=list)  # the heartbeat monitor's verdict
     desync: list[str] = field(default_factory=list)
-    desync_lagging: list[tuple[list[int], str]] = field(default_factory=list)
+    desync_lagging: list[Lagging] = field(default_factory=list)
     nccl_errors: list[dict[str, Any]] = field(default_factory=list)
     # NCCL's "Last error:" on its own
     last_errors: list[dict[str, Any]] = field(default_factory=list)
@@ -161,6 +169,12 @@ class Events:
                 if item.get(k) is None:
                     item[k] = v
         items.append(item)
+
+    def keep(self, kind: str, item: str | Lagging) -> None:
+        """Keep a fact that is no event (a line of a report, quoted): capped, never placed."""
+        items = getattr(self, kind)
+        if len(items) < CAP:
+            items.append(item)
 
     def at(self, line: Line) -> dict[str, Any]:
         """Where an event stands: its file, line number, order of reading and own time."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from megatron_env.diagnose import families, launch
 from megatron_env.diagnose.model import Events, first, in_time_order
-from megatron_env.findings import Finding, Status
+from megatron_env.findings import INCONCLUSIVE, Finding, Status
 
 _STOPPED_NEXT = ("`py-spy dump --pid PID` (add --native for a stuck CUDA/NCCL call) on a rank "
                  "that still runs says where it waits; next run: NCCL_DEBUG=INFO, "
@@ -55,6 +55,18 @@ _FIX = {
     ("job.rendezvous", "name resolution"):
         "a host name did not resolve: use an IP address or a name every node resolves for "
         "MASTER_ADDR / --rdzv_endpoint (`getent hosts NAME` on each node)",
+    ("job.device_assert", "assert"):
+        "an index out of range inside a CUDA kernel, most often the data: a label >= the "
+        "number of classes (nll_loss, cross_entropy), a token id >= the vocabulary "
+        "(embedding), an index past a tensor's size; rerun with CUDA_LAUNCH_BLOCKING=1 (or on "
+        "CPU) to get the Python line, and check the batch's min/max against the sizes",
+    ("job.kernel_abi", "undefined symbol"):
+        "a compiled package (flash-attn, apex, transformer-engine, a custom op) was built "
+        "against another torch, CUDA or C++ ABI than the one installed: rebuild it against "
+        "this torch or install the wheel made for it; `invoke build-check` compares them",
+    ("job.accelerator_oom", "xla"):
+        "the XLA device (TPU or GPU) ran out of memory or another resource at compile or run "
+        "time: a smaller batch or sequence, more sharding, or rematerialisation",
     ("job.numerics", "loss scale"):
         "the fp16 loss scale fell to its minimum: gradients overflow at every step; use bf16, "
         "a lower learning rate, gradient clipping, or a higher min loss scale",
@@ -125,19 +137,36 @@ def _failing_lines(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def outcome(ev: Events, failed: bool) -> list[Finding]:
-    """The finding of a log no named failure explains (none when `failed`)."""
+    """The finding of a log no named failure explains (none when `failed`): a failure-looking
+    line no end excuses, a clean end (`sig_end`: the run's own end line, after which no failure
+    was printed, or the exit path of processes that ended on their own, with no failure seen at
+    all), else a log that cannot tell (`job.stopped`, inconclusive: exit 3)."""
     if failed:
         return []
-    last_end = max((e["seq"] for e in ev.ends), default=None)
+    ends = [e for e in ev.ends if not e["exit"]]
+    last_end = max((e["seq"] for e in ends), default=None)
     fails = [x for x in ev.failing if last_end is None or x.get("seq", 0) > last_end]
     if fails:
         return [_unrecognised(ev, fails)]
-    tail = ev.tail
-    if last_end is not None and not (tail.get("progress_after_end")):
-        end = next(e for e in ev.ends if e["seq"] == last_end)
+    if ev.tail.get("progress_after_end"):
+        return [_stopped(ev)]
+    if last_end is not None:
+        end = next(e for e in ends if e["seq"] == last_end)
         return [Finding("job.clean", Status.PASS, f"the log ends normally: {end['line']}",
-                        [e["line"] for e in ev.ends[-3:]], "", "clean")]
+                        [e["line"] for e in ends[-3:]], "", "clean")]
+    exits = [e for e in ev.ends if e["exit"]]
+    if exits and _every_rank(ev, exits):
+        return [Finding("job.clean", Status.PASS, "the processes exited on their own, with no "
+                        f"failure in the log: {exits[-1]['line']}",
+                        [e["line"] for e in exits[-3:]], "", "clean")]
     return [_stopped(ev)]
+
+
+def _every_rank(ev: Events, exits: list[dict[str, Any]]) -> bool:
+    """Did every rank the logs name print its way out? (One rank that exited while another
+    still waits is a hang, not an end.)"""
+    ranks = {e["rank"] for e in exits if e["rank"] is not None}
+    return len(ev.ranks_seen) < 2 or not ranks or ev.ranks_seen <= ranks
 
 
 def _unrecognised(ev: Events, fails: list[dict[str, Any]]) -> Finding:
@@ -178,6 +207,6 @@ def _stopped(ev: Events) -> Finding:
     last = tail.get("last") or ""
     return Finding(
         "job.stopped", Status.FAIL,
-        "the log ends with neither an error nor a normal end (a hang, or a kill from "
-        "outside)" + (": " + "; ".join(said) if said else ""),
-        [f"last line: {last}"] if last else [], _STOPPED_NEXT, "stopped")
+        "inconclusive: the log ends with neither an error nor a normal end (a hang, a kill "
+        "from outside, or a log cut short)" + (": " + "; ".join(said) if said else ""),
+        [f"last line: {last}"] if last else [], _STOPPED_NEXT, INCONCLUSIVE)

@@ -64,7 +64,7 @@ def lines(path: Path, hot: logfiles.Hot, tally: logfiles.Tally) -> Iterator[Line
             if kind == "lines":
                 yield from map(_as_line, payload)
             elif kind == "end":
-                tally.skipped, tally.ranks, tail, tally.text = payload
+                tally.skipped, tally.lines, tally.ranks, tail, tally.text = payload
                 tally.tail.extend(tail)
                 return
             elif kind == "error":
@@ -116,7 +116,8 @@ def _produce(path: Path, hot: logfiles.Hot, send: Connection) -> None:
                 batch = []
         if batch:
             send.send(("lines", list(map(tuple, batch))))
-        send.send(("end", (tally.skipped, tally.ranks, list(tally.tail), tally.text)))
+        send.send(("end", (tally.skipped, tally.lines, tally.ranks, list(tally.tail),
+                           tally.text)))
     except UserError as e:
         send.send(("error", _Failed(e.message, e.fix, e.kind)))
     except Exception:  # noqa: BLE001 - handed to the parent, which raises it
