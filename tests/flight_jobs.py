@@ -9,6 +9,10 @@ timeout: after COLLECTIVES (default 3) all_reduces on the default group,
   other     rank 1 calls all_gather where the others call all_reduce;
   subgroup  rank 1 enters an all_reduce on the group {1, 2} while rank 2 stalls outside any
             collective, so ranks 0 and 3 wait for both in the default group;
+  size      rank 3 all_reduces 9 elements where the others all_reduce 8;
+  dtype     rank 3 all_reduces 4 doubles where the others all_reduce 8 floats (as many bytes);
+            in both, the rank that receives rank 3's data aborts in gloo (no dump), as a
+            crashed rank does;
   clean     nothing hangs.
 Then every rank writes `_dump_fr_trace()` to OUT/SCENARIO/nccl_trace_rank_<rank> (the name
 TORCH_NCCL_DEBUG_INFO_TEMP_FILE gives), `_dump_fr_trace_json()` to OUT/SCENARIO-json/.
@@ -23,7 +27,8 @@ import sys
 import time
 from datetime import timedelta
 
-SCENARIOS = ("skip", "other", "subgroup", "clean")
+SCENARIOS = ("skip", "other", "subgroup", "size", "dtype", "clean")
+ABORTS = ("size", "dtype")  # gloo aborts a rank on a size mismatch
 TIMEOUT_S = 2
 
 
@@ -49,6 +54,11 @@ def _body(rank: int, world: int, scenario: str, before: int) -> None:
             time.sleep(TIMEOUT_S + 1)  # stalls outside any collective
         else:
             dist.all_reduce(x)
+    elif scenario in ABORTS:
+        y = torch.ones(8)
+        if rank == 3:
+            y = torch.ones(9) if scenario == "size" else torch.ones(4, dtype=torch.float64)
+        dist.all_reduce(y)
     elif scenario == "clean":
         dist.barrier()
 
@@ -93,7 +103,10 @@ def main(out: str, world: int, scenarios: list[str], before: int = 3) -> int:
         p.start()
     for p in procs:
         p.join(60)
-    bad = [p.exitcode for p in procs if p.exitcode != 0]
+    aborted = -6  # SIGABRT
+    per_proc = [sc for sc in scenarios for _ in range(world)]
+    bad = [p.exitcode for p, sc in zip(procs, per_proc, strict=True)
+           if p.exitcode != 0 and not (sc in ABORTS and p.exitcode == aborted)]
     for sc in scenarios:
         store = os.path.join(out, sc, ".store")
         if os.path.exists(store):

@@ -38,7 +38,8 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("flight")
     r = subprocess.run(["timeout", "-k", "5", "120", sys.executable,
                         str(ROOT / "tests/flight_jobs.py"), str(out), "4",
-                        ",".join((*HANGS, "clean"))], capture_output=True, text=True,
+                        ",".join((*HANGS, "size", "dtype", "clean"))], capture_output=True,
+                       text=True,
                        env={**os.environ, "TORCH_FR_BUFFER_SIZE": "64"})
     assert r.returncode == 0, r.stderr[-2000:]
     return out
@@ -72,6 +73,26 @@ def test_each_hang_is_traced_to_its_root(made: Path, form: str, scenario: str, r
     assert set(h.last_done.values()) == {("0", "default_pg", 3, "all_reduce")}
     if not form:  # the pickle holds the stacks: the root's own line of tests/flight_jobs.py
         assert any(f[1].endswith("flight_jobs.py") for f in h.frames[root[0]])
+
+
+@needs_torch
+@pytest.mark.parametrize("scenario,differs", [("size", "sizes [[9]]"),
+                                              ("dtype", "dtypes ['Double']")])
+def test_size_or_dtype_mismatch_names_the_odd_rank(made: Path, scenario: str,
+                                                   differs: str) -> None:
+    """gloo aborts the rank that receives the odd data, so one dump is missing: the odd rank
+    is still the root, and the missing dump is said."""
+    dumped = {dump.rank_of(p) for p in (made / scenario).iterdir()}
+    assert len(dumped) == 3 and 3 in dumped
+    fs, _, _ = jobs.run([str(made / scenario)])
+    f = fs[0]
+    assert (f.id, f.status) == ("job.hang", Status.FAIL)
+    assert f.summary.startswith("hang: rank 3 entered all_reduce #4 of the default group with "
+                                "sizes "), f.summary
+    assert differs in f.summary
+    (absent,) = {0, 1, 2, 3} - dumped
+    assert any(e.startswith(f"no dump of rank {absent}, which the process-group config names")
+               for e in f.evidence), f.evidence
 
 
 @needs_torch

@@ -124,12 +124,13 @@ class _View:
         return self.newest.get((r, pg), -1) >= seq
 
     def done(self, pg: str, seq: int) -> bool:
-        """Every member entered it with one op, and one went on past it (or all dumps say it
-        completed)."""
+        """Every member entered it alike (op, sizes, dtypes), and one went on past it (or all
+        dumps say it completed)."""
         ms = self.members[pg]
         if not all(self.entered(r, pg, seq) for r in ms):
             return False
-        if len({self.sig[r][(pg, seq)][0] for r in ms if (pg, seq) in self.sig[r]}) > 1:
+        sigs = [self.sig[r][(pg, seq)] for r in ms if (pg, seq) in self.sig[r]]
+        if any(x != sigs[0] for x in sigs):  # another op, size or dtype: broken, not done
             return False
         return any(self.newest.get((r, pg), -1) > seq for r in ms) or all(
             self.completed[r].get(pg, -1) >= seq for r in ms)

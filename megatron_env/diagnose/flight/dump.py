@@ -62,6 +62,7 @@ class Dump:
     entries: list[Entry]
     completed: dict[str, int]  # group -> last completed collective, as the dump says
     members: dict[str, list[int]]  # group -> ranks, where pg_config names them (not gloo)
+    world: set[int]  # every rank any pg_config entry names (gloo: at most its default group's)
 
 
 @contextmanager
@@ -167,7 +168,8 @@ def read(path: Path) -> Dump:
     try:
         return Dump(str(path), rank, v, [_entry(e) for e in entries],
                     _completed(data.get("pg_status") or {}),
-                    _members(data.get("pg_config") or {}))
+                    _members(data.get("pg_config") or {}),
+                    {r for c in (data.get("pg_config") or {}).values() for r in _ranks(c)})
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise _bad(path, f"an entry is not of a dump's shape ({type(e).__name__}: "
                          f"{str(e)[:60]})") from None
@@ -211,7 +213,11 @@ def _members(config: dict[str, Any]) -> dict[str, list[int]]:
     """Group -> its ranks, where the config says (gloo leaves it empty: the entries tell)."""
     out = {}
     for name, c in config.items():
-        ranks = [int(x) for x in _INTS.findall(str(c.get("ranks", "")))]  # never eval
-        if name and ranks:
+        if name and (ranks := _ranks(c)):
             out[str(name)] = ranks
     return out
+
+
+def _ranks(c: dict[str, Any]) -> list[int]:
+    """A pg_config entry's ranks: a string such as "[0, 1, 2]", read as numbers (never eval)."""
+    return [int(x) for x in _INTS.findall(str(c.get("ranks", "")))]

@@ -145,6 +145,10 @@ def evidence(h: Hang, dumps: list[dump.Dump], timeouts: list[Timeout],
     none = sorted({d.rank for d in dumps} - set(h.last_done))
     if none:
         out.append(f"no completed collective in the buffer of {ranks(none)}")
+    absent = sorted(set().union(*(d.world for d in dumps)) - {d.rank for d in dumps})
+    if absent:
+        out.append(f"no dump of {ranks(absent)}, which the process-group config names (it "
+                   "exited before dumping, or its file was not passed)")
     out += agreement(h, timeouts, {d.rank for d in dumps})
     return out
 
