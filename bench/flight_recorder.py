@@ -55,6 +55,12 @@ def make(work: Path, ranks: int, collectives: int) -> Path:
     return out
 
 
+def _torch() -> str:
+    from importlib.metadata import version
+
+    return version("torch")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=64)
@@ -82,7 +88,8 @@ def main() -> int:
     first = out["findings"][0]
     result = {
         "date": time.strftime("%Y-%m-%d"), "host": platform.machine(),
-        "python": platform.python_version(), "cores": a.cores,
+        "python": platform.python_version(), "torch": _torch(), "cores": a.cores,
+        "load_average": os.getloadavg(),
         "ranks": a.ranks, "entries_per_rank": sorted(set(entries)), "bytes": size,
         "wall_s": walls, "median_s": statistics.median(walls), "goal_s": 5,
         "finding": first["id"], "summary": first["summary"],
