@@ -100,3 +100,19 @@ def test_equal_width_progress_lines_are_records_not_wraps(tmp_path):
     fs, lines, _ = jobs.run([log])
     assert lines == 1000
     assert "1000/1000" in next(f for f in fs if f.id == "job.stopped").summary
+
+
+def test_a_big_file_says_how_far_reading_has_come_on_stderr(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(_megatron(30000)) + "\n")
+    monkeypatch.setattr(jobs, "PROGRESS_BYTES", 1 << 20)
+    monkeypatch.setattr(twocore, "MODE", "one")
+    fs, lines, _ = jobs.run([log])
+    out = capsys.readouterr()
+    said = [x for x in out.err.splitlines() if x.startswith("triage: train.log: ")]
+    steps = [int(x.split(": ")[2].split("%")[0]) for x in said]
+    assert len(steps) >= 5 and steps == sorted(set(steps)) and steps[-1] == 100
+    assert lines == 30000 and out.out == ""
+    monkeypatch.setattr(jobs, "PROGRESS_BYTES", 1 << 30)  # a small file says nothing
+    jobs.run([log])
+    assert "triage:" not in capsys.readouterr().err

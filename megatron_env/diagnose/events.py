@@ -182,8 +182,8 @@ class _Reader:
         if self.entry is not None and len(self.entry) > 1:
             f = failure(self.entry)
             sig_proc.failed(self.ev, f)
-            if f["rank"] is not None:
-                self.ev.job.note(f["rank"], f["host"], f["pid"])
+            if f.rank is not None:
+                self.ev.job.note(f.rank, f.host, f.pid)
         self.entry = None
 
     def _hot(self, prev: Line | None, line: Line, t: str, ahead: deque[Line],
@@ -234,6 +234,6 @@ def events(lines: Iterable[Line]) -> Events:
     ev = r.ev
     ev.current = None
     ev.flush()
-    ev.failures = [f for f in ev.failures if f.get("rank") is not None
-                   or f.get("local_rank") is not None or f.get("host")]
+    ev.failures = [f for f in ev.failures if f.rank is not None or f.local_rank is not None
+                   or f.host]
     return ev

@@ -23,7 +23,7 @@ import re
 import stat
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -186,6 +186,7 @@ class Tally:
         self.ranks: set[int] = set()
         self.tail: deque[str] = deque(maxlen=TAIL)  # the file's last lines, hot or not
         self.text = False  # any line that is not blank
+        self.progress: Callable[[int], None] | None = None  # told the bytes of each block read
 
 
 def physical(path: Path, hot: Hot | None = None,
@@ -214,6 +215,8 @@ def physical(path: Path, hot: Hot | None = None,
             except _READ_ERRORS as e:
                 raise UserError(f"cannot read {path}: {_why(e)}", fix=_FIX,
                                 kind="triage.unreadable") from None
+            if tally is not None and tally.progress is not None:
+                tally.progress(len(block))
             data = rest + block
             if not data:
                 break
@@ -422,6 +425,15 @@ def read(paths: list[str | Path]) -> Iterator[joblog.Line]:
 def _stream(paths: list[Path]) -> Iterator[joblog.Line]:
     for f in paths:
         yield from joblog.lines(physical(f), str(f))
+
+
+def compressed(path: Path) -> bool:
+    """Do the file's first bytes say it is compressed (its size then says little of its text)?"""
+    if path == STDIN:
+        return False
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return any(head.startswith(magic) for magic in _MAGIC)
 
 
 def size(paths: list[Path]) -> int:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from megatron_env.diagnose import families, launch
-from megatron_env.diagnose.model import Events, first, in_time_order
+from megatron_env.diagnose.model import End, Events, first, in_time_order
 from megatron_env.findings import INCONCLUSIVE, Finding, Status
 
 _STOPPED_NEXT = ("`py-spy dump --pid PID` (add --native for a stuck CUDA/NCCL call) on a rank "
@@ -64,6 +64,10 @@ _FIX = {
         "a compiled package (flash-attn, apex, transformer-engine, a custom op) was built "
         "against another torch, CUDA or C++ ABI than the one installed: rebuild it against "
         "this torch or install the wheel made for it; `invoke build-check` compares them",
+    ("job.script", "missing"):
+        "the script the launcher was told to run is not there on that node: a relative path "
+        "from another working directory (Slurm runs a batch script from its spool directory: "
+        "use an absolute path or cd first), or a file system not mounted there",
     ("job.accelerator_oom", "xla"):
         "the XLA device (TPU or GPU) ran out of memory or another resource at compile or run "
         "time: a smaller batch or sequence, more sharding, or rematerialisation",
@@ -143,29 +147,29 @@ def outcome(ev: Events, failed: bool) -> list[Finding]:
     all), else a log that cannot tell (`job.stopped`, inconclusive: exit 3)."""
     if failed:
         return []
-    ends = [e for e in ev.ends if not e["exit"]]
-    last_end = max((e["seq"] for e in ends), default=None)
+    ends = [e for e in ev.ends if not e.exit]
+    last_end = max((e.seq or 0 for e in ends), default=None)
     fails = [x for x in ev.failing if last_end is None or x.get("seq", 0) > last_end]
     if fails:
         return [_unrecognised(ev, fails)]
     if ev.tail.get("progress_after_end"):
         return [_stopped(ev)]
     if last_end is not None:
-        end = next(e for e in ends if e["seq"] == last_end)
-        return [Finding("job.clean", Status.PASS, f"the log ends normally: {end['line']}",
-                        [e["line"] for e in ends[-3:]], "", "clean")]
-    exits = [e for e in ev.ends if e["exit"]]
+        end = next(e for e in ends if (e.seq or 0) == last_end)
+        return [Finding("job.clean", Status.PASS, f"the log ends normally: {end.line}",
+                        [e.line for e in ends[-3:]], "", "clean")]
+    exits = [e for e in ev.ends if e.exit]
     if exits and _every_rank(ev, exits):
         return [Finding("job.clean", Status.PASS, "the processes exited on their own, with no "
-                        f"failure in the log: {exits[-1]['line']}",
-                        [e["line"] for e in exits[-3:]], "", "clean")]
+                        f"failure in the log: {exits[-1].line}",
+                        [e.line for e in exits[-3:]], "", "clean")]
     return [_stopped(ev)]
 
 
-def _every_rank(ev: Events, exits: list[dict[str, Any]]) -> bool:
+def _every_rank(ev: Events, exits: list[End]) -> bool:
     """Did every rank the logs name print its way out? (One rank that exited while another
     still waits is a hang, not an end.)"""
-    ranks = {e["rank"] for e in exits if e["rank"] is not None}
+    ranks = {e.rank for e in exits if e.rank is not None}
     return len(ev.ranks_seen) < 2 or not ranks or ev.ranks_seen <= ranks
 
 

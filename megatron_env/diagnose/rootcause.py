@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from megatron_env.diagnose.launch import ranks
-from megatron_env.diagnose.model import SIGNALS, Events, first
+from megatron_env.diagnose.model import SIGNALS, Events, Failure, first
 from megatron_env.findings import Finding, Status
 
 # what the launcher raises about its child, not the child's own error
@@ -30,12 +30,12 @@ _FIXES = {-6: "SIGABRT is usually PyTorch's NCCL watchdog ending the process aft
           -7: "SIGBUS: /dev/shm too small (containers: --shm-size or --ipc=host)"}
 
 
-def proc(f: dict[str, Any]) -> str:
+def proc(f: Failure) -> str:
     """A failure table's process: its rank, else its local rank, else (a table cut short) 'a
     worker'."""
-    if f["rank"] is not None:
-        return f"rank {f['rank']}"
-    return f"local rank {f['local_rank']}" if f["local_rank"] is not None else "a worker"
+    if f.rank is not None:
+        return f"rank {f.rank}"
+    return f"local rank {f.local_rank}" if f.local_rank is not None else "a worker"
 
 
 def _exceptions(ev: Events) -> list[dict[str, Any]]:
@@ -43,24 +43,24 @@ def _exceptions(ev: Events) -> list[dict[str, Any]]:
             LAUNCHER_ERRORS]
 
 
-def own_exception(ev: Events, root: dict[str, Any]) -> dict[str, Any] | None:
+def own_exception(ev: Events, root: Failure) -> dict[str, Any] | None:
     """The exception the root-cause process printed: the first of its rank's (a global rank
     tag, else its local rank's role tag); in a log whose exceptions carry no tag, the first one
     when only one process failed (nothing else could have printed it)."""
     ex = _exceptions(ev)
-    mine = [x for x in ex if x["rank"] == root["rank"]] if root["rank"] is not None else []
-    if not mine and root["local_rank"] is not None:
-        mine = [x for x in ex if x["rank"] is None and x.get("local") == root["local_rank"]]
-    if not mine and len({(f["rank"], f["local_rank"]) for f in ev.failures}) == 1:
+    mine = [x for x in ex if x["rank"] == root.rank] if root.rank is not None else []
+    if not mine and root.local_rank is not None:
+        mine = [x for x in ex if x["rank"] is None and x.get("local") == root.local_rank]
+    if not mine and len({(f.rank, f.local_rank) for f in ev.failures}) == 1:
         mine = [x for x in ex if x["rank"] is None and x.get("local") is None]
     return min(mine, key=lambda x: x.get("seq", 0)) if mine else None
 
 
-def _waited(ev: Events, root: dict[str, Any]) -> dict[str, Any] | None:
+def _waited(ev: Events, root: Failure) -> dict[str, Any] | None:
     """When the table's first failure only timed out (its watchdog), the first exception of a
     rank that did not time out: the one the others were waiting for."""
     waiting = {t["rank"] for t in ev.timeouts}
-    if root["rank"] is None or root["rank"] not in waiting:
+    if root.rank is None or root.rank not in waiting:
         return None
     others = [x for x in _exceptions(ev) if x["rank"] is not None and x["rank"] not in waiting]
     return min(others, key=lambda x: x.get("seq", 0)) if others else None
@@ -69,26 +69,26 @@ def _waited(ev: Events, root: dict[str, Any]) -> dict[str, Any] | None:
 def findings(ev: Events) -> list[Finding]:
     if not ev.failures:
         return []
-    roots = [f for f in ev.failures if f["root"]]
+    roots = [f for f in ev.failures if f.root]
     root = first(roots or ev.failures)  # each node's agent prints its own: the first in time
-    launcher = root.get("launcher", "torchrun")
-    code = root["exitcode"]
+    launcher = root.launcher
+    code = root.exitcode
     how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
            if code is not None and code < 0 else f"exit code {code}" if code is not None
            else "its exit code cut off")
     p = ev.who(root)
     who = proc(root)
-    if root["rank"] is not None and root["local_rank"] is not None:
-        who += f" (local rank {root['local_rank']})"
+    if root.rank is not None and root.local_rank is not None:
+        who += f" (local rank {root.local_rank})"
     if p["host"]:
         who += f" on host {p['host']}"
     ids = ", ".join(x for x in (f"GPU {p['gpu']}" if p["gpu"] is not None else "",
                                 f"pid {p['pid']}" if p["pid"] else "") if x)
-    more = ", ".join(x for x in (ids, f"at {root['time']}" if root.get("time") else "") if x)
+    more = ", ".join(x for x in (ids, f"at {root.time}" if root.time else "") if x)
     others = [f for f in ev.failures if f is not root]
-    failed = sorted({f["rank"] for f in ev.failures if f["rank"] is not None})
-    table = [f"{'root cause' if f['root'] else 'also failed'}: " + proc(f)
-             + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
+    failed = sorted({f.rank for f in ev.failures if f.rank is not None})
+    table = [f"{'root cause' if f.root else 'also failed'}: " + proc(f)
+             + (f" on {f.host}" if f.host else "") + f", exit code {f.exitcode}"
              for f in [root, *others][:8]]
     also = f"; failed: {ranks(failed)}" if len(failed) > 1 else ""
     if (culprit := _waited(ev, root)) is not None:

@@ -23,7 +23,7 @@ from collections import deque
 from typing import Any
 
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import Events, rank_of
+from megatron_env.diagnose.model import End, Events, rank_of
 
 # what a trainer prints as it goes (Megatron, HF Trainer, Lightning/tqdm, DeepSpeed, plain)
 PROGRESS = re.compile(r"\b(?:iteration|iter|global_step|step|Step|Epoch|epoch)[\s:=\[]*"
@@ -39,8 +39,11 @@ ENDS = re.compile(
     # Lightning's stop at its limit; Megatron-LM's print_datetime and exit-interval lines
     r"`Trainer\.fit` stopped: `max_\w+=[\d:.]+` reached|\[after training is done\]|"
     r"exiting program at iteration|"
-    # fairseq_cli/train.py ("done training in 123.4 seconds"), plain scripts
-    r"[Dd]one training\b|All done|"
+    # fairseq_cli/train.py ("done training in 123.4 seconds"), OpenNMT/ModernMT's "Train model
+    # END 1234.5s", a trainer stopping at its limit ("Reached max_steps (1635), stopping
+    # training."), plain scripts
+    r"[Dd]one training\b|Train model END\b|[Rr]eached max[_ ](?:steps|epochs|iters?)\b.*stopping|"
+    r"All done|"
     # srun's and a shell's exit status; wandb's finish when the run exited 0
     r"Exited with exit code 0\b|Process finished with exit code 0\b|"
     r"wandb: Waiting for W&B process to finish.*\(success\)")
@@ -48,7 +51,8 @@ END_WORDS = ("successfully finished", "SUCCEEDED", "exits successfully", "Traini
              "raining is", "raining finished", "raining complete", "raining done", "stopped: `max_",
              "after training is done", "exiting program at", "train_runtime", "inished training",
              "succeeded", "Exited with exit code 0", "All done", "Done training", "done training",
-             "TrainOutput(", "train metrics", "exit code 0", "(success)")
+             "TrainOutput(", "train metrics", "exit code 0", "(success)", "Train model END",
+             "eached max")
 # a process's own way out (each printed at interpreter exit, whether the script raised or not)
 EXITS = re.compile(
     # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, PyTorch >= 2.4, at the destructor
@@ -67,15 +71,15 @@ IGNORED_SPAN = 40  # lines after it within which its exception line is looked fo
 
 def _end(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if ENDS.search(t):
-        _keep(ev, {"line": t.strip(), "seq": ev.lines, "rank": rank_of(line), "exit": False})
+        _keep(ev, End(line=t.strip(), seq=ev.lines, rank=rank_of(line)))
 
 
 def _exit(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if EXITS.search(t):
-        _keep(ev, {"line": t.strip(), "seq": ev.lines, "rank": rank_of(line), "exit": True})
+        _keep(ev, End(line=t.strip(), seq=ev.lines, rank=rank_of(line), exit=True))
 
 
-def _keep(ev: Events, end: dict[str, Any]) -> None:
+def _keep(ev: Events, end: End) -> None:
     """The first ends and always the last one (the one a clean end names)."""
     if len(ev.ends) < 64:
         ev.ends.append(end)
@@ -103,6 +107,9 @@ READERS = [*((w, _end) for w in END_WORDS), *((w, _exit) for w in EXIT_WORDS),
 
 
 _LAST_RANKS = 50  # lines at the end of a log whose ranks are "still printing"
+# a row of a final metrics block ("  epoch                    =        3.0"): a summary of the
+# run, not progress after its end
+_METRIC_ROW = re.compile(r"^\s*[\w/.-]+\s*=\s*\S+\s*$")
 
 
 def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
@@ -122,12 +129,13 @@ def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
     for x in lines:
         if ENDS.search(x.text) or EXITS.search(x.text):
             ended, out["progress_after_end"] = True, False
-        elif PROGRESS.search(x.text) and ended:
+        elif ended and PROGRESS.search(x.text) and not _METRIC_ROW.match(x.text):
             out["progress_after_end"] = True
     for x in reversed(lines):
         if out["time"] is None and (t := stamp(x.text)):
             out["time"] = t
-        if out["iteration"] is None and PROGRESS.search(x.text):
+        if out["iteration"] is None and PROGRESS.search(x.text) and not _METRIC_ROW.match(
+                x.text):
             out["iteration"] = x.text.strip()
         if out["time"] and out["iteration"]:
             break

@@ -31,8 +31,9 @@ class Sig:
     triggers: tuple[str, ...]
     rx: re.Pattern[str]
     says: str  # str.format over the named groups (missing ones empty)
-    # the message's text is on the next line when its `what` is empty (an exception chained
-    # under a heading: "BackendCompilerFailed: backend='inductor' raised:" then the cause)
+    # the message goes on on the next line (an exception's cause under its heading:
+    # "BackendCompilerFailed: backend='inductor' raised:"; Open MPI's "with errorcode N."): the
+    # pattern is matched on the two lines joined where the line alone leaves a group empty
     next_line: bool = False
 
 
@@ -194,7 +195,10 @@ TABLE: list[Sig] = [
          r"NET/OFI (?P<what>(?:Couldn't|Unable|Failed|failed)[^\n]*|aws-ofi-nccl "
          r"initialization failed)", "NCCL's OFI network plugin failed: {what}"),
     # -- numerics: DeepSpeed's and AMP's loss scalers, Megatron's NaN checks, fairseq, Lightning
-    _sig("job.numerics", "loss scale", "loss scale",
+    # (triggers of the message's own words: "loss scale" alone is on every Megatron iteration
+    # line, which would make each one a line to parse)
+    _sig("job.numerics", "loss scale", ("loss scale already at minimum",
+                                        "inimum loss scale reached"),
          r"(?P<what>(?:Current loss scale already at minimum|[Mm]inimum loss scale reached)"
          r"[^.]*)", "{what}"),
     _sig("job.numerics", "NaN", "NaN",
@@ -248,10 +252,14 @@ TABLE: list[Sig] = [
          "a DataLoader batch took longer than its timeout ({what} s)"),
     # -- a CUDA kernel's own bounds check (aten's CUDA_KERNEL_ASSERT), printed by the device
     # before (or without) the RuntimeError that says "device-side assert triggered"
-    _sig("job.device_assert", "assert", "Assertion `",
-         r"(?:(?P<file>[\w/.-]+\.cuh?):\d+: (?P<fn>[^:]+?): )?block: \[[\d,]+\], thread: "
-         r"\[[\d,]+\] Assertion `(?P<what>.+?)` failed",
-         "a CUDA kernel's device-side assertion failed: `{what}` in {fn}"),
+    _sig("job.device_assert", "assert", ("Assertion `", "assertion `"),
+         r"(?:(?P<file>[\w/.-]+\.(?:cuh?|hip)):\d+: (?P<fn>[^:]+?): )?(?:block: \[[\d,]+\], "
+         r"thread: \[[\d,]+\] )?(?:Device-side a|A)ssertion `(?P<what>.+?)[`'] failed",
+         "a GPU kernel's device-side assertion failed: `{what}` in {fn}"),
+    # -- the launcher started a script that is not there (CPython's own message)
+    _sig("job.script", "missing", "can't open file",
+         r"(?P<proc>[\w./-]*python[\w.]*): can't open file '?(?P<path>[^']+?)'?: "
+         r"(?P<what>\[Errno \d+\] [^\n]+)", "{proc} can't open file {path}: {what}"),
     # -- a compiled extension built against another torch or CUDA (the dynamic linker's words,
     # ranks' lines often glued together: the symbol ends where the next rank's error begins)
     _sig("job.kernel_abi", "undefined symbol", "undefined symbol",
@@ -296,7 +304,8 @@ TABLE: list[Sig] = [
     _sig("job.mpi_abort", "abort", "MPI_ABORT was invoked",
          r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator (?P<comm>\w+)"
          r"(?:\s+with errorcode (?P<code>-?\d+))?",
-         "rank {rank} called MPI_ABORT on {comm}: mpirun killed every rank"),
+         "rank {rank} called MPI_ABORT on {comm}, errorcode {code}: mpirun killed every rank",
+         next_line=True),
     _sig("job.mpi_abort", "abort", "called MPI_Abort",
          r"application called MPI_Abort\((?P<comm>\w+), (?P<code>-?\d+)\) - process "
          r"(?P<rank>\d+)", "rank {rank} called MPI_Abort on {comm} (error code {code})"),
@@ -318,9 +327,10 @@ def _hit(sig: Sig, ev: Events, line: Line, t: str, ahead: deque[Line]) -> bool:
     m = sig.rx.search(t)
     if m is None:
         return False
+    if sig.next_line and ahead and not all(m.groupdict().values()) and (
+            both := sig.rx.search(f"{t.rstrip()} {ahead[0].text.strip()}")):
+        m = both
     g = {k: v.strip() for k, v in m.groupdict().items() if v}
-    if sig.next_line and not g.get("what") and ahead:
-        g["what"] = ahead[0].text.strip()
     host = g.get("host") or line.host
     if host is None and "kernel:" in t and (h := _SYSLOG_HOST.search(t)):
         host = h.group(1)

@@ -356,7 +356,7 @@ def _ibv(ev: Events) -> list[Finding]:
 
 
 ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_error",
-         "job.device_assert", "job.kernel_abi", "nccl.ib_completion", "nccl.cuda",
+         "job.device_assert", "job.kernel_abi", "job.script", "nccl.ib_completion", "nccl.cuda",
          "job.cuda_oom", "job.accelerator_oom", "job.compiler", "job.numerics", "job.data",
          "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "job.mpi_abort",
          "nccl.ibverbs",
