@@ -245,6 +245,15 @@ def test_old_version_refused_by_name(made: Path, tmp_path: Path) -> None:
 
 
 @needs_torch
+def test_a_wrapped_buffer_is_known_by_its_first_record_id(made: Path, tmp_path: Path) -> None:
+    src = made / "skip" / "nccl_trace_rank_0"
+    raw = pickle.loads(src.read_bytes())
+    p = tmp_path / "nccl_trace_rank_0"
+    p.write_bytes(pickle.dumps({**raw, "entries": raw["entries"][2:]}, protocol=2))
+    assert not dump.read(src).wrapped and dump.read(p).wrapped
+
+
+@needs_torch
 def test_two_dumps_of_one_rank_refused(made: Path) -> None:
     with pytest.raises(UserError) as e:
         jobs.run([str(made / "skip" / "nccl_trace_rank_1"),
@@ -275,6 +284,33 @@ def test_cut_dump_is_one_clear_error(made: Path, tmp_path: Path, data: st.DataOb
     with pytest.raises(UserError) as e:
         dump.read(p)
     assert e.value.kind == "triage.bad-dump" and str(p) in e.value.message
+
+
+@needs_torch
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scenario=st.sampled_from(HANGS), data=st.data())
+def test_a_wrapped_ring_buffer_does_not_move_the_root(made: Path, scenario: str,
+                                                      data: st.DataObject) -> None:
+    """Each rank's buffer holds only its newest entries: whatever number of the oldest ones
+    each rank has lost (before the collective the ranks diverge at), the root is the same."""
+    dumps = _dumps(made / scenario)
+    want = analysis.analyse(dumps)
+    assert want is not None
+    for d in dumps:
+        # a ring that wrapped is full: it never loses its newest entry
+        cut = data.draw(st.integers(0, min(3, len(d.entries) - 1)),
+                        label=f"entries rank {d.rank} lost")
+        d.entries = d.entries[cut:]
+        d.wrapped = cut > 0  # as read from such a file: its first record_id is then > 0
+    got = analysis.analyse(dumps)
+    assert got is not None
+    assert got.roots == want.roots
+    assert {w.rank: (w.pg, w.seq) for w in got.waits} == {
+        w.rank: (w.pg, w.seq) for w in want.waits}
+    for g, w in zip(got.divergences, want.divergences, strict=True):
+        assert (g.pg, g.seq, g.op, g.other_op, g.mismatch) == (
+            w.pg, w.seq, w.op, w.other_op, w.mismatch)
+        assert set(g.missing) | set(g.unknown) == set(w.missing)  # lost: unknown, not missing
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

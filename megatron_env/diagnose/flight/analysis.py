@@ -42,6 +42,7 @@ class Divergence:
     missing: list[int]  # members that never entered it
     other_op: dict[int, str]  # member -> the op it entered instead
     mismatch: dict[int, str]  # member -> "sizes ... / dtypes ..." where they differ
+    unknown: list[int] = field(default_factory=list)  # members whose buffer lost the group
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,12 @@ class _View:
         self.members = {pg: sorted((everyone if self.desc.get(pg) == "default_pg" else ms)
                                    & everyone) for pg, ms in carriers.items()}
         self.completed = {d.rank: d.completed for d in dumps}
+        self.wrapped = {d.rank for d in dumps if d.wrapped}
+
+    def known(self, r: int, pg: str) -> bool:
+        """Whether the buffer says where `r` is in `pg`: it holds an entry of the group, or it
+        never dropped one (a wrapped buffer without the group says nothing of it)."""
+        return r not in self.wrapped or (r, pg) in self.newest
 
     def entered(self, r: int, pg: str, seq: int) -> bool:
         return self.newest.get((r, pg), -1) >= seq
@@ -126,7 +133,7 @@ class _View:
     def done(self, pg: str, seq: int) -> bool:
         """Every member entered it alike (op, sizes, dtypes), and one went on past it (or all
         dumps say it completed)."""
-        ms = self.members[pg]
+        ms = [r for r in self.members[pg] if self.known(r, pg)]
         if not all(self.entered(r, pg, seq) for r in ms):
             return False
         sigs = [self.sig[r][(pg, seq)] for r in ms if (pg, seq) in self.sig[r]]
@@ -141,17 +148,20 @@ def analyse(dumps: list[Dump]) -> Hang | None:
     v = _View(dumps)
     divergences = [dv for pg in sorted(v.members, key=_pg_order)
                    if (dv := _diverge(v, pg)) is not None]
-    missing = {r for dv in divergences for r in dv.missing}
+    # the ranks others wait for: never entered, or lost from their buffer where they diverge
+    missing = {r for dv in divergences for r in (*dv.missing, *dv.unknown)}
     waits, idle, last_done = _positions(v, dumps, missing)
     if not waits:
         return None
     odd = {r: dv for dv in divergences for r in [*dv.other_op, *dv.mismatch]}
     unknown: list[str] = []
     for r, w in list(waits.items()):
-        ms = v.members[w.pg]
+        ms = [x for x in v.members[w.pg] if v.known(x, w.pg)]
         on = [x for x in ms if not v.entered(x, w.pg, w.seq)]
         if not on:
             on = [x for x in ms if x in odd and odd[x].pg == w.pg and x != r]
+        if not on:  # a member whose buffer lost the group may be the one not there
+            on = [x for x in v.members[w.pg] if not v.known(x, w.pg)]
         if not on and r not in odd and ms == [r]:  # peers unknown (gloo): the idle ranks
             unknown.append(w.pg)
             on = list(idle)
@@ -203,7 +213,8 @@ def _pg_order(pg: str) -> tuple[int, str]:
 
 def _diverge(v: _View, pg: str) -> Divergence | None:
     """The first sequence id of `pg` its members disagree on, within what every buffer holds."""
-    ranks = v.members[pg]
+    ranks = [r for r in v.members[pg] if v.known(r, pg)]
+    unknown = [r for r in v.members[pg] if not v.known(r, pg)]
     seqs = sorted({s for r in ranks for (g, s) in v.keyed[r] if g == pg})
     start = max((v.oldest[(r, pg)] for r in ranks if (r, pg) in v.oldest), default=0)
     behind = min((v.newest.get((r, pg), -1) for r in ranks), default=-1)
@@ -222,7 +233,7 @@ def _diverge(v: _View, pg: str) -> Divergence | None:
         mismatch = {r: sh for r, sh in shapes.items() if sh != common}
         if missing or other or mismatch:
             return Divergence(pg, v.desc.get(pg, ""), s, major, sorted(have), missing, other,
-                              mismatch)
+                              mismatch, unknown)
     return None
 
 

@@ -63,6 +63,7 @@ class Dump:
     completed: dict[str, int]  # group -> last completed collective, as the dump says
     members: dict[str, list[int]]  # group -> ranks, where pg_config names them (not gloo)
     world: set[int]  # every rank any pg_config entry names (gloo: at most its default group's)
+    wrapped: bool = False  # the ring buffer dropped its oldest entries (the first record_id > 0)
 
 
 @contextmanager
@@ -169,7 +170,8 @@ def read(path: Path) -> Dump:
         return Dump(str(path), rank, v, [_entry(e) for e in entries],
                     _completed(data.get("pg_status") or {}),
                     _members(data.get("pg_config") or {}),
-                    {r for c in (data.get("pg_config") or {}).values() for r in _ranks(c)})
+                    {r for c in (data.get("pg_config") or {}).values() for r in _ranks(c)},
+                    bool(entries) and int(entries[0].get("record_id") or 0) > 0)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise _bad(path, f"an entry is not of a dump's shape ({type(e).__name__}: "
                          f"{str(e)[:60]})") from None

@@ -49,19 +49,24 @@ def file_hosts(dumps: list[dump.Dump]) -> dict[int, str]:
 
 def log_facts(evs: Iterable[Any]) -> tuple[list[Timeout], dict[int, str]]:
     """What the logs' events say that the dumps need: the watchdog's timeouts and the host of
-    each rank."""
+    each rank (events as dicts or typed, read by field name)."""
     timeouts: list[Timeout] = []
     hosts: dict[int, str] = {}
     for ev in evs:
-        timeouts += [(t["rank"], t["seq"], t["op"]) for t in ev.timeouts
-                     if t.get("rank") is not None]
-        for r, p in ev.job.by_rank.items():
-            if p.get("host"):
-                hosts.setdefault(r, p["host"])
         for t in ev.timeouts:
-            if t.get("host") and t.get("rank") is not None:
-                hosts.setdefault(t["rank"], t["host"])
+            rank, host = _field(t, "rank"), _field(t, "host")
+            if rank is not None:
+                timeouts.append((rank, _field(t, "seq"), _field(t, "op")))
+                if host:
+                    hosts.setdefault(rank, host)
+        for r, p in ev.job.by_rank.items():
+            if _field(p, "host"):
+                hosts.setdefault(r, _field(p, "host"))
     return timeouts, hosts
+
+
+def _field(x: Any, name: str) -> Any:
+    return x.get(name) if isinstance(x, dict) else getattr(x, name, None)
 
 
 def _group(pg: str, desc: str) -> str:
@@ -129,6 +134,8 @@ def evidence(h: Hang, dumps: list[dump.Dump], timeouts: list[Timeout],
             parts.append(f"never by {ranks(dv.missing)}")
         parts += [f"rank {r} in {op}" for r, op in sorted(dv.other_op.items())]
         parts += [f"rank {r} with {s}" for r, s in sorted(dv.mismatch.items())]
+        if dv.unknown:
+            parts.append(f"{ranks(dv.unknown)} unknown (the buffer wrapped past the group)")
         out.append(f"{_group(dv.pg, dv.desc)}, first divergence at {dv.op} #{dv.seq}: "
                    + ", ".join(parts))
     for pg in h.unknown_peers:
