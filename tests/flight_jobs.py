@@ -74,10 +74,10 @@ def worker(rank: int, world: int, scenario: str, out: str, before: int) -> None:
     except RuntimeError as e:  # gloo's timeout or a peer gone: the hang, now dumped
         print(f"rank {rank}: {str(e)[:120]}", file=sys.stderr)
     with open(os.path.join(out, f"nccl_trace_rank_{rank}"), "wb") as f:
-        f.write(c10d._dump_fr_trace(True, True, False))
+        f.write(c10d._dump_fr_trace(True, True, False))  # type: ignore[attr-defined]
     os.makedirs(out + "-json", exist_ok=True)
     with open(os.path.join(out + "-json", f"nccl_trace_rank_{rank}.json"), "wb") as f:
-        f.write(c10d._dump_fr_trace_json(True, False))
+        f.write(c10d._dump_fr_trace_json(True, False))  # type: ignore[attr-defined]
     if scenario != "clean":  # stay until the peers time out, as a hung rank does
         time.sleep(TIMEOUT_S + 1)
     sys.stdout.flush()
