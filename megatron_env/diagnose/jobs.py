@@ -20,6 +20,7 @@ from megatron_env import output
 from megatron_env.diagnose import events as events_mod
 from megatron_env.diagnose import logfiles, nccl_log, sig_end, triage, twocore
 from megatron_env.diagnose.events import Events
+from megatron_env.diagnose.flight import report as flight
 from megatron_env.diagnose.model import Placed
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding, Status
@@ -174,17 +175,26 @@ def run(paths: list[str | Path], skipped: list[str] | None = None,
         ) -> tuple[list[Finding], int, list[str]]:
     """Findings of the logs named (grouped into jobs), the number of lines and the files read;
     the files of a directory that could not be read are left out, each named in `skipped`."""
-    named = logfiles.files(paths, skipped)
+    dumps: list[Path] = []
+    named = logfiles.files(paths, skipped, dumps)
+    fr = flight.read(dumps)  # every dump whole before any log: a bad one stops the run
     read_ = {str(f): read(f) for f in named}
     per_file = {k: ev for k, ev in read_.items() if ev is not None}
     empty = [k for k, ev in read_.items() if ev is None]
-    if not per_file:
+    if not per_file and not dumps:
         raise UserError(f"{', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''} "
                         f"{'is' if len(empty) == 1 else 'are'} empty: no log lines to triage",
                         fix="pass the job's console output (stdout/stderr of every rank)",
                         kind="triage.empty-log")
     if skipped is not None:
         skipped += [f"{k} (empty)" for k in empty]
+    found, lines, srcs = _run(per_file) if per_file else ([], 0, [])
+    if dumps:  # the flight recorder's finding among the logs' (flight.report)
+        found = flight.join(found, flight.findings(fr, *flight.log_facts(per_file.values())))
+    return found, lines, srcs + [str(d) for d in dumps]
+
+
+def _run(per_file: dict[str, Events]) -> tuple[list[Finding], int, list[str]]:
     groups, reasons = group(per_file)
     lines = sum(ev.lines for ev in per_file.values())
     if len(groups) == 1:

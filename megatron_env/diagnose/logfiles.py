@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 from megatron_env.diagnose import joblog
+from megatron_env.diagnose.flight import dump
 from megatron_env.errors import UserError
 
 STDIN = Path("-")
@@ -49,10 +50,12 @@ _FIX = "pass the console logs of the job (files or a directory)"
 Hot = re.Pattern[str] | tuple[re.Pattern[str], ...]
 
 
-def files(paths: list[str | Path], skipped: list[str] | None = None) -> list[Path]:
+def files(paths: list[str | Path], skipped: list[str] | None = None,
+          dumps: list[Path] | None = None) -> list[Path]:
     """The files named: globs expanded, directories listed; anything unusable refused at once.
     Inside a directory, a file that cannot be read as a log is left out instead, with one line
-    in `skipped` (what and why), and the rest are read; `-` is standard input."""
+    in `skipped` (what and why), and the rest are read; `-` is standard input. With `dumps`,
+    a flight-recorder dump (known by its first bytes) goes there instead of being a log."""
     if not paths:
         raise UserError("no log given", fix="invoke triage LOG [LOG ...] (files or directories)",
                         kind="triage.no-log")
@@ -71,21 +74,25 @@ def files(paths: list[str | Path], skipped: list[str] | None = None) -> list[Pat
         else:
             named = [Path(p)]
         for f in named:
-            out += _expand(f, skipped)
+            out += _expand(f, skipped, dumps)
     return out
 
 
-def _expand(p: Path, skipped: list[str] | None = None) -> list[Path]:
+def _expand(p: Path, skipped: list[str] | None = None,
+            dumps: list[Path] | None = None) -> list[Path]:
     try:
         st = p.stat()
     except OSError:
         raise UserError(f"{p}: no such file or directory", fix=_FIX,
                         kind="triage.no-such-log") from None
     if stat.S_ISDIR(st.st_mode):
-        return _directory(p, skipped if skipped is not None else [])
+        return _directory(p, skipped if skipped is not None else [], dumps)
     if not stat.S_ISREG(st.st_mode):
         raise UserError(f"{p} is not a regular file ({_kind(st.st_mode)})", fix=_FIX,
                         kind="triage.not-a-file")
+    if dumps is not None and dump.sniff(p):
+        dumps.append(p)
+        return []
     try:
         with _open(p) as f:
             _sniff(f.read(_SNIFF), p)
@@ -100,16 +107,17 @@ def _why(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
-def _directory(p: Path, skipped: list[str]) -> list[Path]:
+def _directory(p: Path, skipped: list[str], dumps: list[Path] | None = None) -> list[Path]:
     """A directory's logs: what cannot be read is left out with its reason, the rest kept."""
     inside = sorted(x for x in p.iterdir() if not x.name.startswith(".") and _regular(x))
     out: list[Path] = []
+    taken = len(dumps) if dumps is not None else 0
     for x in inside:
         try:
-            out += _expand(x)
+            out += _expand(x, dumps=dumps)
         except UserError as e:
             skipped.append(e.message)
-    if not out:
+    if not out and (dumps is None or len(dumps) == taken):
         raise UserError(f"{p} holds no log files" + (f" ({skipped[0]})" if skipped else ""),
                         fix="pass the job's log files", kind="triage.empty-directory")
     return out

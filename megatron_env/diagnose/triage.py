@@ -360,6 +360,7 @@ ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_
          "job.cuda_oom", "job.accelerator_oom", "job.compiler", "job.numerics", "job.data",
          "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "job.mpi_abort",
          "nccl.ibverbs",
+         "job.hang",  # the flight recorder's root rank: before what the other ranks saw
          "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.bootstrap",
          "job.rendezvous", "nccl.socket", "job.nccl_net", "job.nccl_error", "job.root_cause",
          "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.scheduler",
