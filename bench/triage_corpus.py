@@ -809,7 +809,33 @@ TUNE2: dict[str, list[str]] = {
 # is run on those logs, and measured once, at the end; they live where the tune half's
 # entries do not reach, after this line.
 
-HELDOUT2: dict[str, list[str]] = {}
+HELDOUT2: dict[str, list[str]] = {
+    "hip-oom-autotrain-error-line-autotrain737.log": [
+        FAIL + r".*(?i:out of memory)", "124.00 MiB", "not:CUDA out of memory",
+        "not:job.unrecognised", "not:job.stopped", "not:amdsmi"],
+    "clean-llama-recipes-max-steps-reached-llamacookbook428.log": [
+        "clean", r"re:job\.clean pass .*max training steps reached",
+        "not:job.stopped"],
+    "clean-vllm-prompts-then-pg-warning-unsloth1959.log": [
+        "clean", r"re:job\.clean pass .*NOT been destroyed", "not:job.stopped"],
+    "clean-lightning-max-steps-wandb-success-rvt40.log": [
+        "clean", r"re:job\.clean pass .*(max_steps=400000|W&B process to finish)",
+        "not:job.stopped", "not:job.unrecognised"],
+    "dynamo-compile-fn-triton-too-old-gpu-nnunet2349.log": [
+        FAIL + r".*(?i:BackendCompilerFailed|triton|dynamo|compile)", "1080 Ti",
+        "not:job.unrecognised", "not:job.hardware", "not:job.stopped"],
+    "dataloader-aborted-tcmalloc-after-epoch-yolov3-650.log": [
+        FAIL + r".*(?i:DataLoader worker)", "2256", r"re:(?i)abort|SIGABRT",
+        "not:job.stopped"],
+    "device-assert-glued-to-progress-bar-trl1995.log": [
+        FAIL + r".*(?i:device-side assert)", "srcIndex < srcSelectDimSize",
+        "not:job.stopped"],
+    "import-undefined-symbol-two-ranks-interleaved-r1v127.log": [
+        FAIL + r".*(?i:undefined symbol|ImportError)", "flash_attn_2_cuda",
+        "not:job.stopped"],
+    "stop-megatron-iterations-leading-space-megatronllm11.log": [
+        "inconclusive", "lines:4", r"re:125/\s*250000", "not:re:122/\s*250000"],
+}
 
 SPLITS = {"tune": TUNE, "heldout": HELDOUT, "tune2": TUNE2, "heldout2": HELDOUT2}
 
