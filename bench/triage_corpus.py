@@ -803,6 +803,36 @@ TUNE2: dict[str, list[str]] = {
     "mpi-abort-rank0-errorcode-minus-1-hemelb4.log": [
         FAIL + r".*(?i:MPI_ABORT)", "rank 0", r"re:(?i)error ?code:? -1", "lines:8",
         "not:job.stopped"],
+    "clean-onmt-train-model-end-modernmt296.log": [
+        "clean", r"re:job\.clean pass .*Train model END", "not:job.stopped"],
+    "clean-llamafactory-train-metrics-block-llamafactory10488.log": [
+        "clean", r"re:job\.clean pass .*(train metrics|train_steps_per_second|train_runtime)",
+        "not:job.stopped"],
+    "clean-llamafactory-v1-reached-max-steps-llamafactory10488.log": [
+        "clean", r"re:job\.clean pass .*(Reached max_steps|Model saved)", "not:job.stopped"],
+    "dataloader-caught-filenotfound-worker2-tagged-milabench367.log": [
+        FAIL + r".*(?i:DataLoader worker|FileNotFoundError)", "rank 0",
+        r"re:(?i)worker (process )?2", "not:job.stopped"],
+    "torchrun-local-rank2-after-epoch-lines-repvit65.log": [
+        FAIL + r".*local rank 2", r"not:re:(?<!local )\brank 2\b", "not:job.stopped"],
+    "torchrun-failed-tagged-rocm-torchtune-local-rank0-milabench337.log": [
+        "not:clean", FAIL + r".*local rank 0", "not:job.stopped"],
+    "torchrun-local-rank5-after-seven-sigterms-wrapped-pytorch88251.log": [
+        FAIL + r".*local rank 5", r"not:re:(?<!local )\brank 5\b", "not:862",
+        "lines:14", "not:job.stopped"],
+    "rank-cant-open-file-slurm-spool-then-failed-exit2-mmcv2894.log": [
+        FAIL + r".*(?i:can't open file|No such file)", "train.py",
+        "not:first:job.root_cause", "not:rank 713328", "not:job.stopped"],
+    "nccl-internal-error-wrapped-then-local-rank0-pytorch79847.log": [
+        "id:job.nccl_error", "re:'internal error'", "local rank 0",
+        "not:first:job.root_cause", "lines:17"],
+    "rank-cant-open-file-twice-then-failed-exit2-childfailed-idiffface6.log": [
+        FAIL + r".*(?i:can't open file|No such file)", "train_jonas.py",
+        "not:first:job.root_cause", "not:job.stopped"],
+    "stop-megatron-old-iteration-and-time-lines-megatron5.log": [
+        "inconclusive", "lines:10", r"re:500/\s*20000"],
+    "stop-basicsr-iteration-lines-equal-width-basicsr269.log": [
+        "inconclusive", "lines:4", r"re:20,400|20400"],
 }
 
 # Issue 42's held-out half: its checks are written from EXPECT.md ("heldout2") before the tool
