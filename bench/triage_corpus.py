@@ -864,7 +864,35 @@ HELDOUT2: dict[str, list[str]] = {
         FAIL + r".*(?i:undefined symbol|ImportError)", "flash_attn_2_cuda",
         "not:job.stopped"],
     "stop-megatron-iterations-leading-space-megatronllm11.log": [
-        "inconclusive", "lines:4", r"re:125/\s*250000", "not:re:122/\s*250000"],
+        "inconclusive", "lines:4", r"re:125/\s*250000", r"not:re:122/\s*250000"],
+    "clean-autotrain-train-runtime-finished-training-autotrain544.log": [
+        "clean", r"re:job\.clean pass .*(Finished training|train_runtime)", "not:job.stopped"],
+    "clean-wandb-program-ended-successfully-synced-wandbexamples57.log": [
+        "clean", r"re:job\.clean pass .*(Program ended successfully|Synced)",
+        "not:job.stopped"],
+    "device-assert-thc-windows-no-runtimeerror-flowtron52.log": [
+        FAIL + r".*(?i:device-side assert)", "srcIndex < srcSelectDimSize",
+        "not:job.stopped", "not:job.unrecognised"],
+    "gaudi-synhelper-workspace-allocation-failed-backward-habana10.log": [
+        FAIL + r".*(?i:allocation|out of memory|SYNHELPER)", "14493510400",
+        "not:CUDA out of memory", "not:job.unrecognised", "not:job.stopped"],
+    "import-undefined-symbol-then-sigterm-local-rank1-llmdojo35.log": [
+        FAIL + r".*(?i:undefined symbol|Failed to import|flash_attn)", "flash_attn_2_cuda",
+        "local rank 1", "not:first:job.root_cause", "not:job.stopped"],
+    "import-undefined-symbol-wrapped-then-local-rank0-openinstruct165.log": [
+        FAIL + r".*(?i:undefined symbol|Failed to import|flash_attn)", "local rank 0",
+        "not:first:job.root_cause", "lines:21", "not:(pid 1)"],
+    "megatron-line-then-sigsegv-local-rank0-wrapped-megatron1880.log": [
+        FAIL + r".*local rank 0", "SIGSEGV", "lines:7", "not:job.stopped"],
+    "mpi-init-thread-errors-are-fatal-local-abort-horovod465.log": [
+        FAIL + r".*(?i:MPI)", "host1", "71142", "lines:14", "not:rank 71142",
+        "not:job.stopped"],
+    "pg-warning-after-wandb-offline-then-failed-local-rank0-bagel86.log": [
+        "not:clean", FAIL + r".*local rank 0", "not:job.stopped"],
+    "stop-tqdm-bars-then-nothing-px2graph2.log": [
+        "inconclusive", "lines:5", "670/2000"],
+    "torchrun-local-rank3-after-progress-bar-oevortexunsloth10.log": [
+        FAIL + r".*local rank 3", r"not:re:(?<!local )\brank 3\b", "not:job.stopped"],
 }
 
 SPLITS = {"tune": TUNE, "heldout": HELDOUT, "tune2": TUNE2, "heldout2": HELDOUT2}
