@@ -959,6 +959,10 @@ def main() -> None:
     ap.add_argument("-q", "--quiet", action="store_true", help="the score line only")
     a = ap.parse_args()
     hit, total, whole, logs, passed = score(a.split, not a.quiet)
+    if not logs:  # a held-out half is kept out of the checkout it is tuned in
+        print(f"error: split {a.split} has no logs in this checkout\n"
+              "hint: use a checkout that holds its logs and checks", file=sys.stderr)
+        sys.exit(2)
     print(f"{a.split}: {hit}/{total} checks ({100 * hit / total:.0f}%), {whole}/{logs} logs "
           f"with every check, {len(passed)} failed log(s) exit 0"
           + "".join(f"\n  exits 0: {n}" for n in passed))
