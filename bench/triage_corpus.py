@@ -893,6 +893,9 @@ HELDOUT2: dict[str, list[str]] = {
         "inconclusive", "lines:5", "670/2000"],
     "torchrun-local-rank3-after-progress-bar-oevortexunsloth10.log": [
         FAIL + r".*local rank 3", r"not:re:(?<!local )\brank 3\b", "not:job.stopped"],
+    "own-runtimeerror-optimizer-step-then-failed-local-rank0-mcln14.log": [
+        FAIL + r".*(?i:size of tensor a|RuntimeError)", "288", "not:first:job.root_cause",
+        "not:job.stopped"],
 }
 
 SPLITS = {"tune": TUNE, "heldout": HELDOUT, "tune2": TUNE2, "heldout2": HELDOUT2}
