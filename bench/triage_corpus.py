@@ -839,7 +839,64 @@ TUNE2: dict[str, list[str]] = {
 # is run on those logs, and measured once, at the end; they live where the tune half's
 # entries do not reach, after this line.
 
-HELDOUT2: dict[str, list[str]] = {}
+HELDOUT2: dict[str, list[str]] = {
+    "hip-oom-autotrain-error-line-autotrain737.log": [
+        FAIL + r".*(?i:out of memory)", "124.00 MiB", "not:CUDA out of memory",
+        "not:job.unrecognised", "not:job.stopped", "not:amdsmi"],
+    "clean-llama-recipes-max-steps-reached-llamacookbook428.log": [
+        "clean", r"re:job\.clean pass .*max training steps reached",
+        "not:job.stopped"],
+    "clean-vllm-prompts-then-pg-warning-unsloth1959.log": [
+        "clean", r"re:job\.clean pass .*NOT been destroyed", "not:job.stopped"],
+    "clean-lightning-max-steps-wandb-success-rvt40.log": [
+        "clean", r"re:job\.clean pass .*(max_steps=400000|W&B process to finish)",
+        "not:job.stopped", "not:job.unrecognised"],
+    "dynamo-compile-fn-triton-too-old-gpu-nnunet2349.log": [
+        FAIL + r".*(?i:BackendCompilerFailed|triton|dynamo|compile)", "1080 Ti",
+        "not:job.unrecognised", "not:job.hardware", "not:job.stopped"],
+    "dataloader-aborted-tcmalloc-after-epoch-yolov3-650.log": [
+        FAIL + r".*(?i:DataLoader worker)", "2256", r"re:(?i)abort|SIGABRT",
+        "not:job.stopped"],
+    "device-assert-glued-to-progress-bar-trl1995.log": [
+        FAIL + r".*(?i:device-side assert)", "srcIndex < srcSelectDimSize",
+        "not:job.stopped"],
+    "import-undefined-symbol-two-ranks-interleaved-r1v127.log": [
+        FAIL + r".*(?i:undefined symbol|ImportError)", "flash_attn_2_cuda",
+        "not:job.stopped"],
+    "stop-megatron-iterations-leading-space-megatronllm11.log": [
+        "inconclusive", "lines:4", r"re:125/\s*250000", r"not:re:122/\s*250000"],
+    "clean-autotrain-train-runtime-finished-training-autotrain544.log": [
+        "clean", r"re:job\.clean pass .*(Finished training|train_runtime)", "not:job.stopped"],
+    "clean-wandb-program-ended-successfully-synced-wandbexamples57.log": [
+        "clean", r"re:job\.clean pass .*(Program ended successfully|Synced)",
+        "not:job.stopped"],
+    "device-assert-thc-windows-no-runtimeerror-flowtron52.log": [
+        FAIL + r".*(?i:device-side assert)", "srcIndex < srcSelectDimSize",
+        "not:job.stopped", "not:job.unrecognised"],
+    "gaudi-synhelper-workspace-allocation-failed-backward-habana10.log": [
+        FAIL + r".*(?i:allocation|out of memory|SYNHELPER)", "14493510400",
+        "not:CUDA out of memory", "not:job.unrecognised", "not:job.stopped"],
+    "import-undefined-symbol-then-sigterm-local-rank1-llmdojo35.log": [
+        FAIL + r".*(?i:undefined symbol|Failed to import|flash_attn)", "flash_attn_2_cuda",
+        "local rank 1", "not:first:job.root_cause", "not:job.stopped"],
+    "import-undefined-symbol-wrapped-then-local-rank0-openinstruct165.log": [
+        FAIL + r".*(?i:undefined symbol|Failed to import|flash_attn)", "local rank 0",
+        "not:first:job.root_cause", "lines:21", "not:(pid 1)"],
+    "megatron-line-then-sigsegv-local-rank0-wrapped-megatron1880.log": [
+        FAIL + r".*local rank 0", "SIGSEGV", "lines:7", "not:job.stopped"],
+    "mpi-init-thread-errors-are-fatal-local-abort-horovod465.log": [
+        FAIL + r".*(?i:MPI)", "host1", "71142", "lines:14", "not:rank 71142",
+        "not:job.stopped"],
+    "pg-warning-after-wandb-offline-then-failed-local-rank0-bagel86.log": [
+        "not:clean", FAIL + r".*local rank 0", "not:job.stopped"],
+    "stop-tqdm-bars-then-nothing-px2graph2.log": [
+        "inconclusive", "lines:5", "670/2000"],
+    "torchrun-local-rank3-after-progress-bar-oevortexunsloth10.log": [
+        FAIL + r".*local rank 3", r"not:re:(?<!local )\brank 3\b", "not:job.stopped"],
+    "own-runtimeerror-optimizer-step-then-failed-local-rank0-mcln14.log": [
+        FAIL + r".*(?i:size of tensor a|RuntimeError)", "288", "not:first:job.root_cause",
+        "not:job.stopped"],
+}
 
 SPLITS = {"tune": TUNE, "heldout": HELDOUT, "tune2": TUNE2, "heldout2": HELDOUT2}
 
