@@ -77,3 +77,14 @@ def test_what_is_spelled_as_a_secret_is_still_masked_under_those_names():
 def test_a_packages_version_stays_whatever_the_package_is_called(line):
     """`pip list` rows and pins: a package named for auth or secrets has a version, no secret."""
     assert redact.text(line, {}) == line
+
+
+@pytest.mark.parametrize("line", [
+    "  job.clean  pass  the log ends normally: `Trainer.fit` stopped: `max_steps=1000` reached.",
+    "  env.torch  pass  torch 2.11.0: found",
+    "tests that pass on the last run:", ])
+def test_a_status_word_pass_is_no_passwords_label(line):
+    """`pass` is a status in the tool's own rows; a sentence's label is a password's noun."""
+    assert redact.text(line, {}) == line
+    scrub = redact.Lines({})
+    assert [scrub(x) for x in (line + "\n", "next line\n")] == [line + "\n", "next line\n"]

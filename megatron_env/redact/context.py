@@ -56,7 +56,8 @@ def _opens_nothing(r: str) -> bool:
         map(r.__contains__, _DECODERS)))
 _SECRETISH = re.compile(r"(?i)secret|passw|passphrase|token|credential|\.data\.|apikey|api_key")
 _WORD = re.compile(r"[^\W\d][\w-]*")
-_PASSWORD_WORD = re.compile(r"(?i)pass|secret|пароль|密码|kennwort|contrase|senha|wachtwoord")
+_PASSWORD_WORD = re.compile(r"(?i)passw|passphrase|passcode|secret|пароль|密码|kennwort|contrase|"
+                            r"senha|wachtwoord")
 
 
 def _indent(line: str) -> int:

@@ -199,9 +199,12 @@ _TABLE = re.compile(r"([ \t]*\|[ \t]*([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3}
 _PREFIX_ENDS = (": ", ":\t", "| ")
 # a password's label in a sentence, its value after the sentence's colon at the line's end:
 # `A temporary password is generated for root@localhost: X`
-_SENTENCE = re.compile(r"(?i)(?:pass|пароль|密码|kennwort|contrase|senha|wachtwoord)[^\W\d_]*"
+_SENTENCE = re.compile(r"(?i)(?:passw|passphrase|passcode|пароль|密码|kennwort|contrase|senha|"
+                       r"wachtwoord)[^\W\d_]*"
                        r"((?:[ \t]+[\w@.'-]+){1,6}?[ \t]*:[ \t]+)(\S[^\n]*?)[ \t]*$", re.M)
-_SENTENCE_WORDS = ("pass", "пароль", "密码", "kennwort", "contrase", "senha", "wachtwoord")
+# (the noun, not `pass`: a status word in a table's row, `job.clean  pass  ...: X`)
+_SENTENCE_WORDS = ("passw", "passphrase", "passcode", "пароль", "密码", "kennwort", "contrase",
+                   "senha", "wachtwoord")
 _PLAIN_NAMES = frozenset({"password", "passwd", "token", "secret", "pass", "auth", "cookie",
                           "signature", "credentials", "credential", "authorization", "key"})
 _QUOTED = re.compile(r"([bBrRuU]{0,2})([\"'])((?:(?!\2)(?:\\.|[^\n]))*)\2")
