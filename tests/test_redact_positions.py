@@ -179,3 +179,35 @@ def test_each_tools_password_option(line):
                                   "net use Z: \\\\srv\\share /persistent:yes"])
 def test_the_same_option_of_another_tool_is_no_password(line):
     assert redact.text(line, {}) == line
+
+
+R = redact.REDACTED
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("curl --cookie 'sid=a1b2c3; theme=dark' https://h/", f"curl --cookie '{R}' https://h/"),
+    ("curl -s -b 'sid=a1b2c3; theme=dark' https://h/",
+     f"curl -s -b 'sid={R}; theme={R}' https://h/"),
+    ("curl -b s3ssionval https://h/", f"curl -b {R} https://h/"),
+    ("curl -u 'bob:two words' https://h/", f"curl -u 'bob:{R}' https://h/"),
+    ("CREATE USER 'a'@'%' IDENTIFIED BY 'two words';", f"CREATE USER 'a'@'%' IDENTIFIED BY '{R}';"),
+    ("CREATE USER scott IDENTIFIED BY tiger;", f"CREATE USER scott IDENTIFIED BY {R};"),
+    ("ALTER ROLE r WITH PASSWORD \"a b\";", f"ALTER ROLE r WITH PASSWORD \"{R}\";"),
+    ('<property name="db.password" value="a b"/>', f'<property name="db.password" value="{R}"/>'),
+    ('<property name="db.host" value="db01"/>', '<property name="db.host" value="db01"/>'),
+    ("<password>a b</password>", f"<password>{R}</password>"),
+    ("<name>fs.s3a.secret.key</name><value>a b</value>",
+     f"<name>fs.s3a.secret.key</name><value>{R}</value>"),
+    ("ValueError: 'a b' is not valid for 'password'", f"ValueError: '{R}' is not valid for "
+                                                      "'password'"),
+    ("ValueError: 'a b' is not valid for 'mode'", "ValueError: 'a b' is not valid for 'mode'"),
+    ("zip -P 'two words' -r a.zip d", f"zip -P '{R}' -r a.zip d"),
+    ("7za a '-ptwo words' a.7z d", f"7za a '-p{R}' a.7z d"),
+    ("Popen(['sshpass', '-p', 'two words', 'ssh', 'h'])",
+     f"Popen(['sshpass', '-p', '{R}', 'ssh', 'h'])"),
+    ("Driver={ODBC Driver 18};Uid=sa;Pwd={a;b c};Encrypt=yes",
+     f"Driver={{ODBC Driver 18}};Uid=sa;Pwd={{{R}}};Encrypt=yes"),
+])
+def test_what_is_masked_and_what_stays_around_it(line, expected):
+    """The value, and only the value: its quotes, braces and neighbours stay."""
+    assert redact.text(line, {}) == expected

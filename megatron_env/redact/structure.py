@@ -405,9 +405,9 @@ def _pairs(s: str) -> str:
     at, so it may be the name of the next pair (`'curl', '--oauth2-bearer', 'X'`)."""
     out, pos = [], 0
     for m in _PAIR.finditer(s):
-        if m.start() < pos or not secret_value(name_kind(m.group(2)) or _header_kind(
-                m.group(2)), m.group(4).strip()):
-            continue
+        if m.start() < pos or m.group(4).startswith("-") or not secret_value(name_kind(
+                m.group(2)) or _header_kind(m.group(2)), m.group(4).strip()):
+            continue  # (an option after a command's name is the next pair's name)
         start = m.end() + s[m.end():].index(m.group(3))
         out += [s[pos:start + 1], REDACTED]
         pos = start + 1 + len(m.group(4))
