@@ -88,3 +88,26 @@ def test_a_status_word_pass_is_no_passwords_label(line):
     assert redact.text(line, {}) == line
     scrub = redact.Lines({})
     assert [scrub(x) for x in (line + "\n", "next line\n")] == [line + "\n", "next line\n"]
+
+
+# llama-recipes' summary at the end of a fine-tuning run, as printed in
+# https://github.com/meta-llama/llama-cookbook/pull/428 (the PR's test output)
+LLAMA_RECIPES_SUMMARY = """\
+max training steps reached, stopping training, total_train_steps:  6
+Key: avg_train_prep, Value: 1.2784380912780762
+Key: avg_train_loss, Value: 0.24563908576965332
+Key: avg_eval_prep, Value: 1.301121473312378
+Key: avg_eval_loss, Value: 0.26322659850120544
+Key: avg_epoch_time, Value: 27.707596888765693
+Key: avg_checkpoint_time, Value: 1.0763725992292166
+"""
+
+
+def test_a_metrics_name_behind_a_weak_label_is_no_secret():
+    """`Key: <metric>, Value: <number>`: a weak name's value of several words is judged word by
+    word (none looks random here), while one random word behind it is still masked."""
+    assert redact.text(LLAMA_RECIPES_SUMMARY, {}) == LLAMA_RECIPES_SUMMARY
+    scrub = redact.Lines({})
+    lines = LLAMA_RECIPES_SUMMARY.splitlines(keepends=True)
+    assert [scrub(x) for x in lines] == lines
+    assert "Q7xk2Lm9Pz4Rt8" not in redact.text("Key: Q7xk2Lm9Pz4Rt8, Value: 1", {})

@@ -68,14 +68,16 @@ _VERSION = re.compile(r"=?=?v?\d+(?:\.\d+){1,3}(?:(?:a|b|rc|\.?post|\.?dev)\d*)?
 
 def secret_value(kind: str | None, value: str) -> bool:
     """Whether `value`, standing behind a name of this kind, is to be masked. A path is a path
-    and a version a version whatever it is called; a weak name's value only when it looks
-    random."""
+    and a version a version whatever it is called; a weak name's value only when it (or one of
+    its words) looks random."""
     if kind is None or not value or _PLAIN.fullmatch(value) or _VERSION.fullmatch(value) or (
             _a_path(value)):
         return False
     if kind == "strong":
         return True
-    return random_looking(value)
+    # a weak name's value of several words (`Key: avg_train_loss, Value: 0.24`, a metric's
+    # name and its number) is judged word by word: masked when one of them looks random
+    return any(random_looking(word.strip(",;")) for word in value.split())
 
 
 # ----------------------------------------------------------------------------- vendor formats
