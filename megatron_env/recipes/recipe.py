@@ -113,6 +113,10 @@ class Recipe:
     # what its build driver must be told, besides MAX_JOBS=jobserver (not a number), to pass
     # ninja no -j when it builds from the shared pool (kernels.jobserver)
     pool_env: Mapping[str, str] = field(default_factory=dict)
+    # seconds one object takes to compile, by fnmatch pattern on its name under the build
+    # directory (first match wins): the shared pool's order for a first build of a pin, when no
+    # earlier build of the same pins left its ninja log (kernels.schedule)
+    object_seconds: tuple[tuple[str, float], ...] = ()
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -162,6 +166,7 @@ class Package:
     site_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
     requires: tuple[str, ...] = ()  # run-time requirements (Recipe.requires)
     pool_env: dict[str, str] = field(default_factory=dict)  # Recipe.pool_env
+    object_seconds: tuple[tuple[str, float], ...] = ()  # Recipe.object_seconds
 
     @property
     def wheel_libraries(self) -> tuple[str, ...]:
@@ -219,4 +224,4 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
                    variants=tuple(v.name for v in chosen) + tuple(picked),
                    parallel_var=recipe.parallel_var, libraries=recipe.libraries,
                    site_paths=dict(recipe.site_paths), requires=recipe.requires,
-                   pool_env=dict(recipe.pool_env))
+                   pool_env=dict(recipe.pool_env), object_seconds=recipe.object_seconds)

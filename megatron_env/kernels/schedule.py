@@ -1,0 +1,158 @@
+"""Which waiting compile job starts next in the shared pool: the one with the longest remaining
+work (longest-processing-time first, each object's cost plus the longest chain of its kernel's
+later stages). Pure: the pool (kernels.slots) and the replay benchmark (bench/setup_replay.py)
+call the same code.
+
+Why not first come, first served: a cold setup on a 16-core H100 (942.5 s, 2.05 x its bound)
+gave flash-attn, whose seven objects are the longest (165-235 s), one to three slots while
+transformer-engine and apex took the rest; three of its longest objects started at 612 s. With
+the longest work first, those start at once and the short objects fill the cores around them.
+
+Costs come from the previous build of the same pins (its ninja logs, kept in the cache beside
+its wheel), else from the recipe's declared estimate. A kernel whose objects are known but that
+has not asked for a slot yet (its setup.py is still starting) has slots held back for its
+objects that outrank the waiting ones, for at most `hold_s` after the pool opened: otherwise the
+kernel that starts a second earlier takes every core, whatever its objects cost.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import heapq
+import itertools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from megatron_env.kernels.ninjalog import Step
+
+_TEMP = re.compile(r"(?:^|/)temp\.[^/]+/(.*)$")
+_CMAKE = re.compile(r"^(?:.*/)?CMakeFiles/[^/]+\.dir/(.*)$")
+
+
+def key(output: str) -> str:
+    """One name for an object on both sides: what a compile command's `-o` says and what
+    the ninja log recorded ('.../build/temp.linux-x86_64-cpython-312/csrc/x.o' -> 'csrc/x.o';
+    'CMakeFiles/te.dir/gemm/g.cu.o' -> 'gemm/g.cu.o')."""
+    if m := _TEMP.search(output):
+        return m.group(1)
+    if m := _CMAKE.match(output):
+        return m.group(1)
+    return output.lstrip("./")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """One kernel's objects: key -> priority (seconds of its own compile plus the longest chain
+    of the stages after it), and the declared estimate for an object not recorded."""
+
+    kernel: str
+    priority: Mapping[str, float] = field(default_factory=dict)
+    estimate: Sequence[tuple[str, float]] = ()  # (fnmatch pattern on the key, seconds)
+    source: str = "none"  # "log" (a previous build of the same pins) or "declared"
+    ready: tuple[float, ...] = ()  # priorities of the objects it can ask for first, highest first
+
+    def of(self, output: str) -> float:
+        """Priority of an object. One not in the record is presumed to gate the rest of its
+        kernel (a configure check, a link): the kernel's longest chain, at least its estimate."""
+        k = key(output)
+        if k in self.priority:
+            return self.priority[k]
+        guess = next((s for pat, s in self.estimate if fnmatch.fnmatch(k, pat)), 0.0)
+        return max(guess, self.longest)
+
+    @property
+    def longest(self) -> float:
+        return max(self.priority.values(), default=0.0)
+
+
+def stage(log_name: str) -> int:
+    """Where a ninja run sits in its kernel's chain, from the build's structure (ninja logs
+    hold no edges): a CMake build (its build directory is named so: transformer-engine's
+    library) comes first; torch's extensions (one ninja each, in temp.<platform> or a directory
+    named after the extension) come after it, side by side."""
+    return 0 if "cmake" in log_name.lower() else 1
+
+
+def from_logs(kernel: str, logs: Sequence[tuple[str, Sequence[Step]]],
+              estimate: Sequence[tuple[str, float]] = (), slots: int = 16) -> Costs:
+    """Costs from one build's ninja logs ((name, steps) per ninja run, as kept in the cache).
+    An object's priority is its seconds plus the least time the later stages of its kernel
+    take on `slots` jobs (their longest object, or their work spread over the slots)."""
+    by_stage: dict[int, list[Step]] = {}
+    for name, steps in logs:
+        by_stage.setdefault(stage(name), []).extend(steps)
+    order = sorted(by_stage)
+    least = {i: max(max(s.seconds for s in by_stage[i]),
+                    sum(s.seconds for s in by_stage[i]) / slots) for i in order if by_stage[i]}
+    prio: dict[str, float] = {}
+    first: list[float] = []
+    for n, i in enumerate(order):
+        tail = sum(least.get(j, 0.0) for j in order[n + 1:])
+        for s in by_stage[i]:
+            k = key(s.output)
+            prio[k] = max(prio.get(k, 0.0), round(s.seconds + tail, 1))
+            if n == 0:
+                first.append(prio[k])
+    return Costs(kernel, prio, tuple(estimate), "log", tuple(sorted(first, reverse=True)))
+
+
+@dataclass
+class _Wait:
+    rid: int
+    kernel: str
+    priority: float
+
+
+class Scheduler:
+    """Grants `slots` compile jobs at once, highest priority first (ties: first asked).
+
+    `expected`: kernel -> priorities of the objects it will ask for first (Costs.ready, the
+    first as many as its ninja shows at once), known before it asks. For at most `hold_s` after
+    `opened`, a slot stays free for each of those that outranks a waiting job and has not
+    asked yet; each request of the kernel takes one off (the one of its priority, else its
+    highest)."""
+
+    def __init__(self, slots: int, expected: Mapping[str, Iterable[float]] | None = None,
+                 opened: float = 0.0, hold_s: float = 30.0) -> None:
+        self.slots = slots
+        self.running: dict[int, str] = {}
+        self._heap: list[tuple[float, int, _Wait]] = []
+        self._seq = itertools.count()
+        self._expected = {k: sorted(v, reverse=True) for k, v in (expected or {}).items()}
+        self._until = opened + hold_s
+
+    def want(self, rid: int, kernel: str, priority: float) -> None:
+        """A compile job asks for a slot."""
+        if exp := self._expected.get(kernel):
+            exp.remove(priority if priority in exp else exp[0])
+        heapq.heappush(self._heap, (-priority, next(self._seq), _Wait(rid, kernel, priority)))
+
+    def done(self, rid: int) -> None:
+        """A job ended (or gave up waiting): its slot is free, or it leaves the queue."""
+        if self.running.pop(rid, None) is None:
+            self._heap = [e for e in self._heap if e[2].rid != rid]
+            heapq.heapify(self._heap)
+
+    def forget(self, kernel: str) -> None:
+        """A kernel ended without asking (a cache hit, a failure): hold nothing for it."""
+        self._expected.pop(kernel, None)
+
+    def waiting(self) -> int:
+        return len(self._heap)
+
+    def grants(self, now: float) -> list[int]:
+        """The jobs to start now, in order."""
+        out = []
+        while self._heap and len(self.running) < self.slots:
+            w = self._heap[0][2]
+            held = 0
+            if now < self._until:
+                held = sum(1 for prios in self._expected.values() for p in prios
+                           if p > w.priority)
+            if self.slots - len(self.running) <= held:
+                break
+            heapq.heappop(self._heap)
+            self.running[w.rid] = w.kernel
+            out.append(w.rid)
+        return out
