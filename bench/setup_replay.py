@@ -88,8 +88,7 @@ class Replay:
     def __init__(self, chs: list[Chain], costs: dict[str, schedule.Costs], cores: int,
                  width: int, policy: str) -> None:
         self.costs, self.width, self.lpt = costs, width, policy == "lpt"
-        expected = {k: list(c.ready[:width * sum(1 for ch in chs if ch.kernel == k)])
-                    for k, c in costs.items()} if self.lpt else {}
+        expected = schedule.expected(costs, cores) if self.lpt else {}
         self.sched = schedule.Scheduler(cores, expected, opened=0.0)
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = itertools.count()

@@ -91,7 +91,8 @@ class Plan:
         flags = {k: v for k, v in self.env.items()
                  if k in shown or k not in os.environ or os.environ[k] != v}
         out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
-                                          if k != "PATH" and not k.startswith("MEGATRON_ENV_")))
+                                          if k != "PATH" and not k.startswith("MEGATRON_ENV_")
+                                          and k not in POOL_PLUMBING))
         if p.build_options:
             out.append("  options  --build-option=" + " ".join(p.build_options))
         out.append(f"  cache    {self.key}")
@@ -157,16 +158,22 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     build_env["MAX_JOBS"] = str(jobs)
     if pkg.parallel_var:
         build_env[pkg.parallel_var] = str(derived.extensions)
-    if pool:  # one jobserver for every kernel: its width, not this build's own -j
+    if pool:  # one pool of compile jobs for every kernel: its width, not this build's own -j
         build_env.update(pool)
         jobs, why = int(pool["MEGATRON_ENV_POOL_SLOTS"]), pool["MEGATRON_ENV_POOL_WHY"]
         build_env.pop("CMAKE_BUILD_PARALLEL_LEVEL", None)
-        build_env.update(jobserver.driver_env(pkg.pool_env))  # drivers pass ninja no -j
+        build_env.update(jobserver.driver_env(pkg.pool_env,
+                                              int(pool["MEGATRON_ENV_POOL_WIDTH"])))
         if pkg.parallel_var:
             build_env[pkg.parallel_var] = pool["MEGATRON_ENV_POOL_CLIENTS"]
-        if pkg.cuda:  # nvcc's per-arch processes (--threads) take tokens too
-            build_env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, [
-                build_env.get("NVCC_APPEND_FLAGS", ""), "--jobserver"]))
+        build_env.update(_slot_launchers(pool["MEGATRON_ENV_SLOT_CLIENT"],
+                                         build_env.get("CUDA_HOME") if pkg.cuda else None))
+        if pkg.cuda:  # one slot is one core: nvcc's --split-compile threads would take more
+            kept = [f for f in build_env.get("NVCC_APPEND_FLAGS", "").split()
+                    if not f.startswith("--split-compile")]
+            build_env.pop("NVCC_APPEND_FLAGS", None)
+            if kept:
+                build_env["NVCC_APPEND_FLAGS"] = " ".join(kept)
     elif not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
     key_doc = cache_key_doc(pkg, series, facts["torch"], facts["cuda"], facts["tag"],
@@ -175,6 +182,20 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
         key_doc["libstdcxx"] = "shared"
     key = digest.hexpart(digest.of(key_doc), 32)
     return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
+
+
+POOL_PLUMBING = frozenset({"PYTORCH_NVCC", *(f"CMAKE_{lang}_COMPILER_LAUNCHER"
+                                              for lang in ("C", "CXX", "CUDA"))})
+
+
+def _slot_launchers(client: str, cuda_home: str | None) -> dict[str, str]:
+    """Where the compilers that PATH does not reach go through the pool's slot client:
+    torch's nvcc (PYTORCH_NVCC, a command line in its ninja file) and CMake's compilers
+    (CMAKE_<LANG>_COMPILER_LAUNCHER; a compiler inside a granted job takes no second slot)."""
+    out = {f"CMAKE_{lang}_COMPILER_LAUNCHER": client for lang in ("C", "CXX", "CUDA")}
+    if cuda_home:
+        out["PYTORCH_NVCC"] = f"{client} {Path(cuda_home) / 'bin' / 'nvcc'}"
+    return out
 
 
 def torch_facts(python: Path, cache: Path | None = None) -> dict:

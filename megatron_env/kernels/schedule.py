@@ -4,9 +4,9 @@ later stages). Pure: the pool (kernels.slots) and the replay benchmark (bench/se
 call the same code.
 
 Why not first come, first served: a cold setup on a 16-core H100 (942.5 s, 2.05 x its bound)
-gave flash-attn, whose seven objects are the longest (165-235 s), one to three slots while
-transformer-engine and apex took the rest; three of its longest objects started at 612 s. With
-the longest work first, those start at once and the short objects fill the cores around them.
+gave the kernel whose seven objects are the longest (165-235 s) one to three slots while the two
+others took the rest; three of its longest objects started at 612 s. With the longest work
+first, those start at once and the short objects fill the cores around them.
 
 Costs come from the previous build of the same pins (its ninja logs, kept in the cache beside
 its wheel), else from the recipe's declared estimate. A kernel whose objects are known but that
@@ -68,8 +68,8 @@ class Costs:
 
 def stage(log_name: str) -> int:
     """Where a ninja run sits in its kernel's chain, from the build's structure (ninja logs
-    hold no edges): a CMake build (its build directory is named so: transformer-engine's
-    library) comes first; torch's extensions (one ninja each, in temp.<platform> or a directory
+    hold no edges): a CMake build (its build directory is named so: a kernel's C++ library)
+    comes first; torch's extensions (one ninja each, in temp.<platform> or a directory
     named after the extension) come after it, side by side."""
     return 0 if "cmake" in log_name.lower() else 1
 
@@ -97,6 +97,13 @@ def from_logs(kernel: str, logs: Sequence[tuple[str, Sequence[Step]]],
     return Costs(kernel, prio, tuple(estimate), "log", tuple(sorted(first, reverse=True)))
 
 
+def expected(costs: Mapping[str, Costs], slots: int) -> dict[str, list[float] | None]:
+    """What the Scheduler holds slots for: each kernel's first objects by its recorded costs
+    (no more than the slots: a ninja shows its objects in its own order, and every request of
+    the kernel takes one off), None for a kernel whose objects are not known."""
+    return {k: list(c.ready[:slots]) if c.source == "log" else None for k, c in costs.items()}
+
+
 @dataclass
 class _Wait:
     rid: int
@@ -111,20 +118,27 @@ class Scheduler:
     first as many as its ninja shows at once), known before it asks. For at most `hold_s` after
     `opened`, a slot stays free for each of those that outranks a waiting job and has not
     asked yet; each request of the kernel takes one off (the one of its priority, else its
-    highest)."""
+    highest). None: not known (a first build of its pins): nothing starts until it asked once,
+    so that the kernel whose setup.py starts a second earlier does not take every core."""
 
-    def __init__(self, slots: int, expected: Mapping[str, Iterable[float]] | None = None,
+    def __init__(self, slots: int,
+                 expected: Mapping[str, Iterable[float] | None] | None = None,
                  opened: float = 0.0, hold_s: float = 30.0) -> None:
         self.slots = slots
         self.running: dict[int, str] = {}
         self._heap: list[tuple[float, int, _Wait]] = []
         self._seq = itertools.count()
-        self._expected = {k: sorted(v, reverse=True) for k, v in (expected or {}).items()}
+        self._expected: dict[str, list[float] | None] = {
+            k: None if v is None else sorted(v, reverse=True)
+            for k, v in (expected or {}).items()}
         self._until = opened + hold_s
 
     def want(self, rid: int, kernel: str, priority: float) -> None:
         """A compile job asks for a slot."""
-        if exp := self._expected.get(kernel):
+        exp = self._expected.get(kernel, [])
+        if exp is None:
+            del self._expected[kernel]
+        elif exp:
             exp.remove(priority if priority in exp else exp[0])
         heapq.heappush(self._heap, (-priority, next(self._seq), _Wait(rid, kernel, priority)))
 
@@ -148,7 +162,9 @@ class Scheduler:
             w = self._heap[0][2]
             held = 0
             if now < self._until:
-                held = sum(1 for prios in self._expected.values() for p in prios
+                if any(v is None for v in self._expected.values()):
+                    break
+                held = sum(1 for prios in self._expected.values() for p in prios or ()
                            if p > w.priority)
             if self.slots - len(self.running) <= held:
                 break

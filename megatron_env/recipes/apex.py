@@ -32,6 +32,10 @@ RECIPE = Recipe(
                 env={"APEX_FAST_LAYER_NORM": "1"}, modules=("fast_layer_norm",)),
     ),
     requires=("packaging>20.6",),  # setup.py's install_requires (setup.py and apex import it)
+    # the pool's order in a first build of a pin (kernels.schedule): 36-104 s an object for the
+    # softmax kernels, 27-68 s the others, on an H100
+    # (bench/results/2026-12-05-h100-cold-setup-e883413)
+    object_seconds=(("*softmax*", 60.0), ("*", 45.0)),
     gpu_check="apex",
     proves="FusedLayerNorm matches torch.nn.functional.layer_norm",
 )

@@ -83,6 +83,12 @@ RECIPE = Recipe(
     # torch; `import transformer_engine.pytorch` fails without pydantic
     requires=("pydantic", "importlib-metadata>=1.0", "packaging", "einops", "onnxscript", "onnx",
               "nvdlfw-inspect"),
+    # the pool's order in a first build of a pin (kernels.schedule), on an H100
+    # (bench/results/2026-12-05-h100-cold-setup-e883413): the torch extension's objects took
+    # 0-51 s; an object of the CMake library before it, its own seconds (activation 58 s on
+    # average, normalization 70, the rest 25) plus the ~60 s the extension takes after it
+    object_seconds=(("transformer_engine/pytorch/csrc/*", 30.0), ("activation/*", 120.0),
+                    ("normalization/*", 130.0), ("*", 85.0)),
     gpu_check="transformer_engine",
     proves="bf16 te.Linear and te.LayerNormLinear forward and backward match fp32 PyTorch",
 )

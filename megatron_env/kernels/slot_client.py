@@ -1,0 +1,62 @@
+"""A compile job of the shared pool (kernels.slots): `slot_client.py COMPILER ARGS...` asks the
+broker for a slot, waits for it, then becomes the compiler, the socket still open: the broker
+sees the slot free when every process holding it has exited. Run as a script (`python -S`,
+started once per object: it imports nothing of megatron_env). Without a broker in the
+environment, or inside a job that holds a slot already (nvcc's host compiler), it only execs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+SOCKET_ENV = "MEGATRON_ENV_SLOTS"
+KERNEL_ENV = "MEGATRON_ENV_SLOTS_KERNEL"
+HELD_ENV = "MEGATRON_ENV_SLOT_HELD"
+
+
+def output_of(argv: list[str]) -> str:
+    """The object a command writes: `-o X`, `-oX`, `--output-file X` or `--output-file=X`."""
+    for i, a in enumerate(argv):
+        if a in ("-o", "--output-file", "-output-file") and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--output-file="):
+            return a.split("=", 1)[1]
+        if a.startswith("-o") and len(a) > 2 and not a.startswith("-o-"):
+            return a[2:]
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("slot_client.py: no compiler given", file=sys.stderr)
+        return 2
+    where = os.environ.get(SOCKET_ENV)
+    if where and not os.environ.get(HELD_ENV):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(where)
+        except OSError:  # the pool has closed: the build is ending anyway
+            s.close()
+        else:
+            kernel = os.environ.get(KERNEL_ENV, "")
+            s.sendall(f"{kernel}\t{output_of(argv)}\n".encode())
+            answer = b""
+            while not answer.endswith(b"\n"):
+                chunk = s.recv(16)
+                if not chunk:
+                    print(f"slot_client.py: the pool of compile jobs closed before "
+                          f"{argv[0]} could start", file=sys.stderr)
+                    return 1
+                answer += chunk
+            os.set_inheritable(s.fileno(), True)
+            os.environ[HELD_ENV] = "1"
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as e:
+        print(f"slot_client.py: cannot run {argv[0]}: {e}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
