@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from megatron_env.errors import UserError
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -41,6 +43,9 @@ class Choice:
     var: str
     values: tuple[str, ...]  # every value some pinned version can build
     default: tuple[str, ...] = ("all",)
+    # each value is a compiled module: those chosen must import after install, and every module
+    # of a chosen variant that is one of the values must be chosen (else the profile is refused)
+    modules: bool = False
 
 
 @dataclass(frozen=True)
@@ -196,8 +201,18 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
     picked = []
     for c in recipe.choices:
         values = list(pins.get(c.name, c.default))
+        if c.modules and "all" in values:
+            continue  # every module the variants switch on: the build's own default, unsaid
         env[c.var] = ",".join(values)
         picked.append(f"{c.name}={','.join(values)}")
+        if c.modules:
+            if left := [m for m in modules if m in c.values and m not in values]:
+                raise UserError(
+                    f"{recipe.name}: {c.name} leaves out {', '.join(left)}, which the chosen "
+                    f"variants need ({', '.join(v.name for v in chosen)})",
+                    fix=f"add {', '.join(left)} to {c.name} in [kernels.{recipe.name}], or "
+                        "drop the variant that needs it", kind="recipe.choice-incomplete")
+            modules += [m for m in values if m not in modules]
     if recipe.archs_var:
         env[recipe.archs_var] = _archs_text(archs, recipe.archs_form)
     if recipe.nvcc_threads:
