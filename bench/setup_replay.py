@@ -133,7 +133,7 @@ class Replay:
             else:
                 assert isinstance(what, int)
                 self.ended_job(what, now)
-            for r in self.sched.grants(now):
+            for r, _n in self.sched.grants(now):  # one slot each: objects' recorded seconds
                 self.started[r] = now
                 busy += self.jobs[r][1].seconds
                 self.push(now + self.jobs[r][1].seconds, "end", r)

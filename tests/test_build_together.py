@@ -220,8 +220,8 @@ def test_pool_width_from_cores_memory_and_cap():
 
 def test_a_pooled_plan_hands_the_pool_to_every_compiler(tmp_path):
     """plan() in the pool: the wrappers and the shim first on PATH, MAX_JOBS the pool's width,
-    torch's nvcc and CMake's compilers through the slot client, nvcc's --split-compile threads
-    gone (a slot is one core) beside the recipe's other flags; the cache key is the same as
+    torch's nvcc and CMake's compilers through the slot client, the recipe's nvcc flags as
+    they are (no --jobserver: there is none); the cache key is the same as
     without the pool (how many jobs is no input), and the plumbing is not in the plan."""
     from megatron_env import profile
 
@@ -242,8 +242,8 @@ def test_a_pooled_plan_hands_the_pool_to_every_compiler(tmp_path):
     assert pooled.env["PATH"].startswith("/slots")
     assert pooled.env["PYTORCH_NVCC"] == f"/slots/slot {pooled.env['CUDA_HOME']}/bin/nvcc"
     assert pooled.env["CMAKE_CUDA_COMPILER_LAUNCHER"] == "/slots/slot"
-    assert "--split-compile" not in pooled.env.get("NVCC_APPEND_FLAGS", "")
-    assert alone.env.get("NVCC_APPEND_FLAGS") == "--split-compile=8"
+    # nvcc asks for as many slots as its --split-compile threads, and runs on those it gets
+    assert pooled.env["NVCC_APPEND_FLAGS"] == alone.env["NVCC_APPEND_FLAGS"] == "--split-compile=8"
     assert "PYTORCH_NVCC" not in alone.env or alone.env["PYTORCH_NVCC"] == os.environ.get(
         "PYTORCH_NVCC")
     te = build.packages(profile.load("core_v0.19.0-cu130"))["transformer-engine"]
@@ -305,3 +305,83 @@ def test_the_longest_waiting_object_starts_first_through_the_real_pool(tmp_path)
     assert shorts[1] > long_at, f"short objects started first: {start}"
     # and never more than two at once: the third short waited for the first to end
     assert shorts[2] >= shorts[0] + 0.35
+
+
+def test_nvcc_asks_for_its_split_compile_threads_and_runs_on_those_granted():
+    from megatron_env.kernels import slot_client as sc
+
+    env = {"NVCC_APPEND_FLAGS": "--split-compile=8 -lineinfo"}
+    nvcc = ["/usr/local/cuda/bin/nvcc", "-c", "a.cu", "-o", "a.o"]
+    assert sc.split_of(nvcc, env) == 8
+    assert sc.split_of(["/usr/bin/g++", "-c", "a.cc"], env) == 1
+    assert sc.split_of([*nvcc, "--split-compile", "4"], {}) == 4
+    out = sc.resize([*nvcc, "--split-compile", "4"], env, 3)
+    assert out[-2:] == ["--split-compile", "3"] and env["NVCC_APPEND_FLAGS"] == \
+        "--split-compile=3 -lineinfo"
+    assert sc.output_of(nvcc) == "a.o" and sc.output_of(["g++", "-oa.o"]) == "a.o"
+
+
+def test_a_wide_job_gets_what_is_free_and_the_longest_goes_first():
+    from megatron_env.kernels import schedule
+
+    s = schedule.Scheduler(16, widest=8)
+    s.want(1, "a", 50.0)
+    s.want(2, "b", 200.0, width=8)
+    s.want(3, "b", 190.0, width=8)
+    s.want(4, "b", 180.0, width=8)
+    assert s.grants(0.0) == [(2, 8), (3, 8)]  # the two longest, eight threads each
+    s.done(2)
+    assert s.grants(1.0) == [(4, 8)]
+    s.done(3)
+    assert s.grants(2.0) == [(1, 1)]
+    assert s.busy() == 9
+    two = schedule.Scheduler(3)  # at most WIDEST (2) slots to one job
+    two.want(1, "b", 200.0, width=8)
+    two.want(2, "b", 190.0, width=8)
+    assert two.grants(0.0) == [(1, 2), (2, 1)]
+
+
+def test_slots_are_held_for_known_long_objects_not_yet_asked_for():
+    """A kernel whose costs are known and that has not asked yet: slots stay free for its
+    objects that outrank the waiting ones, until it asks or the hold ends; an unknown one
+    (None) holds every grant until it asked once."""
+    from megatron_env.kernels import schedule
+
+    s = schedule.Scheduler(4, {"long": [300.0, 200.0], "short": [10.0]}, hold_s=30)
+    s.want(1, "short", 10.0)
+    s.want(2, "short", 10.0)
+    s.want(3, "short", 10.0)
+    assert [r for r, _n in s.grants(1.0)] == [1, 2]  # two held for "long"
+    s.want(4, "long", 300.0)
+    assert [r for r, _n in s.grants(2.0)] == [4]  # one still held for its second
+    assert [r for r, _n in s.grants(29.0)] == []
+    assert [r for r, _n in s.grants(31.0)] == [3]  # the hold is over
+    u = schedule.Scheduler(4, {"unknown": None})
+    u.want(1, "short", 10.0)
+    assert u.grants(1.0) == []
+    u.want(2, "unknown", 5.0)
+    assert [r for r, _n in u.grants(2.0)] == [1, 2]
+
+
+def test_costs_from_a_recorded_build_chain_its_stages():
+    """The recorded H100 setup's logs (bench/results): transformer-engine's CMake objects
+    carry the ~60 s its torch extension takes after them on 16 slots; apex's extensions, side
+    by side, carry nothing; an object not recorded gates the rest of its kernel."""
+    from megatron_env.kernels import ninjalog, schedule
+
+    rec = Path(__file__).parent.parent / "bench" / "results" / "2026-12-05-h100-cold-setup-e883413"
+
+    def logs(k):
+        return [(f.name, [s for s in ninjalog.parse(f.read_text()) if s.output.endswith(".o")])
+                for f in sorted((rec / k).glob("*.ninja_log"))]
+
+    te = schedule.from_logs("transformer-engine", logs("transformer-engine"), slots=16)
+    gelu = te.of("CMakeFiles/transformer_engine.dir/activation/gelu.cu.o")
+    assert 144 + 58 < gelu < 144 + 60  # 144 s itself, 937 s of extension / 16 slots after it
+    assert te.of("/x/build/temp.linux-x86_64-cpython-312/transformer_engine/pytorch/csrc/"
+                 "extensions/pybind.o") < 60
+    assert te.of("libtransformer_engine.so") == te.longest
+    ax = schedule.from_logs("apex", logs("apex"), slots=16)
+    assert ax.of("temp.linux-x86_64-cpython-312/scaled_upper_triang_masked_softmax_cuda/csrc/"
+                 "megatron/scaled_upper_triang_masked_softmax_cuda.o") == 104.1
+    assert len(ax.ready) == 37 and len(te.ready) == 92

@@ -168,12 +168,6 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
             build_env[pkg.parallel_var] = pool["MEGATRON_ENV_POOL_CLIENTS"]
         build_env.update(_slot_launchers(pool["MEGATRON_ENV_SLOT_CLIENT"],
                                          build_env.get("CUDA_HOME") if pkg.cuda else None))
-        if pkg.cuda:  # one slot is one core: nvcc's --split-compile threads would take more
-            kept = [f for f in build_env.get("NVCC_APPEND_FLAGS", "").split()
-                    if not f.startswith("--split-compile")]
-            build_env.pop("NVCC_APPEND_FLAGS", None)
-            if kept:
-                build_env["NVCC_APPEND_FLAGS"] = " ".join(kept)
     elif not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
     key_doc = cache_key_doc(pkg, series, facts["torch"], facts["cuda"], facts["tag"],
@@ -191,7 +185,8 @@ POOL_PLUMBING = frozenset({"PYTORCH_NVCC", *(f"CMAKE_{lang}_COMPILER_LAUNCHER"
 def _slot_launchers(client: str, cuda_home: str | None) -> dict[str, str]:
     """Where the compilers that PATH does not reach go through the pool's slot client:
     torch's nvcc (PYTORCH_NVCC, a command line in its ninja file) and CMake's compilers
-    (CMAKE_<LANG>_COMPILER_LAUNCHER; a compiler inside a granted job takes no second slot)."""
+    (CMAKE_<LANG>_COMPILER_LAUNCHER; a compiler inside a granted job takes no second slot).
+    nvcc keeps the recipe's --split-compile=N: it asks for N slots and runs on those it gets."""
     out = {f"CMAKE_{lang}_COMPILER_LAUNCHER": client for lang in ("C", "CXX", "CUDA")}
     if cuda_home:
         out["PYTORCH_NVCC"] = f"{client} {Path(cuda_home) / 'bin' / 'nvcc'}"

@@ -52,6 +52,7 @@ class Grant:
     priority: float
     asked: float
     started: float
+    slots: int = 1
     ended: float | None = None
 
 
@@ -63,6 +64,7 @@ class _Conn:
     kernel: str = ""
     output: str = ""
     priority: float = 0.0
+    width: int = 1
     asked: float = 0.0
     granted: Grant | None = None
 
@@ -164,12 +166,14 @@ class Broker:
             c.buf += data
             return
         line = (c.buf + data).split(b"\n", 1)[0].decode(errors="replace")
-        c.kernel, _tab, c.output = line.partition("\t")
+        c.kernel, _tab, rest = line.partition("\t")
+        c.output, _tab, width = rest.partition("\t")
+        c.width = int(width) if width.isdigit() and int(width) > 0 else 1
         costs = self.costs.get(c.kernel)
         c.priority = costs.of(c.output) if costs else 0.0
         c.asked = self.now()
         with self._lock:
-            self._sched.want(c.rid, c.kernel, c.priority)
+            self._sched.want(c.rid, c.kernel, c.priority, c.width)
 
     def _drop(self, c: _Conn) -> None:
         self._sel.unregister(c.sock)
@@ -184,16 +188,31 @@ class Broker:
     def _grant(self) -> None:
         with self._lock:
             ready = self._sched.grants(self.now())
-        for rid in ready:
+        for rid, n in ready:
             c = self._conns.get(rid)
             if c is None:
                 continue
-            c.granted = Grant(c.kernel, schedule.key(c.output), c.priority, c.asked, self.now())
+            c.granted = Grant(c.kernel, c.output, c.priority, c.asked, self.now(), n)
             self.grants.append(c.granted)
             try:
-                c.sock.sendall(b"go\n")
+                c.sock.sendall(f"go {n}\n".encode())
             except OSError:
                 self._drop(c)
+
+
+def record(grants: list[Grant], kernel: str) -> dict[str, list[list[object]]]:
+    """One kernel's compile jobs as the pool ran them: run name -> [output, start, end, slots]
+    (seconds from the pool's start), "cmake" for a CMake build's objects (their outputs are
+    CMakeFiles/<target>.dir/...: kernels.schedule.stage), "extensions" for the rest. The
+    times a ninja log keeps include the wait for a slot; these do not."""
+    out: dict[str, list[list[object]]] = {}
+    for g in grants:
+        if g.kernel != kernel or g.ended is None or not g.output.endswith(".o"):
+            continue
+        run = "cmake" if "CMakeFiles/" in g.output else "extensions"
+        out.setdefault(run, []).append([g.output, round(g.started, 2), round(g.ended, 2),
+                                        g.slots])
+    return out
 
 
 def bin_dir(where: Path, path: str, python: str = sys.executable) -> Path:
@@ -209,6 +228,28 @@ def bin_dir(where: Path, path: str, python: str = sys.executable) -> Path:
             _script(d / name, f'exec {_quote(python)} -S {_quote(str(CLIENT))} '
                               f'{_quote(real)} "$@"\n')
     return d
+
+
+def env_compilers(where: Path, environ: Mapping[str, str], path: str,
+                  python: str = sys.executable) -> dict[str, str]:
+    """CC and CXX, where the environment sets them (an image's CXX=/usr/bin/g++ is found before
+    PATH: torch's extensions and CMake take it), each through the slot client: var -> a
+    wrapper of the same file name (torch accepts a compiler by its name: g++, gcc, clang++)."""
+    out = {}
+    for var in ("CC", "CXX"):
+        words = environ.get(var, "").split()
+        if not words:
+            continue
+        real = words[0] if os.sep in words[0] else proc.which(words[0], path=path)
+        if not real:
+            continue
+        d = where / "slot-env" / var.lower()
+        d.mkdir(parents=True, exist_ok=True)
+        f = d / Path(real).name
+        _script(f, f'exec {_quote(python)} -S {_quote(str(CLIENT))} '
+                   + " ".join(_quote(w) for w in [real, *words[1:]]) + ' "$@"\n')
+        out[var] = str(f)
+    return out
 
 
 def _script(f: Path, body: str) -> None:

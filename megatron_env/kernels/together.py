@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_env import files, output
+from megatron_env import digest, files, output
 from megatron_env.errors import UserError
 from megatron_env.host import resources
 from megatron_env.kernels import build, jobserver, ninjalog, schedule, slots
@@ -80,10 +80,40 @@ def width(slots: int) -> int:
     return 4 * slots + 8
 
 
+COSTS_DIR = "object-costs"
+
+
+def _costs_file(pkg: Package, cache: Path) -> Path:
+    return cache / COSTS_DIR / f"{pkg.name}-{digest.hexpart(digest.of(pkg.source.digest), 16)}.json"
+
+
+def _keep_costs(pkg: Package, cache: Path, runs: dict[str, list[list[object]]]) -> None:
+    """What each object of this build took in the pool (slots.record), for the next build of
+    the same pins: its ninja logs count the wait for a slot too."""
+    if runs:
+        files.write_text(_costs_file(pkg, cache), json.dumps(
+            {"source": pkg.source.digest, "runs": runs}, indent=0))
+
+
+def _pool_record(pkg: Package, cache: Path) -> list[tuple[str, list[ninjalog.Step]]] | None:
+    doc, _why = files.read_json(_costs_file(pkg, cache))
+    if not isinstance(doc, dict) or doc.get("source") != pkg.source.digest:
+        return None
+    try:  # an object's cost: its seconds times the slots (threads) it ran on
+        return [(name, [ninjalog.Step(str(o), float(a), float(a) + (float(b) - float(a))
+                                      * max(1, int(n))) for o, a, b, n in rows])
+                for name, rows in doc["runs"].items()]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 def costs(pkg: Package, cache: Path, slots: int) -> schedule.Costs:
-    """pkg's object costs: the newest build in the cache of the same pins (the same source
-    digest: another torch or arch list changes little of what takes long) with ninja logs, else
-    the recipe's declared estimate."""
+    """pkg's object costs: the pool's record of the last build of the same pins, else the
+    newest build in the cache of the same pins (the same source digest: another torch or arch
+    list changes little of what takes long) with ninja logs (from before the pool: theirs
+    hold no wait), else the recipe's declared estimate."""
+    if runs := _pool_record(pkg, cache):
+        return schedule.from_logs(pkg.name, runs, pkg.object_seconds, slots)
     best: tuple[str, Path] | None = None
     for meta in cache.glob(f"wheels/{pkg.name}-*/meta.json"):
         doc, _why = files.read_json(meta)
@@ -169,6 +199,7 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
             output.warning(f"{e.message}; the kernels build one after another")
             return _in_turn(pkgs, python, archs, echo, given, cache, child_env, builder)
         wrappers = slots.bin_dir(Path(tmp), path)
+        compilers = slots.env_compilers(Path(tmp), os.environ, path)
         broker = slots.Broker(Path(tmp), size.slots, known,
                               schedule.expected(known, size.slots))
         echo(f"kernels: {len(pkgs)} build(s) from one pool of {size.slots} compile jobs "
@@ -177,7 +208,7 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
                          for k, c in known.items()))
 
         def one(pkg: Package) -> None:
-            env = {**broker.env(pkg.name),
+            env = {**broker.env(pkg.name), **compilers,
                    "PATH": f"{wrappers}{os.pathsep}{shim}{os.pathsep}{path}",
                    MARK: markers[pkg.name],
                    "MEGATRON_ENV_SLOT_CLIENT": str(wrappers / "slot"),
@@ -212,6 +243,10 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
             _wait(threads, failing, markers, outcomes, echo)
         finally:
             broker.close()
+        for p in pkgs:
+            o = outcomes.get(p.name)
+            if o and o.result and not o.result.cache_hit:
+                _keep_costs(p, cache, slots.record(broker.grants, p.name))
         echo(f"kernels: {len(pkgs)} build(s) ended in {time.monotonic() - t0:.0f} s")
     return [outcomes[p.name] for p in pkgs]
 
