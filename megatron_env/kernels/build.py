@@ -19,6 +19,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from megatron_env import digest, files, mutex, output, proc, recipes
 from megatron_env.errors import UserError
@@ -67,13 +68,14 @@ def cache_dir() -> Path:
 class Plan:
     package: Package
     python: Path
-    torch: dict
+    torch: dict[str, Any]
     patches: list[Path]
     env: dict[str, str]
     key: str
     max_jobs: int
     why_jobs: str
-    key_doc: dict = field(default_factory=dict)  # what the key is made of (bundles select by it)
+    # what the key is made of (bundles select by it)
+    key_doc: dict[str, Any] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         p = self.package
@@ -107,7 +109,7 @@ def max_jobs(gb_per_job: float, parallel_var: str = "") -> Jobs:
                            os.environ)
 
 
-def recipe_inputs(pkg: Package, series: list[Path], archs: list[str]) -> dict:
+def recipe_inputs(pkg: Package, series: list[Path], archs: list[str]) -> dict[str, Any]:
     """What a build is made from that the profile decides (its source, patches, archs, switches
     and options): the setup chain's builds step digests this, the cache key adds the torch the
     build is for (cache_key_doc). One definition: the two cannot disagree about what counts."""
@@ -117,13 +119,14 @@ def recipe_inputs(pkg: Package, series: list[Path], archs: list[str]) -> dict:
 
 
 def cache_key_doc(pkg: Package, series: list[Path], torch: str, cuda: str, python_tag: str,
-                  abi: object, archs: list[str]) -> dict:
+                  abi: object, archs: list[str]) -> dict[str, Any]:
     """What a build's cache key is made of: one definition for the build and for lock-diff."""
     return {**recipe_inputs(pkg, series, archs), "torch": torch, "cuda": cuda,
             "python": python_tag, "cxx11_abi": abi}
 
 
-def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str, dict]:
+def static_key_docs(profile: Profile, torch: str, patch_root: Path
+                    ) -> dict[str, dict[str, Any]]:
     """recipe -> its cache key document as far as it is known without an environment: torch is
     the lock's pin (the installed one adds a local tag such as +cu130), CUDA the profile's, the
     Python tag from the profile, the C++ ABI left out (torch decides it at run time). Two of
@@ -136,7 +139,7 @@ def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str,
 
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
-         facts: dict | None = None, cache: Path | None = None,
+         facts: dict[str, Any] | None = None, cache: Path | None = None,
          pool: Mapping[str, str] | None = None) -> Plan:
     """`facts`: probe.torch_facts(python) when the caller has them already (one torch import);
     `cache`: the build cache (default: cache_dir()); `pool`: the shared jobserver's variables
@@ -193,7 +196,7 @@ def _slot_launchers(client: str, cuda_home: str | None) -> dict[str, str]:
     return out
 
 
-def torch_facts(python: Path, cache: Path | None = None) -> dict:
+def torch_facts(python: Path, cache: Path | None = None) -> dict[str, Any]:
     """probe.torch_facts, remembered in the cache under torch's stamp (its _C extension's path,
     size and mtime): the C++ ABI needs `import torch` (seconds), the rest is read from files.
     A cache hit thus costs no torch import before the install check's one."""
@@ -253,7 +256,7 @@ class Result:
 
 
 def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
-                      patch_root: Path | None = None, echo=output.status,
+                      patch_root: Path | None = None, echo: output.Echo = output.status,
                       given: Given | None = None, cache: Path | None = None,
                       child_env: Mapping[str, str] | None = None,
                       pool: Mapping[str, str] | None = None) -> Result | Plan:
