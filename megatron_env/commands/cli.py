@@ -57,6 +57,26 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
 
 
 @contextlib.contextmanager
+def json_error(enabled: bool, command: str) -> Iterator[None]:
+    """With --json, a command that stops on an error still prints one JSON object on stdout
+    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
+    stderr and the exit status stay `guarded`'s."""
+    try:
+        yield
+    except (UserError, OSError) as e:
+        if enabled:
+            import json
+
+            err = ({"kind": e.kind or "error", "message": e.message, "fix": e.fix}
+                   if isinstance(e, UserError) else
+                   {"kind": "os", "message": f"{e.filename or 'a file'}: {e.strerror or e}",
+                    "fix": ""})
+            output.block(json.dumps({"command": command, "ok": False, "error": err},
+                                    indent=1) + "\n")
+        raise
+
+
+@contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt while a command runs, even where SIGINT was inherited as
     ignored (a job started with `&` by a script): an interrupt is never swallowed."""

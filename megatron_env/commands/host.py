@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_env import findings, output, project
-from megatron_env.commands.cli import command
+from megatron_env.commands.cli import command, json_error
 from megatron_env.host import checks, snapshot
-from megatron_env.profile import check_default, load_all
+from megatron_env.profile import check_default, default_name, load_all
 from megatron_env.profile import load as load_profile
 
 
@@ -17,7 +17,8 @@ from megatron_env.profile import load as load_profile
 def profiles() -> int:
     """List the profiles under envs/ (* marks the default)."""
     items = load_all()
-    output.table([("*" if p.is_default else " ", p.name, f"python {p.python}",
+    default = default_name(items)
+    output.table([("*" if p.name == default else " ", p.name, f"python {p.python}",
                    f"torch {p.torch}", f"cuda {p.cuda}", f"megatron {p.megatron['tag']}")
                   for p in items])
     output.summary(f"{len(items)} profiles under envs/; * marks the default")
@@ -103,7 +104,8 @@ def triage(logs: str, json: bool = False) -> int:
     from megatron_env.diagnose import jobs, render
 
     skipped: list[str] = []
-    found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+    with json_error(json, "triage"):
+        found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
     found = render.shown(found, family=not json)  # redacted whole, then cut
     for why in skipped:
         output.warning(f"skipped {why}")
