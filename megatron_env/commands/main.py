@@ -57,6 +57,9 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--project", metavar="DIR",
                      help=f"the directory with envs/, patches/, scripts/ (or {project.ENV}; "
                           "default: the enclosing checkout, else the copy in this package)")
+    top.add_argument("--cache-dir", metavar="DIR",
+                     help=f"the cache (or {project.CACHE_ENV}; default: .cache in a project, "
+                          "else the user's cache directory)")
     top.add_argument("-V", "--version", action="store_true",
                      help="print the tool's version (and git commit in a checkout)")
     subs = top.add_subparsers(dest="command", metavar="COMMAND")
@@ -124,8 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--project")
+    pre.add_argument("--cache-dir")
     known, _ = pre.parse_known_args(argv)
     project.choose(known.project)  # before any module reads the project root
+    project.choose_cache(known.cache_dir)
     project.root()  # a --project that holds no profile: refused here, before anything runs
     top = parser()
     args = top.parse_args(argv)

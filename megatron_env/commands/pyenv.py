@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import REPO_ROOT, output, project
+from megatron_env.commands import places
 from megatron_env.commands.cli import command
 from megatron_env.errors import UserError
 from megatron_env.findings import Status
@@ -139,6 +140,7 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
 
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
                            bundle=b)
+    places.announce(prefix=ctx.prefix, cache=ctx.cache)
 
     def build_env() -> tuple[env.Summary, str]:
         s = env.build(prof, ctx.prefix, python=python, conda=conda, use_conda=use_conda,
@@ -193,6 +195,8 @@ def build(what: str, profile: str | None = None, prefix: str | None = None,
     chosen = build.selected(prof, what, archs)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
                            bundle=b, cache=cache)
+    if not dry_run:
+        places.announce(prefix=None if python else ctx.prefix, cache=cache)
 
     def build_all() -> tuple[None, str]:
         done = []

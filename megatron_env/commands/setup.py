@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import findings, output
-from megatron_env.commands import pyenv
+from megatron_env.commands import places, pyenv
 from megatron_env.commands.cli import command, guarded
 from megatron_env.errors import UserError
 from megatron_env.profile import load as load_profile
@@ -54,6 +54,8 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
                                adopt=Path(adopt).absolute() if adopt else None,
                                no_builds=no_builds, deep=verify_deep, bundle=b,
                                jobs=_jobs(jobs))
+        if not dry_run:
+            places.announce(prefix=ctx.adopt or ctx.prefix, cache=ctx.cache)
         t0 = time.monotonic()
         rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
     if json:
@@ -140,9 +142,11 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
     """One archive with everything `invoke setup --bundle` needs on a node without network."""
     from megatron_env.bundle import make
     from megatron_env.bundle import provenance as prov
+    from megatron_env.sources import repos
 
     with _json_error(json, "bundle"):
         prof = load_profile(profile)
+        places.announce(cache=repos.cache_dir(), out=Path(out).absolute())
         made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
                          since=Path(since) if since else None,
                          without=[n for w in without or () for n in w.split(",") if n])

@@ -49,9 +49,9 @@ def default_prefix(profile: Profile) -> Path:
 
 
 def env_root() -> Path:
-    """Where environments live by default (.megatron-env under the project, or under the
-    working directory for the wheel's read-only copy); read when asked, never at import."""
-    return project.state_root() / ".megatron-env"
+    """Where environments live by default (project.env_root); read when asked, never at
+    import."""
+    return project.env_root()
 
 
 def python_of(prefix: Path) -> Path:
