@@ -271,6 +271,26 @@ def read_json(path: Path) -> tuple[Any, str]:
         return None, f"{path} is not JSON ({e})"
 
 
+def size_of(path: Path, seconds: float = 0.0) -> tuple[int, bool]:
+    """(bytes under `path`, whether all were counted): links counted as links (never
+    followed), unreadable parts skipped; with `seconds`, the walk stops after that long (a
+    large cache on a slow filesystem, counted while the user waits) and says so."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0, True
+    if not path.is_dir() or path.is_symlink():
+        return st.st_size, True
+    total, end = 0, time.monotonic() + seconds
+    for root, dirs, names in os.walk(path, onerror=lambda e: None):
+        for n in dirs + names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, n)).st_size
+        if seconds and time.monotonic() > end:
+            return total, False
+    return total, True
+
+
 # --- full filesystems -------------------------------------------------------------------------
 
 

@@ -157,6 +157,11 @@ def _run_streaming(args: tuple[str, ...], cwd: str | Path | None, env: Mapping[s
                 on_line(line)
         rc = p.wait(timeout=timeout)
         _interrupted(rc)
+    except BaseException:  # an interrupt or SIGTERM of this process: the child goes with it
+        if "p" in locals() and p.poll() is None:
+            p.kill()
+            p.wait()
+        raise
     finally:
         if fh:
             fh.close()

@@ -29,9 +29,9 @@ from megatron_env.errors import UserError
 
 def guarded(fn: Callable[..., int]) -> Callable[..., int]:
     """Run a front-door command so that whatever ends it ends in one line and a known status:
-    2 for a UserError (its hint), 130 for an interrupt, 141 when the reader of stdout went away
-    (as a program killed by SIGPIPE; nothing printed), 70 for anything else (a bug: the line
-    says what to attach; MEGATRON_ENV_DEBUG=1 prints the traceback too)."""
+    2 for a UserError (its hint), 130 for an interrupt (143 for SIGTERM), 141 when the reader
+    of stdout went away (as a program killed by SIGPIPE; nothing printed), 70 for anything else
+    (a bug: the line says what to attach; MEGATRON_ENV_DEBUG=1 prints the traceback too)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> int:
@@ -41,7 +41,10 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
             except UserError as e:
                 output.error(e.message, e.fix)
                 return e.exit_code
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as e:
+                if isinstance(e, Terminated):
+                    output.error("terminated")
+                    return 128 + signal.SIGTERM
                 output.error("interrupted")
                 return 130
             except BrokenPipeError:
@@ -56,19 +59,34 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
     return wrapper
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's time limit, `kill`): unwound like Ctrl-C, so that what a command
+    was making is removed on the way out, then exit 143 as a program killed by it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt while a command runs, even where SIGINT was inherited as
-    ignored (a job started with `&` by a script): an interrupt is never swallowed."""
+    ignored (a job started with `&` by a script): an interrupt is never swallowed. SIGTERM
+    raises `Terminated` the same way: its default would end the process where it stands,
+    leaving a half-built environment and its children behind."""
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGINT) if main else None
+    before_term = signal.getsignal(signal.SIGTERM) if main else None
     if main:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         yield
     finally:
         if main and before is not None:
             signal.signal(signal.SIGINT, before)
+        if main and before_term is not None:
+            signal.signal(signal.SIGTERM, before_term)
 
 
 def _stdout_closed() -> int:

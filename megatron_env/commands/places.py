@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,19 +60,43 @@ def announce(*, prefix: Path | None = None, cache: Path | None = None, out: Path
 
 
 def size_of(path: Path) -> int:
-    """Bytes under `path`, links counted as links (never followed), unreadable parts skipped."""
+    return files.size_of(path)[0]
+
+
+def _size(path: Path) -> str:
+    n, whole = files.size_of(path, seconds=3.0)
+    return f"{'at least ' if not whole else ''}{n / MIB:,.0f} MiB"
+
+
+def uv_cache() -> Path | None:
+    """uv's cache directory (UV_CACHE_DIR, else what `uv cache dir` says)."""
+    from megatron_env import proc
+    from megatron_env.pyenv import uv
+
+    if os.environ.get("UV_CACHE_DIR"):
+        return Path(os.environ["UV_CACHE_DIR"])
+    with contextlib.suppress(UserError):
+        r = proc.run([uv.exe(), "cache", "dir"], env=uv.env(), timeout=30)
+        if r.ok and r.stdout.strip():
+            return Path(r.stdout.strip())
+    return None
+
+
+@contextlib.contextmanager
+def saying_what_is_kept(cache: Path, echo: output.Echo = output.status) -> Iterator[None]:
+    """On Ctrl-C or SIGTERM: one line saying what stays for the next run (the downloads in
+    uv's cache, the sources and builds in the tool's cache, with sizes), which the next run
+    reuses; what was half made is removed where it was being made."""
     try:
-        st = path.lstat()
-    except OSError:
-        return 0
-    if not path.is_dir() or path.is_symlink():
-        return st.st_size
-    total = 0
-    for root, dirs, names in os.walk(path, onerror=lambda e: None):
-        for n in dirs + names:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, n)).st_size
-    return total
+        yield
+    except KeyboardInterrupt:
+        kept = []
+        if (uvc := uv_cache()) and uvc.is_dir():
+            kept.append(f"downloads in uv's cache {uvc} ({_size(uvc)})")
+        if cache.is_dir():
+            kept.append(f"sources and builds in {cache} ({_size(cache)})")
+        echo("kept for the next run, which reuses them: " + ("; ".join(kept) or "nothing"))
+        raise
 
 
 @dataclass(frozen=True)

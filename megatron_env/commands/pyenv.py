@@ -150,7 +150,8 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
 
     # the setup chain's env step, done with this command's options: its stamp is written, so
     # the next `invoke setup` finds the environment up to date instead of building it again
-    summary = pipeline.one_step(ctx, "env", build_env)
+    with places.saying_what_is_kept(ctx.cache):
+        summary = pipeline.one_step(ctx, "env", build_env)
     output.summary(f"env {summary.line()}")
     return 0
 

@@ -57,7 +57,8 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
         if not dry_run:
             places.announce(prefix=ctx.adopt or ctx.prefix, cache=ctx.cache)
         t0 = time.monotonic()
-        rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
+        with places.saying_what_is_kept(ctx.cache):
+            rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
     if json:
         return _setup_json(ctx, rows, ok, dry_run, time.monotonic() - t0)
     if ctx.findings and not only:

@@ -227,7 +227,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
           sources: Sources, t0: float, echo: output.Echo, *, python: str | None,
           conda: str | None, use_conda: bool | None, conda_lock: Path | None) -> Summary:
     keep = prefix.resolve() if prefix.is_symlink() else None
-    _clear(store, keep)
+    _clear(store, keep, echo)
     files.sweep(prefix.parent, prefix.name)  # a switch's link a killed run left
     target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
     claim = files.temp_for(target)  # this run's, until the environment is whole
@@ -235,18 +235,39 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
     try:
         return _make(profile, prefix, target, keep, lockfile, wanted, sources, t0, echo,
                      python=python, conda=conda, use_conda=use_conda, conda_lock=conda_lock)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the unfinished environment goes now
+        _unfinished(prefix, target, keep, echo)
+        raise
     finally:
         claim.unlink(missing_ok=True)
 
 
-def _clear(store: Path, keep: Path | None) -> None:
+def _unfinished(prefix: Path, target: Path, keep: Path | None, echo: output.Echo) -> None:
+    """An interrupted build's environment removed (unless the switch to it had happened), and
+    what the prefix is now said."""
+    if not target.exists() or (prefix.is_symlink() and prefix.resolve() == target):
+        return
+    files.discard(target)
+    target.with_suffix(".log").unlink(missing_ok=True)
+    now = ("still the previous environment" if keep and prefix.is_symlink()
+           else "not made (there was no environment before)")
+    echo(f"interrupted: the unfinished environment {target.name} removed; {prefix} is {now}")
+
+
+def _clear(store: Path, keep: Path | None, echo: output.Echo = output.status) -> None:
     """What interrupted runs left in `store`, removed: a claimed environment (a file
     `<name>.tmp-<host>-<pid>-<random>` beside it) only once its claim is provably dead (another
-    node's run on a shared filesystem keeps its work), an unclaimed one (older versions) at once."""
+    node's run on a shared filesystem keeps its work), an unclaimed one (older versions) at once.
+    Each one removed is said (what was found, its size): its downloads stay in uv's cache,
+    where this run finds them again."""
     claims = [c for c in store.glob("*.tmp-*") if c.is_file()]
     claimed = {c.name.split(".tmp-")[0] for c in claims if not files.dead(c)}
     for d in [*(d for d in store.iterdir() if d.is_dir()), *claims]:  # not the lock file
         if d != keep and d.name.split(".tmp-")[0] not in claimed and d.exists():
+            if d.is_dir():
+                echo(f"found {d}, an environment an interrupted run left unfinished "
+                     f"({files.size_of(d, 3.0)[0] / GIB:.2f} GiB): removing it; the downloads it "
+                     "used are reused from uv's cache")
             files.remove(d)
 
 
