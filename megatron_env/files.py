@@ -311,18 +311,22 @@ def free_bytes(path: str | os.PathLike[str]) -> int:
     return shutil.disk_usage(mount_of(path)).free
 
 
-def _mib(n: int) -> str:
+def _size(n: int) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:,.1f} GiB"
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
-def full(path: str | os.PathLike[str], needed: int | None = None, what: str = "") -> UserError:
-    """The error for a filesystem without room for `what` (`needed` bytes, when known)."""
+def full(path: str | os.PathLike[str], needed: int | None = None, what: str = "",
+         fix: str = "") -> UserError:
+    """The error for a filesystem without room for `what` (`needed` bytes, when known), said
+    the same way by every writer: `no space on <mount> for <what>: N needed, M free`."""
     mount = mount_of(path)
     free = free_bytes(mount)
-    need = f"needs {_mib(needed)}, " if needed else ""
-    return UserError(f"no space left on {mount} for {what or path} ({need}{_mib(free)} free)",
-                     fix=f"free space on {mount} or write elsewhere (--out, --cache-dir, "
-                         "--prefix)", kind="disk.full")
+    need = f"{_size(needed)} needed, " if needed else ""
+    return UserError(f"no space on {mount} for {what or path}: {need}{_size(free)} free",
+                     fix=fix or f"free space on {mount} or write elsewhere (--out, --cache-dir, "
+                                "--prefix)", kind="disk.full")
 
 
 def ensure(path: str | os.PathLike[str], needed: int, what: str) -> None:
@@ -357,7 +361,7 @@ def full_anywhere() -> UserError:
     """The error for a failed write whose path is unknown: the nearly full filesystems named."""
     mounts = full_mounts()
     where = ", ".join(map(str, mounts)) or "a filesystem this command writes to"
-    return UserError(f"no space left on {where}",
+    return UserError(f"no space on {where}",
                      fix="free space there or write elsewhere (--out, --cache-dir, --prefix)",
                      kind="disk.full")
 

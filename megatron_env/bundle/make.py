@@ -370,6 +370,28 @@ def _hashed(entries: list[Entry], base: Manifest | None, bares: list[dict[str, A
     return rows, written
 
 
+def _write(out: Path, stage: Path, written: list[Entry], echo: output.Echo) -> None:
+    """The archive, written once: the manifest first (read without a scan), then each file;
+    a file staged for it (the source tree, the tool's wheels, git repositories, resources) is
+    removed as soon as it is in, so the disk holds the bundle about once, not the staged copy
+    and the archive side by side. The room it needs is known before: a full disk is said
+    before the first byte."""
+    total = sum(e.size for e in written)
+    staged = [e for e in written if e.path.is_relative_to(stage)]
+    need = total + MIB
+    if staged and os.stat(stage).st_dev == os.stat(out.parent).st_dev:
+        # what is staged on this filesystem is freed as the archive takes it in
+        need -= sum(e.size for e in staged) - max(e.size for e in staged)
+    files.ensure(out.parent, need, f"bundle {out.name}")
+    echo(f"writing {out.name}: {len(written)} files, {total / MIB:.1f} MiB")
+    with files.publishing(out) as part, tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(stage / MANIFEST, arcname=MANIFEST)
+        for e in written:
+            tar.add(e.path, arcname=e.arcname, recursive=False)
+            if e.path.is_relative_to(stage):
+                e.path.unlink()
+
+
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
          since: Path | None = None, without: Iterable[str] = (),
          echo: output.Echo = output.status) -> Made:
@@ -434,15 +456,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             "files": dict(sorted(listed.items())),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        # the archive's size is known before it is written: a full disk is said up front
-        files.ensure(out.parent, sum(e.size for e in written) + MIB, f"bundle {out.name}")
-        echo(f"writing {out.name}: {len(written)} files, "
-             f"{sum(e.size for e in written) / MIB:.1f} MiB")
-        with files.publishing(out) as part, tarfile.open(part, "w",
-                                                         format=tarfile.PAX_FORMAT) as tar:
-            tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
-            for e in written:
-                tar.add(e.path, arcname=e.arcname, recursive=False)
+        _write(out, stage, written, echo)
     by_role = {r: sum(e.size for e in written if e.role == r) for r in {e.role for e in written}}
     return Made(out, manifest, len(written), len(entries) - len(written), out.stat().st_size,
                 time.monotonic() - t0, by_role)

@@ -50,7 +50,7 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
             except BrokenPipeError:
                 return _stdout_closed()
             except OSError as e:  # a path the user named cannot be used as asked
-                err = _os_error(e)
+                err = os_error(e)
                 output.error(err.message, err.fix)
                 return err.exit_code
             except Exception as e:  # noqa: BLE001 - the last net: a bug, said as one
@@ -98,7 +98,8 @@ def _stdout_closed() -> int:
     return 141
 
 
-def _os_error(e: OSError) -> UserError:
+def os_error(e: OSError) -> UserError:
+    """An OSError as the one line it is said as (a full disk: `files.full`)."""
     if e.errno == errno.ENOSPC:
         return files.full(e.filename) if e.filename else files.full_anywhere()
     if files.no_space(e):  # shutil's list of (source, target, why): one line, not the list
@@ -124,6 +125,24 @@ def _bug(e: Exception) -> int:
                  "attach its output and this line to an issue (MEGATRON_ENV_DEBUG=1 shows the "
                  "traceback)")
     return 70
+
+
+@contextlib.contextmanager
+def json_errors(enabled: bool, command: str) -> Iterator[None]:
+    """With --json, a command that stops on an error still prints one JSON object on stdout
+    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
+    stderr and the exit status stay `guarded`'s."""
+    try:
+        yield
+    except (UserError, OSError) as e:
+        if enabled:
+            import json
+
+            said = e if isinstance(e, UserError) else os_error(e)  # ENOSPC: disk.full
+            err = {"kind": said.kind or "error", "message": said.message, "fix": said.fix}
+            output.block(json.dumps({"command": command, "ok": False, "error": err},
+                                    indent=1) + "\n")
+        raise
 
 
 #: What each option means, written once for every command that takes it.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_env import findings, output, project
+from megatron_env.commands import cli
 from megatron_env.commands.cli import command
 from megatron_env.host import checks, snapshot
 from megatron_env.profile import check_default, load_all
@@ -42,8 +43,9 @@ def check(profile: str | None = None, snapshot: str | None = None, json: bool = 
     """Check whether this host (or a snapshot) can train the profile's stack at full speed."""
     from megatron_env.host import attention
 
-    prof = load_profile(profile)
-    found = checks.evaluate(prof, Path(snapshot) if snapshot else None)
+    with cli.json_errors(json, "check"):
+        prof = load_profile(profile)
+        found = checks.evaluate(prof, Path(snapshot) if snapshot else None)
     source = snapshot or "this host"
     # the attention backends gpu_health timed on this node (its default --out, or the
     # snapshot's gpu_health.json as a preflight keeps it): the fastest is named
@@ -77,9 +79,11 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
     """Find the bad node before the job does: every node through srun, then the fleet verdict."""
     from megatron_env.fleet import preflight
 
-    return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
-                         python=python, run_dir=run_dir, slow=slow, health=not no_gpu_health,
-                         size=size, against=against, nccl=nccl, nccl_args=nccl_args)
+    with cli.json_errors(json, "preflight"):
+        return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
+                             python=python, run_dir=run_dir, slow=slow,
+                             health=not no_gpu_health, size=size, against=against, nccl=nccl,
+                             nccl_args=nccl_args)
 
 
 @command(profile="show this profile's pins only (default: every profile)")
@@ -125,10 +129,11 @@ def bug_report(profile: str | None = None, prefix: str | None = None, json: bool
     from megatron_env.diagnose import report
     from megatron_env.pyenv import env
 
-    prof = load_profile(profile)
-    output.status(f"Gathering a report for profile {prof.name} ...")
-    report.write(report.main(
-        prof, Path(prefix).absolute() if prefix else env.default_prefix(prof), json,
-        imports=imports))
+    with cli.json_errors(json, "report"):
+        prof = load_profile(profile)
+        output.status(f"Gathering a report for profile {prof.name} ...")
+        report.write(report.main(
+            prof, Path(prefix).absolute() if prefix else env.default_prefix(prof), json,
+            imports=imports))
     return 0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import REPO_ROOT, output, project
-from megatron_env.commands import places
+from megatron_env.commands import cli, places
 from megatron_env.commands.cli import command
 from megatron_env.errors import UserError
 from megatron_env.findings import Status
@@ -87,13 +87,15 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
     from megatron_env.pyenv import lockdiff
     from megatron_env.sources import index
 
-    if markdown and json:
-        raise UserError("--markdown and --json both given", fix="pass one of them",
-                        kind="input.conflict")
-    if profile:
-        load_profile(profile)  # an unknown name: one clear line
-    report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs,
-                             index_url=None if offline else index_url or index.installer_index())
+    with cli.json_errors(json, "lock-diff"):
+        if markdown and json:
+            raise UserError("--markdown and --json both given", fix="pass one of them",
+                            kind="input.conflict")
+        if profile:
+            load_profile(profile)  # an unknown name: one clear line
+        report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs,
+                                 index_url=None if offline else
+                                 index_url or index.installer_index())
     text = lockdiff.render(report, json)
     if max_bytes and not json:
         text = lockdiff.cut(text, max_bytes, "_(truncated at a table row: the full diff is in "

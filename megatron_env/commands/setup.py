@@ -4,14 +4,12 @@ megatron -> verify), `megatron`, the verification programs (`verify`, behind nox
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import findings, output
-from megatron_env.commands import places, pyenv
+from megatron_env.commands import cli, places, pyenv
 from megatron_env.commands.cli import command, guarded
 from megatron_env.errors import UserError
 from megatron_env.profile import load as load_profile
@@ -45,7 +43,7 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
 
-    with _json_error(json, "setup"):
+    with cli.json_errors(json, "setup"):
         b = pyenv.use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
                         provenance=(expect_sha256, trust))
         prof = b.profile if b else load_profile(profile)
@@ -75,26 +73,6 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     return 0 if ok else 1
 
 
-@contextlib.contextmanager
-def _json_error(enabled: bool, command: str) -> Iterator[None]:
-    """With --json, a command that stops on an error still prints one JSON object on stdout
-    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
-    stderr and the exit status stay `guarded`'s."""
-    try:
-        yield
-    except (UserError, OSError) as e:
-        if enabled:
-            import json
-
-            err = ({"kind": e.kind or "error", "message": e.message, "fix": e.fix}
-                   if isinstance(e, UserError) else
-                   {"kind": "os", "message": f"{e.filename or 'a file'}: {e.strerror or e}",
-                    "fix": ""})
-            output.block(json.dumps({"command": command, "ok": False, "error": err},
-                                    indent=1) + "\n")
-        raise
-
-
 def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_run: bool,
                 seconds: float) -> int:
     """setup's rows as JSON, each with the digest its stamp recorded (None when not stamped)."""
@@ -110,7 +88,8 @@ def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_r
         "profile": ctx.profile.name, "prefix": str(ctx.prefix),
         "verdict": "dry run" if dry_run else "ready" if ok else "stopped", "seconds": seconds,
         "steps": [{"step": r.step, "status": r.status.value, "digest": stamped(r.step),
-                   "seconds": round(r.seconds, 3), "detail": r.detail} for r in rows],
+                   "seconds": round(r.seconds, 3), "detail": r.detail,
+                   **({"kind": r.kind} if r.kind else {})} for r in rows],
         "findings": [f.to_dict() for f in ctx.findings]}, indent=1) + "\n")
     return 0 if ok else 1
 
@@ -145,7 +124,7 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
     from megatron_env.bundle import provenance as prov
     from megatron_env.sources import repos
 
-    with _json_error(json, "bundle"):
+    with cli.json_errors(json, "bundle"):
         prof = load_profile(profile)
         places.announce(cache=repos.cache_dir(), out=Path(out).absolute())
         made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,

@@ -99,14 +99,12 @@ def min_free_gb() -> float:
 
 
 def check_free_space(where: Path, echo: output.Echo = output.status) -> None:
-    need_gb = min_free_gb()
-    free_gb = shutil.disk_usage(where).free / GIB
-    if free_gb < need_gb:
-        raise UserError(
-            f"only {free_gb:.1f} GiB free under {where}; building an environment needs about "
-            f"{need_gb:.1f} GiB (wheels unpacked beside the previous environment)",
-            fix=f"free disk space or choose another --prefix ({MIN_FREE_ENV} sets the need)",
-            kind="disk.full")
+    need = int(min_free_gb() * GIB)
+    if files.free_bytes(where) < need:
+        raise files.full(where, need, "a new environment (its wheels unpacked beside the "
+                                      "previous one)",
+                         fix=f"free space there or choose another --prefix ({MIN_FREE_ENV} "
+                             "sets the need)")
 
 
 def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,

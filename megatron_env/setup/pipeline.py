@@ -149,7 +149,7 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
         except UserError as e:
             state.remove(ctx.stamps, name)
             rows.append(Row(name, Outcome.FAILED, time.monotonic() - t0,
-                            e.message + (f"\nhint: {e.fix}" if e.fix else "")))
+                            e.message + (f"\nhint: {e.fix}" if e.fix else ""), e.kind or ""))
     return rows, not any(r.status is Outcome.FAILED for r in rows)
 
 
