@@ -369,3 +369,11 @@ def full_anywhere() -> UserError:
 def said_full(output: str) -> bool:
     """Whether a child process's output says a write failed for space (its strerror text)."""
     return NO_SPACE in output
+
+
+def child_full(output: str, where: str | os.PathLike[str], what: str) -> None:
+    """A child process that failed writing under `where` for space (its output says so) is a
+    full filesystem, said as `full`, not as whatever the child's failure would otherwise read
+    as (an unreachable index, a failed fetch)."""
+    if said_full(output):
+        raise full(where, what=what)

@@ -99,6 +99,7 @@ def _env_wheels(prof: Profile, echo: output.Echo, *, cache: Path | None = None) 
     echo(f"wheels: {total} files of {lockfile.name} for Python {prof.python}, hashes required")
     r = lock.download_wheels(lockfile, house, prof.python, on_line=progress)
     if not r.ok:
+        files.child_full(r.output, house, f"the files of {lockfile.name}")
         raise UserError(f"downloading the files of {lockfile} failed: {r.tail(4)}",
                         fix="check the package index or mirror (PIP_INDEX_URL, PIP_FIND_LINKS)",
                         kind="source.unreachable")
@@ -202,6 +203,7 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path,
     for argv in steps:
         r = proc.run(argv, env=run_env, timeout=3600)
         if not r.ok:
+            files.child_full(r.output, dest.parent, f"the {name} repository")
             raise UserError(f"cannot fetch {name} {tag or commit} from {url}: {r.tail(2)}",
                             fix=f"set {repos.mirror_var(name)} to a reachable mirror or a "
                                 "local bare repository holding the pin", kind="source.unreachable")
