@@ -214,6 +214,34 @@ def test_an_old_ninja_is_refused_with_the_fix(tmp_path):
     assert e.value.kind == "build.old-ninja" and "1.11" in e.value.message
 
 
+def test_an_old_ninja_warning_says_what_it_means(tmp_path, monkeypatch, capsys):
+    """Before: `...needs ninja >= 1.13 ...; the kernels build one after another`, without what
+    that costs or how to have the pool."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "ninja").write_text("#!/bin/sh\necho 1.11.1\n")
+    (old / "ninja").chmod(0o755)
+    (old / "python").symlink_to(os.sys.executable)  # the environment's bin/ has no ninja
+    monkeypatch.setenv("PATH", f"{old}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    pools = []
+
+    def builder(pkg, python, archs, *, echo, given, cache, child_env, pool):
+        pools.append(pool)
+        return build.Result(pkg.name, cache, False, 0.0, 1.0, None, {})
+
+    outcomes = together.build_together([pkg("a"), pkg("b")], old / "python", ["9.0"],
+                                       echo=lambda *a: None, cache=tmp_path / "cache", jobs=2,
+                                       builder=builder)
+    assert [o.result is not None for o in outcomes] == [True, True] and pools == [None, None]
+    err = capsys.readouterr().err.splitlines()
+    (warning,) = [line for line in err if line.startswith("warning:")]
+    assert "needs ninja >= 1.13" in warning and f"found {old / 'ninja'} 1.11" in warning
+    assert "so the 2 kernels build one after another, each with its own compile jobs, " \
+           "instead of side by side from one pool of 2; the builds are the same, only " \
+           "slower" in warning
+    assert err[err.index(warning) + 1].startswith("hint: pip install 'ninja>=1.13' into the ")
+
+
 def test_pool_width_from_cores_memory_and_cap():
     gib = 2**30
     assert jobserver.size(16, 125 * gib, "free", 5.0).slots == 16

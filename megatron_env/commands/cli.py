@@ -145,6 +145,11 @@ def json_errors(enabled: bool, command: str) -> Iterator[None]:
         raise
 
 
+#: Short flags fixed by name, the same in both front doors (others: a letter of the name not
+#: yet taken): -j is a number of jobs, as in make and ninja, never --json (which has none).
+SHORTS: dict[str, str | None] = {"jobs": "j", "json": None}
+
+
 #: What each option means, written once for every command that takes it.
 OPTIONS = {
     "profile": "profile name (default: the default profile)",

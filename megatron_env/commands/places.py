@@ -11,7 +11,6 @@ touched: a `--cache-dir` pointed at a home directory by mistake must not empty i
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 from megatron_env import files, output, project
 from megatron_env.commands.cli import command
 from megatron_env.errors import UserError
+from megatron_env.pyenv import uv
 from megatron_env.units import MIB
 
 CACHEDIR_TAG = "CACHEDIR.TAG"
@@ -68,20 +68,6 @@ def _size(path: Path) -> str:
     return f"{'at least ' if not whole else ''}{n / MIB:,.0f} MiB"
 
 
-def uv_cache() -> Path | None:
-    """uv's cache directory (UV_CACHE_DIR, else what `uv cache dir` says)."""
-    from megatron_env import proc
-    from megatron_env.pyenv import uv
-
-    if os.environ.get("UV_CACHE_DIR"):
-        return Path(os.environ["UV_CACHE_DIR"])
-    with contextlib.suppress(UserError):
-        r = proc.run([uv.exe(), "cache", "dir"], env=uv.env(), timeout=30)
-        if r.ok and r.stdout.strip():
-            return Path(r.stdout.strip())
-    return None
-
-
 @contextlib.contextmanager
 def saying_what_is_kept(cache: Path, echo: output.Echo = output.status) -> Iterator[None]:
     """On Ctrl-C or SIGTERM: one line saying what stays for the next run (the downloads in
@@ -91,7 +77,7 @@ def saying_what_is_kept(cache: Path, echo: output.Echo = output.status) -> Itera
         yield
     except KeyboardInterrupt:
         kept = []
-        if (uvc := uv_cache()) and uvc.is_dir():
+        if (uvc := uv.cache_dir()) and uvc.is_dir():
             kept.append(f"downloads in uv's cache {uvc} ({_size(uvc)})")
         if cache.is_dir():
             kept.append(f"sources and builds in {cache} ({_size(cache)})")

@@ -57,6 +57,8 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
         t0 = time.monotonic()
         with places.saying_what_is_kept(ctx.cache):
             rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
+    if ctx.jobs is not None:
+        _jobs_unused(ctx.jobs, rows)
     if json:
         return _setup_json(ctx, rows, ok, dry_run, time.monotonic() - t0)
     if ctx.findings and not only:
@@ -71,6 +73,20 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
                    + ", ".join(f"{n} {s}" for s, n in counts.items())
                    + f"; {time.monotonic() - t0:.1f} s", status=verdict)
     return 0 if ok else 1
+
+
+def _jobs_unused(jobs: int, rows: list[pipeline.Row]) -> None:
+    """--jobs caps the kernels' compile jobs: where no kernel compiles in this run (the builds
+    step skipped on a host without a GPU toolkit, up to date, left out or not in the run), the
+    option did nothing, and that is said rather than left for the user to wonder."""
+    from megatron_env.setup.state import Outcome
+
+    row = next((r for r in rows if r.step == "builds"), None)
+    if row is not None and row.status in (Outcome.DONE, Outcome.FAILED, Outcome.WOULD_RUN):
+        return
+    why = (f"the builds step {row.status.value}: {row.detail.splitlines()[0]}" if row
+           else "the builds step is not part of this run")
+    output.warning(f"--jobs {jobs} changed nothing: no kernel compiles here ({why})")
 
 
 def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_run: bool,

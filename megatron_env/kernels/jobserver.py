@@ -127,8 +127,9 @@ def shim(where: Path, path: str) -> Path:
         raise UserError(f"the kernels build from one pool of jobs, which needs ninja >= 1.13 "
                         f"(a jobserver client); found {real or 'no ninja'}"
                         + (f" {'.'.join(map(str, ninja_version(real)))}" if real else ""),
-                        fix="pip install 'ninja>=1.13' where the build runs (the kernels then "
-                            "build one after another)", kind="build.old-ninja")
+                        fix="pip install 'ninja>=1.13' into the environment the kernels "
+                            "build for (or put one first on PATH) to share one pool",
+                        kind="build.old-ninja")
     d = where / "bin"
     d.mkdir(parents=True, exist_ok=True)
     f = d / "ninja"

@@ -139,7 +139,10 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
         try:
             shim = jobserver.shim(Path(tmp), path)
         except UserError as e:  # no jobserver client: each kernel with its own jobs, in turn
-            output.warning(f"{e.message}; the kernels build one after another")
+            output.warning(f"{e.message}: so the {len(pkgs)} kernels build one after another, "
+                           "each with its own compile jobs, instead of side by side from one "
+                           f"pool of {size.slots}; the builds are the same, only slower")
+            output.hint(e.fix)
             return _in_turn(pkgs, python, archs, echo, given, cache, child_env, builder)
         first = order[:at_once]
         pool = jobserver.Pool(Path(tmp), size.slots, sum(each[p.name] for p in first))

@@ -122,6 +122,8 @@ def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
         argv.append("--no-index")
     r = proc.run(argv, env=uv.env(**sources.child_env), timeout=None, log=log, stream=True)
     if not r.ok:
+        if cache := uv.cache_problem(r.output):
+            raise cache
         text = r.output
         cause = ("a downloaded file does not match the hash in the lock"
                  if "hash" in text.lower() and "mismatch" in text.lower()
@@ -427,8 +429,10 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | Non
         r = proc.run([uv.exe(), "venv", "--python", exe, "--no-project", target],
                      env=uv.env(**sources.child_env), timeout=300)
         if not r.ok:
-            raise UserError(f"uv venv failed: {r.tail(5)}", fix="check the interpreter",
-                            kind="env.venv-failed")
+            shutil.rmtree(target, ignore_errors=True)
+            raise uv.cache_problem(r.output) or UserError(
+                f"uv venv failed: {r.tail(5)}", fix="check the interpreter",
+                kind="env.venv-failed")
         mode = "uv"
     echo(f"installing {lockfile} with hashes required")
     try:
