@@ -86,12 +86,19 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
                              nccl_args=nccl_args)
 
 
-@command(profile="show this profile's pins only (default: every profile)")
-def kernels(profile: str | None = None) -> int:
+@command(profile="show this profile's pins only (default: every profile)",
+         mirrors="print the table of mirror and local-copy variables (markdown) instead: "
+                 "what each stands in for and the pin it must hold")
+def kernels(profile: str | None = None, mirrors: bool = False) -> int:
     """List the kernel recipes with each profile's pins and variants."""
     from megatron_env import recipes
 
     profs = [load_profile(profile)] if profile else load_all()
+    if mirrors:
+        from megatron_env.commands import mirrors as table
+
+        output.block(table.markdown(profs))
+        return 0
     rows = recipes.table(profs)
     output.table(rows)
     output.summary(f"{len(recipes.declared())} kernel recipes; * marks a default variant; "
