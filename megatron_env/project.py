@@ -120,6 +120,11 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     value = (os.environ if environ is None else environ).get(CACHE_ENV)
     if value:
         return Path(value).expanduser().absolute()
+    return default_cache_root()
+
+
+def default_cache_root() -> Path:
+    """The cache where nothing moves it: .cache in a project, else the user's cache directory."""
     return _user("cache") if how() == "shipped" else root() / ".cache"
 
 

@@ -55,10 +55,13 @@ def test_clean_lists_then_removes_only_what_is_marked(proj, tmp_path, capsys):
     assert "freed 5.0 MiB" in capsys.readouterr().out
     assert not (cache / "git").exists() and not list(project.env_root().glob("p*"))
 
-    # a cache directory the tool did not mark (a home directory by mistake): listed, kept
+    # a cache directory the tool did not make (a home directory by mistake), even one a writing
+    # command was pointed at: never marked, listed as kept, untouched
     home = tmp_path / "home"
     (home / "thesis").mkdir(parents=True)
     (home / "thesis" / "draft.tex").write_text("x" * 4096)
+    places.announce(cache=home)
+    assert not (home / places.CACHEDIR_TAG).exists()
     assert places.clean.fn(cache_dir=str(home)) == 0
     out = capsys.readouterr().out
     assert "kept: no CACHEDIR.TAG of megatron-env" in out and "1 kept" in out

@@ -38,11 +38,21 @@ def _mark(path: Path, name: str, text: str) -> None:
             files.write_text(path / name, text)
 
 
+def _empty(path: Path) -> bool:
+    try:
+        return not any(path.iterdir())
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
 def announce(*, prefix: Path | None = None, cache: Path | None = None, out: Path | None = None,
              echo: output.Echo = output.status) -> None:
     """The one status line of a writing command: where its environment, cache and output go
     (and that they are the user's directories when no project holds them). Marks the cache
-    and the default environment root as the tool's, so that `clean` may remove them later."""
+    (the default one, or one the tool creates) and the default environment root as the
+    tool's, so that `clean` may remove them later."""
     parts = []
     if prefix is not None:
         parts.append(f"environment {prefix}")
@@ -50,7 +60,10 @@ def announce(*, prefix: Path | None = None, cache: Path | None = None, out: Path
             _mark(prefix.parent, ROOT_MARK, "megatron-env environments (`megatron-env clean`)\n")
     if cache is not None:
         parts.append(f"cache {cache}")
-        _mark(cache, CACHEDIR_TAG, _TAG_TEXT)
+        if cache == project.default_cache_root() or _empty(cache):
+            # a directory the user named that already holds other things is never claimed:
+            # MEGATRON_ENV_CACHE=~/.cache by mistake must not make `clean` empty ~/.cache
+            _mark(cache, CACHEDIR_TAG, _TAG_TEXT)
     if out is not None:
         parts.append(f"output {out}")
     where = ("the user's directories: no project here" if project.how() == "shipped"

@@ -53,7 +53,7 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
                                no_builds=no_builds, deep=verify_deep, bundle=b,
                                jobs=_jobs(jobs))
         if not dry_run:
-            places.announce(prefix=ctx.adopt or ctx.prefix, cache=ctx.cache)
+            places.announce(prefix=ctx.prefix, cache=ctx.cache)
         t0 = time.monotonic()
         with places.saying_what_is_kept(ctx.cache):
             rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
