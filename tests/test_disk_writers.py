@@ -6,6 +6,7 @@ the other commands' errors under --json are one JSON object on stdout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import proc
 from megatron_env.bundle import offline
 
 from .conftest import user_error
 from .test_bundle_unpack import write_bundle
+from .tmpfs import mounted
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = "core_v0.19.0-cu130"  # Python 3.12
@@ -26,23 +27,17 @@ PROFILE = "core_v0.19.0-cu130"  # Python 3.12
 
 @pytest.fixture
 def small_fs(tmp_path):
-    """mount(size_mib, fill_to_kib=None): a tmpfs of that size, nearly filled when asked."""
-    mounted: list[Path] = []
+    """mount(size_mib, leave_kib=None): a tmpfs of that size, nearly filled when asked."""
+    made: list[Path] = []
+    with contextlib.ExitStack() as stack:
+        def mount(size_mib: int, leave_kib: int | None = None) -> Path:
+            mnt = stack.enter_context(mounted(tmp_path / f"fs{len(made)}", f"{size_mib}m"))
+            made.append(mnt)
+            if leave_kib is not None:
+                (mnt / "fill").write_bytes(b"\0" * (size_mib * 2**20 - leave_kib * 2**10))
+            return mnt
 
-    def mount(size_mib: int, leave_kib: int | None = None) -> Path:
-        mnt = tmp_path / f"fs{len(mounted)}"
-        mnt.mkdir()
-        r = proc.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mnt)])
-        if not r.ok:
-            pytest.skip(f"cannot mount a tmpfs here: {r.tail(1)}")
-        mounted.append(mnt)
-        if leave_kib is not None:
-            (mnt / "fill").write_bytes(b"\0" * (size_mib * 2**20 - leave_kib * 2**10))
-        return mnt
-
-    yield mount
-    for mnt in mounted:
-        proc.run(["umount", "-l", str(mnt)])
+        yield mount
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import proc, recipes
+from megatron_env import recipes
 from megatron_env.commands import main
 from megatron_env.profile import load_all
+
+from .test_console import _complete
+from .tmpfs import mounted
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = "core_v0.19.0-cu130"  # Python 3.12
@@ -57,14 +60,6 @@ def test_jobs_where_nothing_compiles_says_so(argv, why, tmp_path):
     assert f"warning: --jobs 4 changed nothing: no kernel compiles here ({why})" in r.stderr
 
 
-def _bash(script: str, *words: str) -> list[str]:
-    prog = (f'{script}\nCOMP_WORDS=({" ".join(words)}); COMP_CWORD={len(words) - 1}\n'
-            "_megatron_env; printf '%s\\n' \"${COMPREPLY[@]}\"\n")
-    r = subprocess.run(["bash", "-c", prog], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
-
-
 def _expected() -> dict[str, set[str]]:
     return {"profile": {p.name for p in load_all()}, "kernel": set(recipes.declared())}
 
@@ -73,13 +68,13 @@ def test_bash_completes_profile_kernel_and_step_names():
     """Before: only commands and option names."""
     script = _cli("completion", "bash").stdout
     want = _expected()
-    assert set(_bash(script, "megatron-env", "setup", "--profile", "")) == want["profile"]
-    assert set(_bash(script, "megatron-env", "check", "-p", "")) == want["profile"]
-    assert set(_bash(script, "megatron-env", "build", "")) >= want["kernel"] | {"all"}
-    assert set(_bash(script, "megatron-env", "bundle", "--without", "")) == want["kernel"]
-    assert _bash(script, "megatron-env", "setup", "--only", "bu") == ["builds"]
-    assert _bash(script, "megatron-env", "--cache-dir", "x", "setup", "--dry") == ["--dry-run"]
-    assert _bash(script, "megatron-env", "completion", "f") == ["fish"]
+    assert set(_complete(script, "megatron-env", "setup", "--profile", "")) == want["profile"]
+    assert set(_complete(script, "megatron-env", "check", "-p", "")) == want["profile"]
+    assert set(_complete(script, "megatron-env", "build", "")) >= want["kernel"] | {"all"}
+    assert set(_complete(script, "megatron-env", "bundle", "--without", "")) == want["kernel"]
+    assert _complete(script, "megatron-env", "setup", "--only", "bu") == ["builds"]
+    assert _complete(script, "megatron-env", "--cache-dir", "x", "setup", "--dry") == ["--dry-run"]
+    assert _complete(script, "megatron-env", "completion", "f") == ["fish"]
 
 
 def test_fish_completion():
@@ -113,13 +108,8 @@ def test_fish_completion():
 
 @pytest.fixture
 def read_only_dir(tmp_path):
-    d = tmp_path / "ro"
-    d.mkdir()
-    r = proc.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(d)])
-    if not r.ok:
-        pytest.skip(f"cannot mount a tmpfs here: {r.tail(1)}")
-    yield d
-    proc.run(["umount", "-l", str(d)])
+    with mounted(tmp_path / "ro", "1m", read_only=True) as d:
+        yield d
 
 
 def test_a_read_only_uv_cache_gets_its_own_hint(read_only_dir, tmp_path):
