@@ -124,3 +124,13 @@ def test_a_read_only_uv_cache_gets_its_own_hint(read_only_dir, tmp_path):
                         "system); uv writes to its cache even to read from it"), r.stderr
     assert lines[1].startswith("hint: set UV_CACHE_DIR to a writable directory")
     assert not (tmp_path / "e").exists() and not (tmp_path / "e.d").exists()  # nothing made
+
+
+def test_a_read_only_uv_cache_is_said_by_bundle_too(read_only_dir, tmp_path):
+    """The tool's wheel is built with `uv build`: before, `building the megatron-env wheel
+    failed` with a hint about setuptools and the index."""
+    r = _cli("bundle", "--adopt", "--profile", PROFILE, "--out", str(tmp_path / "b.tar"),
+             UV_CACHE_DIR=str(read_only_dir))
+    assert r.returncode == 2, r.stderr
+    assert f"error: uv's cache {read_only_dir} cannot be written" in r.stderr
+    assert not list(tmp_path.glob("b.tar*"))

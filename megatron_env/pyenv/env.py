@@ -121,9 +121,8 @@ def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
     if sources.no_index:
         argv.append("--no-index")
     r = proc.run(argv, env=uv.env(**sources.child_env), timeout=None, log=log, stream=True)
+    uv.raise_for_cache(r)
     if not r.ok:
-        if cache := uv.cache_problem(r.output):
-            raise cache
         text = r.output
         cause = ("a downloaded file does not match the hash in the lock"
                  if "hash" in text.lower() and "mismatch" in text.lower()

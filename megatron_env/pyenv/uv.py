@@ -61,3 +61,10 @@ def cache_problem(output: str) -> UserError | None:
                      fix="set UV_CACHE_DIR to a writable directory (a shared read-only cache "
                          "cannot be used as it is; UV_NO_CACHE=1 works without one)",
                      kind="uv.cache-read-only")
+
+
+def raise_for_cache(r: proc.Result) -> None:
+    """After a uv run that failed: raise `cache_problem`'s error when its cache was the cause
+    (one line at each call site, before the call site's own error)."""
+    if not r.ok and (e := cache_problem(r.output)):
+        raise e
