@@ -213,10 +213,11 @@ def build(what: str, profile: str | None = None, prefix: str | None = None,
                 done.append(f"{pkg.name} {how}")
         return None, "; ".join(done) + " (invoke build)"
 
-    if what == "all" and not (dry_run or python or arch):
-        pipeline.one_step(ctx, "builds", build_all)  # the chain's builds step: stamped as one
-    else:  # a part of the step, or another target: its own work, no stamp
-        build_all()
+    with places.saying_what_is_kept(cache):
+        if what == "all" and not (dry_run or python or arch):
+            pipeline.one_step(ctx, "builds", build_all)  # the chain's builds step: one stamp
+        else:  # a part of the step, or another target: its own work, no stamp
+            build_all()
     if dry_run:
         output.summary(f"dry run: {len(chosen)} build plan(s) above, nothing built")
     return 0
