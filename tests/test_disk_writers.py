@@ -98,6 +98,7 @@ def test_collect_on_a_full_disk_names_the_filesystem(small_fs):
     (["check", "--json", "--snapshot", "/nonexistent/snap"], None),
     (["report", "--json", "--profile", "nope"], "profile.unknown"),
     (["lock-diff", "--json", "--markdown"], "input.conflict"),
+    (["preflight", "--json", "--fleet", "/nonexistent/fleet"], "fleet.not-a-directory"),
 ])
 def test_errors_under_json_are_one_object_on_stdout(argv, kind):
     """Before: `check --json` with a bad profile printed nothing on stdout."""
