@@ -20,6 +20,7 @@ from pathlib import Path
 
 ENV = "MEGATRON_ENV_PROJECT"
 CACHE_ENV = "MEGATRON_ENV_CACHE"
+STATE_ENV = "MEGATRON_ENV_STATE"
 APP = "megatron-env"
 #: The project files a wheel carries, under the package (setup.py copies them there).
 SHIPPED = Path(__file__).resolve().parent / "_project"
@@ -101,20 +102,30 @@ def _user(kind: str) -> Path:
 
 
 def state_root() -> Path:
-    """Where the tool writes what is not a cache (run directories): the project, or the user's
-    data directory for the wheel's shipped copy."""
+    """Where the tool writes what is not a cache (run directories): MEGATRON_ENV_STATE when set
+    (the test suite sets it, so no test reads or writes what a checkout's own setup left), else
+    the project, or the user's data directory for the wheel's shipped copy."""
+    if state := _state():
+        return state
     return _user("data") if how() == "shipped" else root()
 
 
+def _state() -> Path | None:
+    value = os.environ.get(STATE_ENV)
+    return Path(value).expanduser().absolute() if value else None
+
+
 def env_root() -> Path:
-    """Where environments live by default: .megatron-env in a project, the user's data
-    directory's envs/ for the shipped copy."""
+    """Where environments live by default: .megatron-env in a project (or under
+    MEGATRON_ENV_STATE), the user's data directory's envs/ for the shipped copy."""
+    if state := _state():
+        return state / ".megatron-env"
     return _user("data") / "envs" if how() == "shipped" else root() / ".megatron-env"
 
 
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
-    """The cache: --cache-dir, else MEGATRON_ENV_CACHE, else .cache in a project or the user's
-    cache directory for the shipped copy."""
+    """The cache: --cache-dir, else MEGATRON_ENV_CACHE, else .cache in a project (or under
+    MEGATRON_ENV_STATE) or the user's cache directory for the shipped copy."""
     if _cache_chosen is not None:
         return _cache_chosen
     value = (os.environ if environ is None else environ).get(CACHE_ENV)
@@ -124,7 +135,10 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def default_cache_root() -> Path:
-    """The cache where nothing moves it: .cache in a project, else the user's cache directory."""
+    """The cache where nothing moves it: .cache in a project (or under MEGATRON_ENV_STATE),
+    else the user's cache directory."""
+    if state := _state():
+        return state / ".cache"
     return _user("cache") if how() == "shipped" else root() / ".cache"
 
 

@@ -305,7 +305,8 @@ def test_a_wheel_install_writes_into_the_user_directories_not_the_working_one(in
     exe = installed / "bin" / "megatron-env"
     work = outside / "work"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in (project.ENV, project.CACHE_ENV)}
+    env = {k: v for k, v in os.environ.items()
+           if k not in (project.ENV, project.CACHE_ENV, project.STATE_ENV)}
     env.update(XDG_DATA_HOME=str(outside / "data"), XDG_CACHE_HOME=str(outside / "cache"))
     run = {"cwd": work, "env": env, "capture_output": True, "text": True, "timeout": 120}
     r = subprocess.run([str(exe), "setup", "--only", "lock"], **run)

@@ -20,6 +20,8 @@ import pytest
 
 from megatron_env import proc
 
+from .conftest import in_own_copy
+
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = "core_v0.19.0-cu130"  # Python 3.12: the interpreter running these tests
 SIX = ("six==1.16.0 \\\n    --hash=sha256:"
@@ -53,8 +55,9 @@ def _start(proj: Path, source: str, err: Path, tmp: Path) -> subprocess.Popen:
             [sys.executable, "-m", "megatron_env", "--project", str(proj), "env", "--profile",
              PROFILE, "--python", sys.executable, "--no-index", "--find-links", source],
             cwd=tmp, stdout=subprocess.DEVNULL, stderr=f, start_new_session=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "UV_CACHE_DIR": str(tmp / "uv"),
-                 "MEGATRON_ENV_CACHE": str(tmp / "cache"), "UV_HTTP_TIMEOUT": "120"})
+            env={**in_own_copy(os.environ), "PYTHONPATH": str(ROOT),
+                 "UV_CACHE_DIR": str(tmp / "uv"), "MEGATRON_ENV_CACHE": str(tmp / "cache"),
+                 "UV_HTTP_TIMEOUT": "120"})
 
 
 def _installing(p: subprocess.Popen, err: Path) -> int:

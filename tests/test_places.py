@@ -23,6 +23,7 @@ def proj(tmp_path, monkeypatch):
     monkeypatch.setattr(project, "_root", (tmp_path / "proj", "given"))
     monkeypatch.setattr(project, "_cache_chosen", None)
     monkeypatch.delenv(project.CACHE_ENV, raising=False)
+    monkeypatch.delenv(project.STATE_ENV, raising=False)  # the suite's own state: not here
     return tmp_path / "proj"
 
 

@@ -69,6 +69,24 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 @contextlib.contextmanager
+def json_error(enabled: bool, command: str) -> Iterator[None]:
+    """With --json, a command that stops on an error still prints one JSON object on stdout
+    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
+    stderr and the exit status stay `guarded`'s."""
+    try:
+        yield
+    except (UserError, OSError) as e:
+        if enabled:
+            import json
+
+            said = e if isinstance(e, UserError) else os_error(e)  # ENOSPC: disk.full
+            err = {"kind": said.kind or "error", "message": said.message, "fix": said.fix}
+            output.block(json.dumps({"command": command, "ok": False, "error": err},
+                                    indent=1) + "\n")
+        raise
+
+
+@contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt while a command runs, even where SIGINT was inherited as
     ignored (a job started with `&` by a script): an interrupt is never swallowed. SIGTERM
@@ -125,24 +143,6 @@ def _bug(e: Exception) -> int:
                  "attach its output and this line to an issue (MEGATRON_ENV_DEBUG=1 shows the "
                  "traceback)")
     return 70
-
-
-@contextlib.contextmanager
-def json_errors(enabled: bool, command: str) -> Iterator[None]:
-    """With --json, a command that stops on an error still prints one JSON object on stdout
-    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
-    stderr and the exit status stay `guarded`'s."""
-    try:
-        yield
-    except (UserError, OSError) as e:
-        if enabled:
-            import json
-
-            said = e if isinstance(e, UserError) else os_error(e)  # ENOSPC: disk.full
-            err = {"kind": said.kind or "error", "message": said.message, "fix": said.fix}
-            output.block(json.dumps({"command": command, "ok": False, "error": err},
-                                    indent=1) + "\n")
-        raise
 
 
 #: Short flags fixed by name, the same in both front doors (others: a letter of the name not

@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_env import findings, output, project
-from megatron_env.commands import cli
-from megatron_env.commands.cli import command
+from megatron_env.commands.cli import command, json_error
 from megatron_env.host import checks, snapshot
-from megatron_env.profile import check_default, load_all
+from megatron_env.profile import check_default, default_name, load_all
 from megatron_env.profile import load as load_profile
 
 
@@ -18,7 +17,8 @@ from megatron_env.profile import load as load_profile
 def profiles() -> int:
     """List the profiles under envs/ (* marks the default)."""
     items = load_all()
-    output.table([("*" if p.is_default else " ", p.name, f"python {p.python}",
+    default = default_name(items)
+    output.table([("*" if p.name == default else " ", p.name, f"python {p.python}",
                    f"torch {p.torch}", f"cuda {p.cuda}", f"megatron {p.megatron['tag']}")
                   for p in items])
     output.summary(f"{len(items)} profiles under envs/; * marks the default")
@@ -43,7 +43,7 @@ def check(profile: str | None = None, snapshot: str | None = None, json: bool = 
     """Check whether this host (or a snapshot) can train the profile's stack at full speed."""
     from megatron_env.host import attention
 
-    with cli.json_errors(json, "check"):
+    with json_error(json, "check"):
         prof = load_profile(profile)
         found = checks.evaluate(prof, Path(snapshot) if snapshot else None)
     source = snapshot or "this host"
@@ -79,7 +79,7 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
     """Find the bad node before the job does: every node through srun, then the fleet verdict."""
     from megatron_env.fleet import preflight
 
-    with cli.json_errors(json, "preflight"):
+    with json_error(json, "preflight"):
         return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
                              python=python, run_dir=run_dir, slow=slow,
                              health=not no_gpu_health, size=size, against=against, nccl=nccl,
@@ -114,7 +114,8 @@ def triage(logs: str, json: bool = False) -> int:
     from megatron_env.diagnose import jobs, render
 
     skipped: list[str] = []
-    found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+    with json_error(json, "triage"):
+        found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
     found = render.shown(found, family=not json)  # redacted whole, then cut
     for why in skipped:
         output.warning(f"skipped {why}")
@@ -136,7 +137,7 @@ def bug_report(profile: str | None = None, prefix: str | None = None, json: bool
     from megatron_env.diagnose import report
     from megatron_env.pyenv import env
 
-    with cli.json_errors(json, "report"):
+    with json_error(json, "report"):
         prof = load_profile(profile)
         output.status(f"Gathering a report for profile {prof.name} ...")
         report.write(report.main(

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import REPO_ROOT, output, project
-from megatron_env.commands import cli, places
-from megatron_env.commands.cli import command
+from megatron_env.commands import places
+from megatron_env.commands.cli import command, json_error
 from megatron_env.errors import UserError
 from megatron_env.findings import Status
 from megatron_env.profile import Profile, load_all
@@ -87,7 +87,7 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
     from megatron_env.pyenv import lockdiff
     from megatron_env.sources import index
 
-    with cli.json_errors(json, "lock-diff"):
+    with json_error(json, "lock-diff"):
         if markdown and json:
             raise UserError("--markdown and --json both given", fix="pass one of them",
                             kind="input.conflict")

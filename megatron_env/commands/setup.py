@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import findings, output
-from megatron_env.commands import cli, places, pyenv
-from megatron_env.commands.cli import command, guarded
+from megatron_env.commands import places, pyenv
+from megatron_env.commands.cli import command, guarded, json_error
 from megatron_env.errors import UserError
 from megatron_env.profile import load as load_profile
 from megatron_env.units import MIB
@@ -43,7 +43,7 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
 
-    with cli.json_errors(json, "setup"):
+    with json_error(json, "setup"):
         b = pyenv.use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
                         provenance=(expect_sha256, trust))
         prof = b.profile if b else load_profile(profile)
@@ -140,7 +140,7 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
     from megatron_env.bundle import provenance as prov
     from megatron_env.sources import repos
 
-    with cli.json_errors(json, "bundle"):
+    with json_error(json, "bundle"):
         prof = load_profile(profile)
         places.announce(cache=repos.cache_dir(), out=Path(out).absolute())
         made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
