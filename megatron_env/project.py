@@ -10,7 +10,9 @@ directory) environments go to `.megatron-env/` and caches to `.cache/` beside it
 they always have; with the wheel's shipped copy (read-only data inside site-packages) they go to
 the user's directories of the platform (XDG: ~/.local/share/megatron-env/envs and
 ~/.cache/megatron-env), never into whatever directory the command happens to run in.
-`--cache-dir` (front door) or MEGATRON_ENV_CACHE moves the cache, `--prefix` an environment."""
+`--cache-dir` (front door) or MEGATRON_ENV_CACHE moves the cache, `--prefix` an environment;
+MEGATRON_ENV_STATE moves everything written by default (the test suite gives each test its
+own)."""
 
 from __future__ import annotations
 
