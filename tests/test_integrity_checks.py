@@ -396,21 +396,20 @@ def _ninja(d: Path, version: str) -> Path:
 
 
 @pytest.mark.parametrize("versions, picked", [
-    (["1.11.1", "1.13.0"], 1),  # an old one first on PATH is passed by
+    (["1.11.1", "1.13.0"], 0),  # the pool needs no jobserver client: the first on PATH
     (["1.13.0", "1.12.1"], 0),
-    (["1.13.0"], 0),  # exactly the minimum is a jobserver client
+    (["1.13.0"], 0),
 ])
-def test_the_pool_takes_the_first_ninja_of_at_least_1_13(tmp_path, versions, picked):
+def test_the_pool_takes_the_first_ninja_on_path(tmp_path, versions, picked):
     found = [_ninja(tmp_path / f"d{i}", v) for i, v in enumerate(versions)]
-    shim = jobserver.shim(tmp_path / "pool", os.pathsep.join(str(f.parent) for f in found))
+    shim = jobserver.shim(tmp_path / "pool", os.pathsep.join(str(f.parent) for f in found), 8)
     assert str(found[picked]) in (shim / "ninja").read_text()
 
 
-def test_a_ninja_older_than_1_13_alone_is_refused(tmp_path):
-    old = _ninja(tmp_path / "d", "1.12.1")
-    with user_error("build.old-ninja") as e:
-        jobserver.shim(tmp_path / "pool", str(old.parent))
-    assert "1.12" in e.value.message
+def test_no_ninja_on_path_is_refused(tmp_path):
+    (tmp_path / "d").mkdir()
+    with user_error("build.no-ninja"):
+        jobserver.shim(tmp_path / "pool", str(tmp_path / "d"), 8)
 
 
 # --- profile files: profile._read_capped ---------------------------------------------------------

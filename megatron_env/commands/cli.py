@@ -176,6 +176,9 @@ class Command:
     fn: Callable[..., int]
     help: dict[str, str] = field(default_factory=dict)
     iterable: tuple[str, ...] = ()
+    # the option the words after the command fill, as many as given (`megatron-env triage a b`);
+    # invoke takes one word there (its parser reads a second word as the next task's name)
+    rest: str | None = None
 
     @property
     def summary(self) -> str:
@@ -186,7 +189,7 @@ class Command:
         return self.fn(*args, **options)
 
 
-def command(name: str | None = None, iterable: tuple[str, ...] = (),
+def command(name: str | None = None, iterable: tuple[str, ...] = (), rest: str | None = None,
             **help: str) -> Callable[[Callable[..., int]], Command]:
     """Declare a command (its function, guarded, with the help of each option); `help` holds the
     meaning of options `OPTIONS` does not have, or that this command takes in another sense.
@@ -197,7 +200,7 @@ def command(name: str | None = None, iterable: tuple[str, ...] = (),
         unknown = [k for k in params if k not in help and k not in OPTIONS]
         assert not unknown, f"{fn.__name__}: no help for {unknown}"  # a programming error
         return Command(name or fn.__name__, guarded(fn),
-                       {k: help.get(k) or OPTIONS[k] for k in params}, iterable)
+                       {k: help.get(k) or OPTIONS[k] for k in params}, iterable, rest)
 
     return declare
 

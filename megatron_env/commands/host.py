@@ -107,15 +107,18 @@ def kernels(profile: str | None = None, mirrors: bool = False) -> int:
 
 
 
-@command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\"); "
-              "gzip/xz/zstd logs are read as they are; - reads standard input")
-def triage(logs: str, json: bool = False) -> int:
+@command(rest="logs",
+         logs="log files or directories: several words (`megatron-env triage a.log b.log`) or "
+              "one comma-separated word (`invoke triage a.log,b.log`); quoted globs work "
+              "(\"logs/*.out\"); gzip/xz/zstd logs are read as they are; - reads standard input")
+def triage(logs: str | list[str], json: bool = False) -> int:
     """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
     from megatron_env.diagnose import jobs, render
 
     skipped: list[str] = []
+    words = [logs] if isinstance(logs, str) else logs
     with json_error(json, "triage"):
-        found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+        found, lines, sources = jobs.run([x for w in words for x in w.split(",") if x], skipped)
     found = render.shown(found, family=not json)  # redacted whole, then cut
     for why in skipped:
         output.warning(f"skipped {why}")

@@ -31,8 +31,10 @@ from megatron_env.diagnose.model import (
 )
 from megatron_env.diagnose.sig_comm import DESYNC_AT, DESYNC_ENTRY, DESYNC_HEAD, STALL_BLOCK
 from megatron_env.diagnose.sig_proc import ENTRY, FIELD, failure
+from megatron_env.diagnose.wordscan import Anchored, trie
 
-__all__ = ["CAP", "SIGNALS", "XIDS", "Events", "describe", "events", "is_hot", "new_facts"]
+__all__ = ["CAP", "SIGNALS", "XIDS", "Events", "describe", "events", "is_hot", "new_facts",
+           "trie"]
 
 Reader = Callable[[Events, Line, str, deque[Line], dict[str, Any]], None]
 READERS: list[tuple[str, Reader]] = [*sig_comm.READERS, *sig_proc.READERS, *sig_net.READERS,
@@ -43,27 +45,6 @@ _BLOCK_WORDS = ("lagging/dead", "Snapshot of", "Missing ranks:", "Root Cause", "
 _WORDS = sorted({w for w, _ in READERS} | set(_BLOCK_WORDS), key=lambda w: (-len(w), w))
 
 
-def trie(words: list[str]) -> str:
-    """The words as one pattern shaped like a trie: the engine follows only the branch of the
-    character it reads instead of trying every word at every position (3-4 times faster than
-    a flat alternation of the same words); at one position the longest word matches."""
-    root: dict[str, Any] = {}
-    for w in words:
-        node = root
-        for c in w:
-            node = node.setdefault(c, {})
-        node[""] = {}
-
-    def walk(node: dict[str, Any]) -> str:
-        alts = [re.escape(c) + walk(sub) for c, sub in sorted(node.items()) if c]
-        if not alts:
-            return ""
-        body = alts[0] if len(alts) == 1 and "" not in node else "(?:" + "|".join(alts) + ")"
-        return body + ("?" if "" in node else "")
-
-    return walk(root)
-
-
 assert max(map(len, _WORDS)) < 1024  # logfiles._WORD_MAX
 # the words a line holds, longest first where they overlap: a word's readers include those of
 # every shorter word inside it (found at the same place, which the engine does not report)
@@ -71,10 +52,11 @@ TRIGGERS = re.compile(trie(_WORDS))
 _BY_WORD: dict[str, list[Reader]] = {
     w: list(dict.fromkeys(r for k, r in READERS if k in w)) for w in _WORDS}
 HOT = TRIGGERS
-# the same words as two patterns, those that begin with a small letter and the others: two
-# scans of a block (merged by logfiles) take about 0.6 of the time of one scan of all
+# the same words as two scans, those that begin with a small letter and the others, merged by
+# logfiles: the first scan skips most of a log's characters at once (capitals are rare); the
+# second looks for a rarer piece of each word first (`wordscan.Anchored`)
 HOT_PARTS = (re.compile(trie([w for w in _WORDS if not w[0].islower()])),
-             re.compile(trie([w for w in _WORDS if w[0].islower()])))
+             Anchored([w for w in _WORDS if w[0].islower()]))
 
 
 def is_hot(text: str) -> bool:

@@ -58,7 +58,9 @@ _RECORD = re.compile(
 # a continuation a tool (not a terminal) broke off: it starts lower case or with the rest of a
 # PyTorch NCCL message
 _GO_ON = re.compile(r"[a-z]|WorkNCCL|OpType=|Numel|Timeout\(ms\)|SeqNum=|\d+[,)]")
-_SRUN_LABELS = re.compile(r"^ *(\d{1,5}): ", re.M)
+# srun's label at a line's start, found after the line end before it (a literal the engine
+# skips to in C: `^` with re.M is tried at every character)
+_SRUN_LABELS = re.compile(r"\n *(\d{1,5}): ")
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
 _WIDTH_SAMPLE = 4000  # physical lines read ahead to find a terminal's wrap width
 MAX_LINE = 1 << 16  # characters kept of one logical line (a joined run of wraps included)
@@ -152,7 +154,7 @@ def lines(raw: Iterable[str | int | tuple[str, tuple[str, ...]]], source: str = 
 def tagged_ranks(text: str) -> set[int]:
     """The global ranks the launcher tags in `text` name (a block read whole, at C speed)."""
     out = {int(a or b or r) for a, b, _, r, _ in _BRACKET_TAG.findall(text) if a or b or r}
-    out.update(int(x) for x in _SRUN_LABELS.findall(text))
+    out.update(int(x) for x in _SRUN_LABELS.findall("\n" + text))
     return out
 
 

@@ -25,7 +25,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import BinaryIO, Protocol, cast
 
 from megatron_env.diagnose import joblog
 from megatron_env.diagnose.flight import dump
@@ -46,8 +46,18 @@ _MAX_RANKS = 1 << 20
 # bytes no text log holds (tab, line ends, form feed and ESC of colour codes are text)
 _CONTROL = frozenset([*range(1, 9), 11, *range(14, 27), *range(28, 32), 127])
 _FIX = "pass the console logs of the job (files or a directory)"
+
+
+class Scan(Protocol):
+    """What finds a part of the words: a compiled pattern, or `wordscan.Anchored`."""
+
+    def finditer(self, text: str) -> Iterator[re.Match[str]]: ...
+
+    def search(self, text: str, pos: int = 0) -> re.Match[str] | None: ...
+
+
 # what a hot line holds: one pattern, or its parts (see `_hits`)
-Hot = re.Pattern[str] | tuple[re.Pattern[str], ...]
+Hot = re.Pattern[str] | tuple[Scan, ...]
 
 
 def files(paths: list[str | Path], skipped: list[str] | None = None,

@@ -62,8 +62,8 @@ _FIX = {
         "(embedding), an index past a tensor's size; rerun with CUDA_LAUNCH_BLOCKING=1 (or on "
         "CPU) to get the Python line, and check the batch's min/max against the sizes",
     ("job.kernel_abi", "undefined symbol"):
-        "a compiled package (flash-attn, apex, transformer-engine, a custom op) was built "
-        "against another torch, CUDA or C++ ABI than the one installed: rebuild it against "
+        "a compiled package (one of the kernel packages setup builds, a custom op) was "
+        "built against another torch, CUDA or C++ ABI than the one installed: rebuild it against "
         "this torch or install the wheel made for it; `invoke build-check` compares them",
     ("job.script", "missing"):
         "the script the launcher was told to run is not there on that node: a relative path "
