@@ -71,6 +71,7 @@ class Row:
     status: Outcome
     seconds: float
     detail: str
+    kind: str = ""  # a failed step's error kind (disk.full, lock.stale ...): what a program reads
 
 
 def _digest(*parts: str) -> str:
