@@ -113,8 +113,7 @@ def not_installed(python: Path, profile: Profile) -> str | None:
     src = source_dir(profile)
     if not (src / STAMP).exists():
         return f"the checkout {src} is gone"
-    facts = probe.probe(python, torch=False)
-    dists = manifest.scan(facts["sites"], {MEGATRON_DIST})["dists"]
+    dists = manifest.scan(probe.sites(python), {MEGATRON_DIST})["dists"]
     if not dists:
         return f"{MEGATRON_DIST} is not installed for {python}"
     d = next(iter(dists.values()))
