@@ -16,6 +16,7 @@ import pytest
 from megatron_env import recipes
 from megatron_env.commands import main
 from megatron_env.profile import load_all
+from megatron_env.pyenv import lock
 
 from .test_console import _complete
 from .tmpfs import mounted
@@ -114,10 +115,8 @@ def read_only_dir(tmp_path):
 
 def test_a_read_only_uv_cache_gets_its_own_hint(read_only_dir, tmp_path):
     """Before: `uv venv failed: ... Read-only file system` with `hint: check the interpreter`."""
-    if sys.version_info[:2] != (3, 12):
-        pytest.skip("the profile's Python (3.12) is not the one running the tests")
     r = _cli("env", "--profile", PROFILE, "--prefix", str(tmp_path / "e"), "--python",
-             sys.executable, UV_CACHE_DIR=str(read_only_dir))
+             lock.find_python("3.12")[0], UV_CACHE_DIR=str(read_only_dir))
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.startswith(("error:", "hint:"))]
     assert lines[0] == (f"error: uv's cache {read_only_dir} cannot be written (read-only file "
