@@ -32,12 +32,15 @@ import ast
 import json
 import math
 import os
+import queue
 import random
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -315,7 +318,14 @@ def coverage_map() -> tuple[dict[tuple[str, int], set[str]], dict[str, float]]:
             out.setdefault((rel, line), set()).add(ctxs[cid])
     times = {k: v[0] for k, v in json.loads((data / "times.json").read_text()).items()
              if v[1] == "passed"}
-    return out, times
+    # a test of a file with a heavy module fixture (an environment built once for the file)
+    # costs that fixture when it runs alone: its file's longest test added to its own time
+    longest: dict[str, float] = {}
+    for k, v in times.items():
+        f = k.split("::")[0]
+        longest[f] = max(longest.get(f, 0.0), v)
+    return out, {k: v + (longest[k.split("::")[0]] if longest[k.split("::")[0]] > 30 else 0.0)
+                 for k, v in times.items()}
 
 
 def importers() -> dict[str, set[str]]:
@@ -357,8 +367,8 @@ EQUIVALENT: dict[str, str] = {
 }
 
 
-def _tree() -> Path:
-    tree = WORK / "tree"
+def _tree(name: str) -> Path:
+    tree = WORK / name
     shutil.rmtree(tree, ignore_errors=True)
     files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others",
                             "--exclude-standard"], capture_output=True, text=True,
@@ -389,12 +399,16 @@ def _pytest(tree: Path, tests: list[str], timeout: float,
         return "survived", ""
     env = _env(tree)
     args = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-n", "0", "-p", "no:cacheprovider",
-            "--basetemp", str(WORK / "pt"), *extra, *tests]
-    try:
-        r = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True,
-                           timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return "timeout", ""
+            "--basetemp", str(WORK / f"pt-{tree.name}"), *extra, *tests]
+    with subprocess.Popen(args, cwd=tree, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as p:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # the tests' children too (uv, compilers, daemons)
+            p.communicate()
+            return "timeout", ""
+    r = subprocess.CompletedProcess(args, p.returncode, out, "")
     if r.returncode == 0:
         return "survived", ""
     if r.returncode == 5:  # all deselected (slow tests only): nothing more to run
@@ -410,7 +424,8 @@ def _failing(tree: Path, tests: list[str]) -> list[str]:
         return []
     env = _env(tree)
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfE", "-n", "0", "-p",
-                        "no:cacheprovider", "--basetemp", str(WORK / "pt"), *tests], cwd=tree,
+                        "no:cacheprovider", "--basetemp", str(WORK / f"pt-{tree.name}"), *tests],
+                       cwd=tree,
                        env=env, capture_output=True, text=True)
     return sorted({ln.split(" ", 1)[1].split(" - ")[0] for ln in r.stdout.splitlines()
                    if ln.startswith(("FAILED ", "ERROR "))})
@@ -424,7 +439,7 @@ def _covering(m: Mutant, cov: dict[tuple[str, int], set[str]],
     return sorted((t for t in ids if t in times), key=lambda t: (times[t], t))
 
 
-def run(n: int, seed: int, floor: int, only: list[str], budget: float) -> int:
+def run(n: int, seed: int, floor: int, only: list[str], budget: float, workers: int) -> int:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
     chosen, counts = sample(n, seed, floor)
@@ -438,27 +453,45 @@ def run(n: int, seed: int, floor: int, only: list[str], budget: float) -> int:
         for line in log.read_text().splitlines():
             r = json.loads(line)
             done[r["id"] + r["source_sha"]] = r
-    tree = _tree()
+    trees = [_tree(f"tree{i}") for i in range(workers)]
     order = random.Random(seed).sample(chosen, len(chosen))  # a cut-short run is spread out
+    lock = threading.Lock()
     # pass 1: every mutant against the tests covering its line; pass 2: the survivors against
     # every test file importing the module (the slow part, and only for the few that live)
     for stage in ("covering", "confirm"):
+        todo: queue.Queue[tuple[int, Mutant]] = queue.Queue()
         for i, m in enumerate(order):
-            src = (ROOT / m.module).read_text()
-            key = m.id + _sha(src)
-            old = done.get(key)
-            if stage == "covering" and old is not None and not only:
-                continue
-            if stage == "confirm" and (old is None or old["result"] != "survived"
-                                       or old["stage"] == "confirm"):
-                continue
-            rec = _one(m, src, tree, stage, _covering(m, cov, times), times, imp, budget)
-            with log.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-            done[key] = rec
-            print(f"{stage[:5]} {i + 1:4}/{len(order)} {rec['result']:8} {m.id} {rec['secs']}s "
-                  f"{rec['by']}", file=sys.stderr, flush=True)
-    return report(commit, chosen, counts, done, tree)
+            if _due(done.get(m.id + _sha((ROOT / m.module).read_text())), stage, bool(only)):
+                todo.put((i, m))
+
+        def work(tree: Path, stage: str = stage, todo: queue.Queue = todo) -> None:
+            while True:
+                try:
+                    i, m = todo.get_nowait()
+                except queue.Empty:
+                    return
+                src = (ROOT / m.module).read_text()
+                rec = _one(m, src, tree, stage, _covering(m, cov, times), times, imp, budget)
+                with lock:
+                    with log.open("a") as f:
+                        f.write(json.dumps(rec) + "\n")
+                    done[m.id + rec["source_sha"]] = rec
+                    print(f"{stage[:5]} {i + 1:4}/{len(order)} {rec['result']:8} {m.id} "
+                          f"{rec['secs']}s {rec['by']}", file=sys.stderr, flush=True)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in trees]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return report(commit, chosen, counts, done, trees[0])
+
+
+def _due(old: dict | None, stage: str, again: bool) -> bool:
+    """Whether a mutant with this last record runs in this pass."""
+    if stage == "covering":
+        return old is None or again
+    return old is not None and old["result"] == "survived" and old["stage"] != "confirm"
 
 
 def _one(m: Mutant, src: str, tree: Path, stage: str, covering: list[str],
@@ -474,22 +507,23 @@ def _one(m: Mutant, src: str, tree: Path, stage: str, covering: list[str],
                     break
                 first.append(t)
                 spent += times[t]
-            how, by = _pytest(tree, first, 60 + 3 * spent)
-            rest = covering[len(first):]
-            if how == "survived" and rest:  # the rest of the covering tests
-                how, by = _pytest(tree, rest, 120 + 3 * sum(times[t] for t in rest))
+            timeout = 60 + 3 * spent
+            how, by = _pytest(tree, first, timeout)
+            ran = first
         else:
-            # every test file importing the module, and the files of the covering tests; their
-            # slow tests (an environment built, minutes each) only where they cover the line,
-            # which pass 1 ran
+            # every test file importing the module, and the files of the covering tests, less
+            # their slow tests (an environment built, minutes each): pass 1 ran those of them
+            # that cover the line within its budget
             files = sorted(imp.get(m.module, set()) | {t.split("::")[0] for t in covering})
-            how, by = _pytest(tree, files, min(900, 120 + 3 * sum(
-                v for k, v in times.items() if k.split("::")[0] in files)),
-                extra=("-m", "not slow"))
+            ran = files
+            timeout = min(900, 120 + 3 * sum(v for k, v in times.items()
+                                             if k.split("::")[0] in files))
+            how, by = _pytest(tree, files, timeout, extra=("-m", "not slow"))
     finally:
         (tree / m.module).write_text(src)
     return {**asdict(m), "id": m.id, "source_sha": _sha(src), "result": how, "by": by,
-            "stage": stage, "covering": len(covering), "secs": round(time.time() - t0, 1)}
+            "stage": stage, "covering": len(covering), "ran": ran, "timeout": timeout,
+            "secs": round(time.time() - t0, 1)}
 
 
 def _sha(text: str) -> str:
@@ -519,6 +553,10 @@ def report(commit: str, chosen: list[Mutant], counts: dict[str, int], done: dict
     # a kill counts only if its test passes without the mutant
     killers = sorted({r["by"] for r in recs if r["result"] == "killed" and "::" in r["by"]})
     bad = _failing(tree, killers)
+    for r in recs:  # a timeout is a kill where the same tests end in time without the mutant
+        if r["result"] == "timeout" and "hung" not in r:
+            extra = ("-m", "not slow") if r["stage"] == "confirm" else ()
+            r["hung"] = _pytest(tree, r["ran"], r["timeout"], extra)[0] == "survived"
     per: dict[str, dict] = {m: {"mutants_total": c, "sampled": 0, "killed": 0, "survived": 0,
                                 "equivalent": 0} for m, c in counts.items()}
     survivors, equivalent = [], []
@@ -528,7 +566,7 @@ def report(commit: str, chosen: list[Mutant], counts: dict[str, int], done: dict
         if r["id"] in EQUIVALENT:
             row["equivalent"] += 1
             equivalent.append({"id": r["id"], "new": r["new"], "reason": EQUIVALENT[r["id"]]})
-        elif r["result"] in ("killed", "timeout") and r["by"] not in bad:
+        elif (r["result"] == "killed" and r["by"] not in bad) or r.get("hung"):
             row["killed"] += 1
         else:
             row["survived"] += 1
@@ -549,7 +587,9 @@ def report(commit: str, chosen: list[Mutant], counts: dict[str, int], done: dict
         "modules_without_mutants": sorted(m for m, c in counts.items() if not c),
         "mutants": len(recs),
         "killed": killed,
-        "timeouts_counted_killed": sum(1 for r in recs if r["result"] == "timeout"),
+        "timeouts_counted_killed": sum(1 for r in recs if r.get("hung")),
+        "timeouts_not_counted": sum(1 for r in recs if r["result"] == "timeout"
+                                    and not r.get("hung")),
         "survived": len(survivors),
         "equivalent": equivalent,
         "kill_rate": round(killed / counted, 4) if counted else None,
@@ -575,10 +615,12 @@ if __name__ == "__main__":
     r.add_argument("--mutants", type=int, default=380,
                    help="the size asked; each module gets at least --floor (403 in all)")
     r.add_argument("--floor", type=int, default=2, help="at least this many from each module")
-    r.add_argument("--budget", type=float, default=60.0,
+    r.add_argument("--budget", type=float, default=20.0,
                    help="seconds of (recorded) test time in a mutant's first run")
+    r.add_argument("--workers", type=int, default=1,
+                   help="mutants run at once, each in its own copy of the tree")
     r.add_argument("--only", nargs="*", default=[], help="mutant ids to run again")
     a = ap.parse_args()
     if a.cmd == "contexts":
         sys.exit(contexts(a.pytest_args))
-    sys.exit(run(a.mutants, SEED, a.floor, a.only, a.budget))
+    sys.exit(run(a.mutants, SEED, a.floor, a.only, a.budget, a.workers))
