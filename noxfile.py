@@ -30,12 +30,11 @@ def tests(session):
     # temporary directories of its own: another pytest on the machine cannot rotate them away.
     # Two workers (pytest-xdist), each test file whole on one of them: its module fixtures (one
     # Slurm, one built environment) are made once, and most of a test's time is spent waiting on
-    # a child (uv, a compiler, git, a daemon), which the other worker fills. The files with slow
-    # tests are handed out first, in the order tests/conftest.py puts them (xdist's own reorder
-    # by number of tests put the few-test, many-minute files last, one worker alone at the end).
-    # `-n 0` in posargs runs them in one process. The 40 slowest are printed, every run.
-    session.run("pytest", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder",
-                "--durations=40",
+    # a child (uv, a compiler, git, a daemon), which the other worker fills. (The two workers
+    # end within a few percent of each other: the files' sum of test time, halved, is the
+    # wall time, whatever their order.) `-n 0` in posargs runs them in one process. The 40
+    # slowest are printed: where the time goes, every run.
+    session.run("pytest", "-n", "2", "--dist", "loadfile", "--durations=40",
                 f"--basetemp={session.create_tmp()}/pytest", *session.posargs)
 
 

@@ -456,9 +456,10 @@ def run(n: int, seed: int, floor: int, only: list[str], budget: float, workers: 
     trees = [_tree(f"tree{i}") for i in range(workers)]
     order = random.Random(seed).sample(chosen, len(chosen))  # a cut-short run is spread out
     lock = threading.Lock()
-    # pass 1: every mutant against the tests covering its line; pass 2: the survivors against
-    # every test file importing the module (the slow part, and only for the few that live)
-    for stage in ("covering", "confirm"):
+    # pass 1: every mutant against the cheapest tests covering its line; pass 2: survivors
+    # against more of them; pass 3: survivors against every test file importing the module
+    # (the slow part, and only for the few that live)
+    for stage in ("covering", "rest", "confirm"):
         todo: queue.Queue[tuple[int, Mutant]] = queue.Queue()
         for i, m in enumerate(order):
             if _due(done.get(m.id + _sha((ROOT / m.module).read_text())), stage, bool(only)):
@@ -487,11 +488,23 @@ def run(n: int, seed: int, floor: int, only: list[str], budget: float, workers: 
     return report(commit, chosen, counts, done, trees[0])
 
 
+def _cheapest(tests: list[str], times: dict[str, float], budget: float) -> list[str]:
+    """The first of `tests` (cheapest first) that fit in `budget` seconds, at least one."""
+    out, spent = [], 0.0
+    for t in tests:
+        if out and spent + times[t] > budget:
+            break
+        out.append(t)
+        spent += times[t]
+    return out
+
+
 def _due(old: dict | None, stage: str, again: bool) -> bool:
     """Whether a mutant with this last record runs in this pass."""
     if stage == "covering":
         return old is None or again
-    return old is not None and old["result"] == "survived" and old["stage"] != "confirm"
+    before = {"rest": "covering", "confirm": "rest"}[stage]
+    return old is not None and old["result"] == "survived" and old["stage"] == before
 
 
 def _one(m: Mutant, src: str, tree: Path, stage: str, covering: list[str],
@@ -500,16 +513,13 @@ def _one(m: Mutant, src: str, tree: Path, stage: str, covering: list[str],
     (tree / m.module).write_text(m.apply(src))
     t0 = time.time()
     try:
-        if stage == "covering":
-            first, spent = [], 0.0
-            for t in covering:  # the fastest covering tests, up to `budget` seconds of test time
-                if first and spent + times[t] > budget:
-                    break
-                first.append(t)
-                spent += times[t]
-            timeout = 60 + 3 * spent
-            how, by = _pytest(tree, first, timeout)
-            ran = first
+        if stage in ("covering", "rest"):
+            # the cheapest covering tests up to `budget` seconds of test time; then the next
+            # ones, up to ten times that
+            start = 0 if stage == "covering" else len(_cheapest(covering, times, budget))
+            ran = _cheapest(covering[start:], times, budget * (1 if stage == "covering" else 10))
+            timeout = 60 + 3 * sum(times[t] for t in ran)
+            how, by = _pytest(tree, ran, timeout)
         else:
             # every test file importing the module, and the files of the covering tests, less
             # their slow tests (an environment built, minutes each): pass 1 ran those of them

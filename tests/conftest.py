@@ -48,15 +48,6 @@ def make_snapshot(tmp_path):
     return make
 
 
-def pytest_collection_modifyitems(config, items):
-    """The files holding slow tests (environments, kernel builds, bundles: minutes each) first,
-    each file's tests in their order: with `--dist loadfile --no-loadscope-reorder` (noxfile.py)
-    the two workers start on the long files and the many short ones fill in behind them,
-    instead of a long file starting last and running alone at the end."""
-    slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
-
-
 _SKIPPED: list[str] = []
 
 
