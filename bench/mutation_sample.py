@@ -439,20 +439,28 @@ def _covering(m: Mutant, cov: dict[tuple[str, int], set[str]],
     return sorted((t for t in ids if t in times), key=lambda t: (times[t], t))
 
 
-def run(n: int, seed: int, floor: int, only: list[str], budget: float, workers: int) -> int:
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    chosen, counts = sample(n, seed, floor)
-    if only:
-        chosen = [m for m in chosen if m.id in only]
-    cov, times = coverage_map()
-    imp = importers()
-    log = WORK / "results.jsonl"
+def _records() -> dict[str, dict]:
+    """The last record of each mutant (by id and its module's text) in WORK/results.jsonl."""
     done: dict[str, dict] = {}
+    log = WORK / "results.jsonl"
     if log.exists():
         for line in log.read_text().splitlines():
             r = json.loads(line)
             done[r["id"] + r["source_sha"]] = r
+    return done
+
+
+def run(n: int, seed: int, floor: int, only: list[str], budget: float, workers: int,
+        added: list[str]) -> int:
+    """Sample, run what has no record yet (or `only` these ids again, with the tests `added`
+    since the coverage run put first among their covering tests), write the result."""
+    everything, counts = sample(n, seed, floor)
+    chosen = [m for m in everything if m.id in only] if only else everything
+    cov, times = coverage_map()
+    times.update(dict.fromkeys(added, 1.0))
+    imp = importers()
+    log = WORK / "results.jsonl"
+    done = _records()
     trees = [_tree(f"tree{i}") for i in range(workers)]
     order = random.Random(seed).sample(chosen, len(chosen))  # a cut-short run is spread out
     lock = threading.Lock()
@@ -472,7 +480,8 @@ def run(n: int, seed: int, floor: int, only: list[str], budget: float, workers: 
                 except queue.Empty:
                     return
                 src = (ROOT / m.module).read_text()
-                rec = _one(m, src, tree, stage, _covering(m, cov, times), times, imp, budget)
+                rec = _one(m, src, tree, stage, added + _covering(m, cov, times), times, imp,
+                           budget)
                 with lock:
                     with log.open("a") as f:
                         f.write(json.dumps(rec) + "\n")
@@ -485,7 +494,7 @@ def run(n: int, seed: int, floor: int, only: list[str], budget: float, workers: 
             t.start()
         for t in threads:
             t.join()
-    return report(commit, chosen, counts, done, trees[0])
+    return report(everything, counts, done, trees[0])
 
 
 def _cheapest(tests: list[str], times: dict[str, float], budget: float) -> list[str]:
@@ -553,8 +562,10 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (round(c - h, 4), round(c + h, 4))
 
 
-def report(commit: str, chosen: list[Mutant], counts: dict[str, int], done: dict[str, dict],
+def report(chosen: list[Mutant], counts: dict[str, int], done: dict[str, dict],
            tree: Path) -> int:
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True, check=True).stdout.strip()
     recs = []
     for m in chosen:
         r = done.get(m.id + _sha((ROOT / m.module).read_text()))
@@ -622,15 +633,22 @@ if __name__ == "__main__":
     c = sub.add_parser("contexts", help="the coverage run (per-test contexts)")
     c.add_argument("pytest_args", nargs="*", default=["-n", "2", "--dist", "loadfile", "-q"])
     r = sub.add_parser("run", help="sample the mutants and run them")
-    r.add_argument("--mutants", type=int, default=380,
-                   help="the size asked; each module gets at least --floor (403 in all)")
-    r.add_argument("--floor", type=int, default=2, help="at least this many from each module")
     r.add_argument("--budget", type=float, default=20.0,
                    help="seconds of (recorded) test time in a mutant's first run")
     r.add_argument("--workers", type=int, default=1,
                    help="mutants run at once, each in its own copy of the tree")
     r.add_argument("--only", nargs="*", default=[], help="mutant ids to run again")
+    r.add_argument("--added", nargs="*", default=[],
+                   help="tests written since the coverage run, run first for the --only ids")
+    q = sub.add_parser("report", help="the JSON from the records so far (a run cut short)")
+    for x in (r, q):
+        x.add_argument("--mutants", type=int, default=380,
+                       help="the size asked; each module gets at least --floor (403 in all)")
+        x.add_argument("--floor", type=int, default=2, help="at least this many per module")
     a = ap.parse_args()
     if a.cmd == "contexts":
         sys.exit(contexts(a.pytest_args))
-    sys.exit(run(a.mutants, SEED, a.floor, a.only, a.budget, a.workers))
+    if a.cmd == "report":
+        chosen, counts = sample(a.mutants, SEED, a.floor)
+        sys.exit(report(chosen, counts, _records(), _tree("tree-report")))
+    sys.exit(run(a.mutants, SEED, a.floor, a.only, a.budget, a.workers, a.added))

@@ -1,0 +1,23 @@
+"""Edges of the lock and lock-diff code that the mutation sample
+(bench/mutation_sample.py) found unguarded: each test names what a broken copy got away with."""
+
+from megatron_env.pyenv import lockdiff
+
+
+def _profile(**over):
+    """One profile of a lock-diff document (format 1, docs/locks.md) whose lock did not move."""
+    p = {"profile": "core_v0.4.0-cu121", "lock": "envs/core_v0.4.0-cu121/requirements.lock",
+         "changes": [], "status": "changed", "packages": 80, "size_before": None,
+         "size_after": None, "size_unknown": [], "yanked": [], "kernels": [],
+         "megatron": {"old": "a" * 40, "new": "b" * 40, "moved": True}}
+    return {**p, **over}
+
+
+def test_a_profile_where_only_megatron_moved_says_no_package_moved():
+    """The summary line of a section with no package change was empty (its `or` fallback
+    replaced by an empty string) and nothing noticed."""
+    text = lockdiff.markdown({"profiles": [_profile()], "index_read": False})
+    section = text.split("\n\n")
+    assert section[0] == "### core_v0.4.0-cu121 (`envs/core_v0.4.0-cu121/requirements.lock`)"
+    assert section[1] == "no package moved"
+    assert "- Megatron-LM commit moved: aaaaaaaaaaaa → bbbbbbbbbbbb" in text
