@@ -364,6 +364,13 @@ def importers() -> dict[str, set[str]]:
 
 EQUIVALENT: dict[str, str] = {
     # mutant id -> why it cannot change what the program does (read and judged by hand)
+    "megatron_env/bundle/manifest.py:151:59:constant":
+        "the item's name kept in Item.extra as well: extra is read only through "
+        "Item.__getitem__, which starts from the name and lets extra override it with the same "
+        "value; nothing iterates extra, and a name is a string, so the type check passes too",
+    "megatron_env/kernels/jobserver.py:38:18:constant":
+        "Size not frozen: frozen forbids assignment after creation and makes instances "
+        "hashable; no code assigns to a Size or hashes one (together.py reads .slots and .why)",
 }
 
 
