@@ -570,7 +570,7 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def report(chosen: list[Mutant], counts: dict[str, int], done: dict[str, dict],
-           tree: Path) -> int:
+           tree: Path, check_kills: bool = True) -> int:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                             text=True, check=True).stdout.strip()
     recs = []
@@ -580,7 +580,7 @@ def report(chosen: list[Mutant], counts: dict[str, int], done: dict[str, dict],
             recs.append(r)
     # a kill counts only if its test passes without the mutant
     killers = sorted({r["by"] for r in recs if r["result"] == "killed" and "::" in r["by"]})
-    bad = _failing(tree, killers)
+    bad = _failing(tree, killers) if check_kills else []
     for r in recs:  # a timeout is a kill where the same tests end in time without the mutant
         if r["result"] == "timeout" and "hung" not in r:
             extra = ("-m", "not slow") if r["stage"] == "confirm" else ()
@@ -622,6 +622,7 @@ def report(chosen: list[Mutant], counts: dict[str, int], done: dict[str, dict],
         "equivalent": equivalent,
         "kill_rate": round(killed / counted, 4) if counted else None,
         "kill_rate_95": [low, high],
+        "kills_checked": check_kills,  # each killing test run again without the mutant
         "kills_discarded": bad,
         "survivors": survivors,
         "per_module": per,
@@ -648,6 +649,9 @@ if __name__ == "__main__":
     r.add_argument("--added", nargs="*", default=[],
                    help="tests written since the coverage run, run first for the --only ids")
     q = sub.add_parser("report", help="the JSON from the records so far (a run cut short)")
+    q.add_argument("--unchecked", action="store_true",
+                   help="kills not run again on the unmutated tree (a test that passed in the "
+                        "coverage run is trusted to pass again)")
     for x in (r, q):
         x.add_argument("--mutants", type=int, default=380,
                        help="the size asked; each module gets at least --floor (403 in all)")
@@ -657,5 +661,5 @@ if __name__ == "__main__":
         sys.exit(contexts(a.pytest_args))
     if a.cmd == "report":
         chosen, counts = sample(a.mutants, SEED, a.floor)
-        sys.exit(report(chosen, counts, _records(), _tree("tree-report")))
+        sys.exit(report(chosen, counts, _records(), _tree("tree-report"), not a.unchecked))
     sys.exit(run(a.mutants, SEED, a.floor, a.only, a.budget, a.workers, a.added))
