@@ -26,8 +26,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "megatron_env" / "redact"
-MODULES = ("names", "shape", "structure", "__init__")
+MODULES = ("names", "shape", "structure", "options", "context", "__init__")
 TESTS = ["tests/test_redact.py", "tests/test_redact_generated.py", "tests/test_redact_vendors.py",
+         "tests/test_redact_positions.py",
          "tests/test_redact_harmless.py", "-k",
          "not triage_prints and not mirror and not collect_writes and not command"]
 

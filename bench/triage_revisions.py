@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--old", help="the old revision (git archive of it is triaged)")
     ap.add_argument("--old-tree", help="or the old revision's files, already checked out")
     ap.add_argument("--size", type=int, default=50, help="MB of log")
-    ap.add_argument("--mix", choices=["signatures", "run"], default="signatures")
+    ap.add_argument("--mix", choices=["signatures", "run", "megatron"], default="signatures")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     if not (a.old or a.old_tree):

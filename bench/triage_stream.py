@@ -12,6 +12,9 @@ time, CPU time and MB/s, and the findings' ids. The log is deleted afterwards. T
 - `run` (a job's life): the fixture lines that match no signature (tracebacks, progress bars,
   loss lines, launcher chatter), repeated, with one fixture log's lines inserted whole every
   MB, the way a long run's log has its errors among millions of ordinary lines.
+- `megatron` (a typical Megatron-LM log): its iteration lines (training.py's training_log
+  format: every field padded, each line as wide as the others and beginning with a space),
+  with one fixture log's lines inserted whole every MB.
 
     python bench/triage_stream.py --size 300 --mix run   # goal: <= 400 MB RSS, >= 20 MB/s
 """
@@ -40,6 +43,15 @@ def _shifted(shift: int) -> Callable[[re.Match[str]], str]:
     return lambda m: f"[rank{int(m.group(1)) + shift}]"
 
 
+def megatron(start: int, n: int) -> list[str]:
+    """Megatron-LM's iteration lines (megatron/training/training.py, training_log)."""
+    return [f" iteration {i:8d}/{500000:8d} | consumed samples: {i * 512:12d} | elapsed time "
+            f"per iteration (ms): {1234.5:.1f} | learning rate: {1.5e-4:.3E} | global batch "
+            f"size: {512:5d} | lm loss: {2.5 - i / 1e6:.6E} | loss scale: 1.0 | grad norm: "
+            f"{0.812:.3f} | number of skipped iterations: {0:3d} | number of nan iterations: "
+            f"{0:3d} |" for i in range(start + 1, start + n + 1)]
+
+
 def write_log(path: Path, size_mb: int, mix: str = "signatures") -> int:
     """A log of about `size_mb` MB from the fixtures' lines; its size in bytes."""
     sys.path.insert(0, str(ROOT))
@@ -56,6 +68,8 @@ def write_log(path: Path, size_mb: int, mix: str = "signatures") -> int:
             shift = round_ % 64
             if mix == "signatures":
                 body = lines
+            elif mix == "megatron":
+                body = megatron(round_ * 3000, 3000) + logs[round_ % len(logs)]
             else:  # about a MB of ordinary lines, then one whole fixture log
                 body = cold * max(1, 1_000_000 // max(1, sum(map(len, cold)))) + \
                     logs[round_ % len(logs)]
@@ -69,7 +83,7 @@ def write_log(path: Path, size_mb: int, mix: str = "signatures") -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=int, default=300, help="MB of log to triage")
-    ap.add_argument("--mix", choices=["signatures", "run"], default="signatures",
+    ap.add_argument("--mix", choices=["signatures", "run", "megatron"], default="signatures",
                     help="what the log is made of (see above)")
     ap.add_argument("--keep", help="write the log here and keep it")
     a = ap.parse_args()
@@ -83,7 +97,7 @@ def main() -> None:
         wall = time.perf_counter() - start
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         rss_kib = usage.ru_maxrss
-    if r.returncode not in (0, 1):
+    if r.returncode not in (0, 1, 3):
         raise SystemExit(f"error: triage exited {r.returncode}: {r.stderr.strip()[-500:]}")
     doc = json.loads(r.stdout)
     print(json.dumps({

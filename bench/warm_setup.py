@@ -37,10 +37,15 @@ from megatron_env.setup import pipeline  # noqa: E402
 ROW = re.compile(r"^(\w+)\s+(done|up to date|skipped|failed|not run)\s+([\d.]+)\b", re.M)
 
 
+FRONT = {"invoke": ["-m", "invoke"], "megatron-env": ["-m", "megatron_env"]}
+_front = FRONT["invoke"]
+
+
 def setup(args: list[str]) -> tuple[float, dict, str]:
-    """(wall seconds, {step: [status, seconds]}, output) of one `invoke setup` process."""
+    """(wall seconds, {step: [status, seconds]}, output) of one `invoke setup` process (or
+    `megatron-env setup`, --front)."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "invoke", "setup", *args], cwd=ROOT,
+    r = subprocess.run([sys.executable, *_front, "setup", *args], cwd=ROOT,
                        capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"})
     seconds = time.perf_counter() - t0
     steps = {m.group(1): [m.group(2), float(m.group(3))] for m in ROW.finditer(r.stdout)}
@@ -56,9 +61,14 @@ def main() -> int:
     p.add_argument("--prefix", default=None, help="the environment (default: the profile's)")
     p.add_argument("--adopt", default=None, help="an existing interpreter, as `invoke setup`")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--front", choices=sorted(FRONT), default="invoke",
+                   help="the command a user starts: `invoke setup` (imports invoke, ~0.3 s) or "
+                        "the `megatron-env setup` console command")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("rest", nargs="*", help="after --: more `invoke setup` arguments")
     a = p.parse_args()
+    global _front
+    _front = FRONT[a.front]
 
     prof = profile.load(a.profile)
     prefix = Path(a.prefix).absolute() if a.prefix else env.default_prefix(prof)
@@ -90,7 +100,7 @@ def main() -> int:
         "host": {"platform": platform.platform(), "cpus": os.cpu_count(),
                  "python": platform.python_version()},
         "profile": prof.name, "prefix": str(prefix), "adopt": a.adopt,
-        "command": ["invoke", "setup", *args],
+        "command": [a.front, "setup", *args],
         "repeat": a.repeat,
         "warm_setup_seconds": {"median": statistics.median(walls), "min": min(walls),
                                "max": max(walls)},

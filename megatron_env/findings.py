@@ -110,8 +110,19 @@ def worst(findings: list[Finding]) -> Status:
     return min(judged, key=lambda s: s.rank)
 
 
+# the kind of a failing finding that says the input cannot tell (triage's log that stops with
+# neither an error nor an end): exit 3 when nothing else failed, so a wrapper tells "failed" (1)
+# from "cannot tell" (3); 2 stays bad input, 70 a bug, 130 and 141 signals
+INCONCLUSIVE = "inconclusive"
+EXIT_INCONCLUSIVE = 3
+
+
 def exit_code(findings: list[Finding]) -> int:
-    """0 when nothing failed, 1 when a check failed (warnings do not fail a run)."""
+    """0 when nothing failed, 1 when a check failed (warnings do not fail a run), 3 when the
+    only failing findings are inconclusive."""
+    failed = [f for f in findings if f.status is Status.FAIL]
+    if failed and all(f.kind == INCONCLUSIVE for f in failed):
+        return EXIT_INCONCLUSIVE
     return max((f.status.exit_code for f in findings), default=0)
 
 

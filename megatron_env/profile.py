@@ -333,8 +333,7 @@ def load(name: str | None = None, envs_dir: Path | None = None) -> Profile:
     known = names(envs_dir)
     if name is None:
         items = [load_file(envs_dir / n / PROFILE_FILE) for n in known]
-        check_default(items, envs_dir)
-        return next(p for p in items if p.is_default)
+        return default(items, envs_dir)
     if name not in known:
         raise UserError(
             f"unknown profile {name!r}; known profiles: {', '.join(known) or 'none'}",
@@ -344,17 +343,41 @@ def load(name: str | None = None, envs_dir: Path | None = None) -> Profile:
     return load_file(envs_dir / name / PROFILE_FILE)
 
 
-def check_default(items: list[Profile], envs_dir: Path | None = None) -> None:
-    """Exactly one profile may say default = true (commands without --profile use it)."""
-    envs_dir = envs_dir or envs_root()
+def default_name(items: list[Profile]) -> str | None:
+    """The profile commands without --profile use: the only one there is (an unpacked bundle
+    carries its own profile alone, whatever it says about default), else the one that says
+    default = true; None when none or several do."""
+    if len(items) == 1:
+        return items[0].name
     defaults = [p.name for p in items if p.is_default]
-    if items and len(defaults) != 1:
-        raise UserError(
-            f"{len(defaults)} profiles under {envs_dir} say default = true"
-            + (f" ({', '.join(defaults)})" if defaults else "") + "; exactly one must",
-            fix="set default = true in one profile.toml and remove it from the others",
-            kind="profile.default-count",
-        )
+    return defaults[0] if len(defaults) == 1 else None
+
+
+def default(items: list[Profile], envs_dir: Path | None = None) -> Profile:
+    """The profile commands without --profile use (`default_name`); none, or several that say
+    default = true, is a UserError naming the fix."""
+    envs_dir = envs_dir or envs_root()
+    if (chosen := default_name(items)) is not None:
+        return next(p for p in items if p.name == chosen)
+    if not items:
+        raise UserError(f"no profile under {envs_dir} (no */{PROFILE_FILE})",
+                        fix="run from the project's checkout or an unpacked bundle's source "
+                            "tree, or pass --profile ./path/to/profile.toml",
+                        kind="profile.none")
+    defaults = [p.name for p in items if p.is_default]
+    raise UserError(
+        f"{len(defaults)} profiles under {envs_dir} say default = true"
+        + (f" ({', '.join(defaults)})" if defaults else "") + "; exactly one must",
+        fix="set default = true in one profile.toml and remove it from the others",
+        kind="profile.default-count",
+    )
+
+
+def check_default(items: list[Profile], envs_dir: Path | None = None) -> None:
+    """Several profiles have exactly one default (`default`); no profile at all is no error
+    here (`invoke profiles` lists none)."""
+    if items:
+        default(items, envs_dir)
 
 
 def load_all(envs_dir: Path | None = None) -> list[Profile]:

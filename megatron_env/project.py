@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ENV = "MEGATRON_ENV_PROJECT"
+STATE_ENV = "MEGATRON_ENV_STATE"
 #: The project files a wheel carries, under the package (setup.py copies them there).
 SHIPPED = Path(__file__).resolve().parent / "_project"
 _PACKAGE_CHECKOUT = Path(__file__).resolve().parent.parent
@@ -79,8 +80,12 @@ def how() -> str:
 
 
 def state_root() -> Path:
-    """Where the tool writes by default: the project, unless that is the wheel's shipped copy
-    (then the working directory)."""
+    """Where the tool writes by default (environments, the cache unless MEGATRON_ENV_CACHE
+    says, run directories): MEGATRON_ENV_STATE when set (the test suite sets it, so no test
+    reads or writes what a checkout's own setup left), else the project, unless that is the
+    wheel's shipped copy (then the working directory)."""
+    if value := os.environ.get(STATE_ENV):
+        return Path(value).expanduser().absolute()
     return Path.cwd().absolute() if how() == "shipped" else root()
 
 

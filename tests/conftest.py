@@ -7,7 +7,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -86,6 +86,46 @@ def shared_uv_cache():
         os.environ.pop("UV_CACHE_DIR", None)
     else:
         os.environ["UV_CACHE_DIR"] = old
+
+
+STATE_ENV = "MEGATRON_ENV_STATE"  # megatron_env.project.STATE_ENV
+CACHE_ENV = "MEGATRON_ENV_CACHE"  # megatron_env.sources.repos.CACHE_ENV
+OWN_STATE = (STATE_ENV, CACHE_ENV)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_state(tmp_path_factory):
+    """What session and module fixtures run against: a state directory of this session (and
+    its cache in it), never the checkout's nor a MEGATRON_ENV_CACHE of the user's shell."""
+    saved = {k: os.environ.pop(k, None) for k in OWN_STATE}
+    os.environ[STATE_ENV] = str(tmp_path_factory.mktemp("tool-state"))
+    yield
+    for k, v in saved.items():
+        os.environ.pop(k, None)
+        if v is not None:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def own_state(tmp_path_factory, monkeypatch):
+    """Every test runs the tool against its own state, whatever the checkout holds: a checkout
+    where `invoke setup` ran has its environment, setup stamps and Megatron checkout under
+    .megatron-env/ and its downloads under .cache/, and a test that ran against them saw "up
+    to date" or "no environment" where a fresh clone sees neither. The tool's state
+    (environments, stamps, the Megatron checkout, run directories, and the cache under it)
+    goes to a directory of this test (MEGATRON_ENV_STATE, inherited by the tool's processes);
+    a MEGATRON_ENV_CACHE of the user's shell is not used. A test that needs a cache of its
+    own sets MEGATRON_ENV_CACHE; one that works in its own copy of the repository and reads
+    the state back from there drops both (`in_own_copy`)."""
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv(STATE_ENV, str(tmp_path_factory.mktemp("tool-state")))
+    return Path(os.environ[STATE_ENV])
+
+
+def in_own_copy(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for a tool process run in a test's own copy of the repository that keeps its
+    state there (.megatron-env/ and .cache/, as a checkout's own setup leaves them)."""
+    return {k: v for k, v in env.items() if k not in OWN_STATE}
 
 
 @pytest.fixture(scope="session")

@@ -17,11 +17,18 @@ import pytest
 from megatron_env import profile
 from megatron_env.pyenv import lock
 
-from .conftest import kill_when_installing
+from .conftest import OWN_STATE, kill_when_installing
 from .test_lock import copy_repo, invoke
 
 pytestmark = pytest.mark.slow
 PROFILE = "core_v0.4.0-cu121"
+
+
+@pytest.fixture(autouse=True)
+def _state_in_the_copy(own_state, monkeypatch):
+    """The environment these tests build is read back from the copy's .megatron-env/."""
+    for name in OWN_STATE:
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Edges of the lock and lock-diff code that the mutation sample
 (bench/mutation_sample.py) found unguarded: each test names what a broken copy got away with."""
 
-from megatron_env.pyenv import lockdiff
+from megatron_env.pyenv import lockdiff_markdown
 
 
 def _profile(**over):
@@ -16,7 +16,7 @@ def _profile(**over):
 def test_a_profile_where_only_megatron_moved_says_no_package_moved():
     """The summary line of a section with no package change was empty (its `or` fallback
     replaced by an empty string) and nothing noticed."""
-    text = lockdiff.markdown({"profiles": [_profile()], "index_read": False})
+    text = lockdiff_markdown.markdown({"profiles": [_profile()], "index_read": False})
     section = text.split("\n\n")
     assert section[0] == "### core_v0.4.0-cu121 (`envs/core_v0.4.0-cu121/requirements.lock`)"
     assert section[1] == "no package moved"
@@ -30,6 +30,6 @@ def test_a_profile_added_or_removed_is_one_line_with_its_download_on_its_own_sid
         "old": None, "new": "b" * 40, "moved": True})
     removed = _profile(profile="old", lock="envs/old/requirements.lock", status="removed",
                        size_before=1_200_000_000, size_after=None, packages=7)
-    text = lockdiff.markdown({"profiles": [added, removed], "index_read": True})
+    text = lockdiff_markdown.markdown({"profiles": [added, removed], "index_read": True})
     assert "\nprofile added: 80 packages, download per node 2.5 MB\n" in text
     assert "\nprofile removed: 7 packages, download per node 1,200.0 MB\n" in text

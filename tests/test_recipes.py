@@ -42,8 +42,14 @@ def test_current_profile_resolves_its_pins_and_variants():
     assert fa.metadata_env == {"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"}
     assert ax.pin == ax.source.commit == "4bdecd06b3c4b2c0a8fb6603829a8f9f05a42b49"
     assert ax.source.repo == "https://github.com/NVIDIA/apex.git"
-    assert ax.variants == ("cpp_ext", "cuda_ext") and "fast_layer_norm" not in ax.modules
-    assert ax.modules[:2] == ("apex_C", "amp_C") and ax.gb_per_job == 3.0
+    # what Megatron core_v0.19.0 imports of apex, and no more (kernels.imports checks it)
+    megatron_uses = ("amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda",
+                     "scaled_masked_softmax_cuda", "scaled_softmax_cuda",
+                     "scaled_upper_triang_masked_softmax_cuda")
+    assert ax.variants == ("cuda_ext", "extensions=" + ",".join(megatron_uses))
+    assert sorted(ax.modules) == sorted(megatron_uses) and ax.gb_per_job == 3.0
+    assert ax.switches["APEX_EXTENSIONS"] == ",".join(megatron_uses)
+    assert "APEX_CPP_EXT" not in ax.switches
     assert ax.parallel_var == "APEX_PARALLEL_BUILD" and fa.parallel_var == ""
     old = build.packages(profile.load("core_v0.4.0-cu121"))["flash-attn"]
     assert old.variants == ("hdims=all", "dtypes=all")  # unset: every kernel, as upstream
@@ -62,6 +68,47 @@ def test_choices_take_listed_values_only(tmp_path):
         recipe.Choice("sizes", "x", "TINY_SIZES", ("1", "2", "3")),))
     p = recipe.resolve(r, {"commit": "a" * 40, "sizes": ["1", "3"]}, ["9.0"])
     assert (p.switches, p.variants) == ({"TINY_SIZES": "1,3"}, ("sizes=1,3",))
+
+
+def test_a_module_choice_must_keep_what_its_variants_need():
+    """apex's extensions: the chosen ones must import; leaving out one its chosen variant
+    needs (cuda_ext: what Megatron imports) is refused before anything builds; "all" says
+    nothing to the build (every extension the variants switch on)."""
+    ax = recipes.get("apex")
+    pins = {"commit": "a" * 40, "variants": ["cuda_ext"]}
+    some = ["amp_C", "fused_layer_norm_cuda", "fused_weight_gradient_mlp_cuda",
+            "scaled_masked_softmax_cuda", "scaled_softmax_cuda",
+            "scaled_upper_triang_masked_softmax_cuda", "syncbn"]
+    p = recipe.resolve(ax, {**pins, "extensions": some}, ["9.0"])
+    assert "syncbn" in p.modules and p.switches["APEX_EXTENSIONS"] == ",".join(some)
+    with user_error("recipe.choice-incomplete") as e:
+        recipe.resolve(ax, {**pins, "extensions": some[1:]}, ["9.0"])
+    assert "amp_C" in e.value.message and "cuda_ext" in e.value.message
+    every = recipe.resolve(ax, pins, ["9.0"])
+    assert "APEX_EXTENSIONS" not in every.switches and "syncbn" not in every.modules
+
+
+def test_the_compiled_modules_megatron_imports_must_be_built(tmp_path):
+    """Real Megatron core_v0.19.0 files (tests/fixtures/megatron-imports): amp_C and the three
+    scaled_*softmax_cuda are imported; one left out of apex's build is named with its line; a
+    kernel the profile does not build is not looked at."""
+    from megatron_env.kernels import imports
+
+    src = Path(__file__).parent / "fixtures" / "megatron-imports" / "megatron"
+    root = tmp_path / "megatron"
+    for f in src.rglob("*.py.txt"):
+        (root / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        (root / f.relative_to(src)).with_suffix("").write_bytes(f.read_bytes())
+    found = imports.imported(root, imports.compiled_modules(["apex"]))
+    assert found == {"amp_C": "core/optimizer/clip_grads.py:23",
+                     "scaled_upper_triang_masked_softmax_cuda": "core/fusions/fused_softmax.py:31",
+                     "scaled_masked_softmax_cuda": "core/fusions/fused_softmax.py:81",
+                     "scaled_softmax_cuda": "core/fusions/fused_softmax.py:127"}
+    built = build.packages(profile.load("core_v0.19.0-cu130"))["apex"].modules
+    assert imports.not_built(root, ["apex"], built) == {}
+    assert imports.not_built(root, ["apex"], set(built) - {"amp_C"}) == {
+        "amp_C": "core/optimizer/clip_grads.py:23"}
+    assert imports.not_built(root, [], set()) == {}
 
 
 TE_COMMIT = "4329ff84bfbdaa778a33cba02a15fb0807c64689"
@@ -193,7 +240,9 @@ def test_listing_shows_every_recipe_with_each_profiles_pins(capsys):
            "weight-gradient GEMM)" in lines
     assert "variants cpp_ext*, cuda_ext*, fast_layer_norm" in lines
     assert "core_v0.4.0-cu121 52e18c894223 +cpp_ext +cuda_ext +fast_layer_norm" in lines
-    assert "core_v0.19.0-cu130 25.09 @ 4bdecd06b3c4 +cpp_ext +cuda_ext" in lines
+    assert "core_v0.19.0-cu130 25.09 @ 4bdecd06b3c4 +cuda_ext +extensions=amp_C," \
+           "fused_layer_norm_cuda,fused_weight_gradient_mlp_cuda,scaled_masked_softmax_cuda," \
+           "scaled_softmax_cuda,scaled_upper_triang_masked_softmax_cuda" in lines
     assert "core_v0.19.0-cu130 2.8.3 +hdims=128 +dtypes=bf16" in lines
     assert "hdims 32, 64, 96, 128, 160, 192, 224, 256 (default all)" in lines
     assert "core_v0.19.0-cu130 v2.17.1 @ 4329ff84bfbd" in lines

@@ -181,13 +181,19 @@ NOT_SECRET = [f"password_{w}" for w in (
             "dict", "group", "index", "shard", "unique", "row", "column", "object", "bucket",
             "table", "config", "public", "pub", "host", "map", "cursor", "kv", "qk", "query",
             "value", "idempotency", "dedup", "cluster", "node")] + [
-    "TOKENIZERS_PARALLELISM", "PWD", "OLDPWD", "moe_token_dispatcher_type", "tokenizer_model",
+    "TOKENIZERS_PARALLELISM", "OLDPWD", "moe_token_dispatcher_type", "tokenizer_model",
     "max_tokens", "kv_channels", "client_id", "", "___", "id"]
 
 
 @pytest.mark.parametrize("name", STRONG)
 def test_strong_names(name):
     assert redact.name_kind(name) == "strong"
+
+
+def test_pwd_is_odbcs_password_and_the_shells_path():
+    """`PWD=` is ODBC's password; the shell's `PWD` is a path, and a path is never masked."""
+    assert redact.variables({"PWD": "/home/u/megatron"}) == {"PWD": "/home/u/megatron"}
+    assert redact.text("UID=loader\nPWD=sunflower12", {}) == "UID=loader\nPWD=<redacted>"
 
 
 @pytest.mark.parametrize("name", STRONG + WEAK + ["DB_PWD", "JENKINS_PSW", "oauth2-bearer"])
@@ -301,14 +307,15 @@ def test_pem_blocks_real_and_escaped_newlines_and_cut():
 
 
 def test_json_stays_json_and_keeps_its_layout():
-    doc = {"cached": False, "x": {"password": 1234, "client_secret": "s3cr3tValue",
+    doc = {"cached": False, "x": {"password": 1234, "pass": 3, "client_secret": "s3cr3tValue",
                                   "cache_key": "flash_attn-3f9a1c2b7d4e5f60718293a4b5c6d7e8"}}
     for indent in (None, 2, 4):
         text = json.dumps(doc, indent=indent) + "\n"
         out = redact.text(text, {"TOKENIZERS_PARALLELISM": "false"})
         back = json.loads(out)
-        # a number is never a secret, whatever its field is called (`"pass": 3`)
-        assert back["cached"] is False and back["x"]["password"] == 1234
+        # a number is a secret only under a password's name (`"pass": 3` is a count)
+        assert back["cached"] is False and back["x"]["password"] == redact.REDACTED
+        assert back["x"]["pass"] == 3
         assert back["x"]["client_secret"] == redact.REDACTED
         assert back["x"]["cache_key"] == doc["x"]["cache_key"]
         assert out == json.dumps(back, indent=indent) + "\n"

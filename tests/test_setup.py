@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import kill_when_installing
+from .conftest import in_own_copy, kill_when_installing
 from .gitrepo import git, repo_with
 from .test_lock import copy_repo
 
@@ -94,7 +94,7 @@ def built(tmp_path_factory, wheelhouse):
 
 
 def setup(repo, wheelhouse, *args, wait=True):
-    env = {**os.environ, "PYTHONPATH": str(repo), "COLUMNS": "250",
+    env = {**in_own_copy(os.environ), "PYTHONPATH": str(repo), "COLUMNS": "250",
            "UV_FIND_LINKS": str(wheelhouse), "UV_NO_INDEX": "1"}
     cmd = [sys.executable, "-m", "invoke", "setup", "--profile", PROFILE, *args]
     if not wait:

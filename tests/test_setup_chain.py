@@ -199,7 +199,8 @@ def make_world(root: Path) -> tuple[Path, dict[str, str]]:
            "UV_DEFAULT_INDEX": (root / "no-index").as_uri(), "UV_NO_CONFIG": "1",
            "UV_PYTHON_DOWNLOADS": "never", "NO_COLOR": "1", "COLUMNS": "250",
            "MEGATRON_ENV_MIN_FREE_GB": "0"}
-    for name in ("MEGATRON_ENV_CACHE", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX"):
+    for name in ("MEGATRON_ENV_CACHE", "MEGATRON_ENV_STATE", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL",
+                 "UV_INDEX"):
         env.pop(name, None)
     r = invoke(work, env, "lock", "--profile", "tiny", "--python", sys.executable)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -218,6 +218,21 @@ def test_cli_json_directory_and_exit_codes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(tmp_path / "nope.log")], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 2 and "no such file or directory" in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""  # no JSON asked: the error is the line on stderr only
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda d: d / "nope.log", "triage.no-such-log"),
+    (lambda d: (d / "empty.log").write_text("") and None or d / "empty.log", "triage.empty-log"),
+    (lambda d: str(d / "*.none"), "triage.no-match"),
+])
+def test_cli_json_errors_are_one_json_object_on_stdout(tmp_path, make, kind):
+    r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(make(tmp_path)), "--json"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["command"] == "triage" and doc["error"]["kind"] == kind
+    assert doc["error"]["message"] in r.stderr and doc["error"]["fix"]
 
 
 def test_one_file_per_rank_the_silent_rank_is_the_suspect(tmp_path):
@@ -344,3 +359,41 @@ def test_an_endless_line_is_cut_not_held(tmp_path):
     assert len(got) == 2 and len(got[0].text) <= joblog.MAX_LINE
     _, f = run("one-line.log", where=tmp_path)
     assert f["job.cuda_error"].summary.startswith("rank 2 hit CUDA error")
+
+
+CAPTURED = FIXTURES / "captured-runs"
+
+
+def test_the_root_cause_is_the_ranks_own_exception_not_the_table():
+    """A real torchrun run (gloo, 2 ranks): rank 1 raises KeyError, aborts (SIGABRT: 'terminate
+    called'), rank 0's barrier then fails and torchrun SIGTERMs it. The table says rank 1
+    SIGABRT; the finding is rank 1's KeyError, with the table's pid, time and exit."""
+    fs, f = run("torchrun-keyerror-rank1.log", where=CAPTURED)
+    assert fs[0].id == "job.root_cause" and fs[0].kind == "user"
+    s = fs[0].summary
+    assert s.startswith("rank 1 (local rank 1) on host localhost raised KeyError: 1 "
+                        "(/job/train.py:13); torchrun's first observed failure")
+    assert "pid 11872" in s and "2026-12-05 15:31:40" in s and "SIGABRT (exit code -6)" in s
+    assert "Connection reset by peer" not in s  # rank 0's error came after, because of it
+
+
+def test_an_exit_code_1_without_the_exception_is_not_a_signal():
+    fs, f = run("torchrun-root-cause-minigpt4-237.log")
+    assert f["job.root_cause"].kind != "signal" and "exit code 1" in f["job.root_cause"].summary
+
+
+def test_the_first_observed_failure_that_only_timed_out_is_not_the_root_cause(tmp_path):
+    """Arranged from real logs: ranks 0-2 time out in ALLREDUCE (BasicSR 737), rank 3 raised a
+    CUDA error (miles 308), and torchrun's table (MiniGPT-4 237) names rank 0 first: its watchdog
+    ended it first, but it was waiting for rank 3."""
+    for line in (LOGS / "watchdog-allreduce-basicsr737.log").read_text().splitlines():
+        rank = line[len("[rank"):line.index("]")]
+        with open(tmp_path / f"train-rank{rank}.log", "a") as f:
+            f.write(line + "\n")
+    (tmp_path / "train-rank3.log").write_text(
+        (LOGS / "cuda-illegal-address-megatron-miles308.log").read_text())
+    (tmp_path / "launcher.log").write_text((LOGS / "torchrun-root-cause-minigpt4-237.log").read_text())
+    fs = triage.triage(logfiles.read([tmp_path]))
+    root = next(f for f in fs if f.id == "job.root_cause")
+    assert root.summary.startswith("rank 3 raised ") and "illegal memory access" in root.summary
+    assert "rank 0 (local rank 0) on host n136-117-136.byted.org, only timed out waiting" in root.summary

@@ -80,7 +80,7 @@ def test_a_process_killed_without_a_word_leaves_a_stopped_log(tmp_path):
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
     r = _cli(log)
-    assert r.returncode == 1 and "job.stopped" in r.stdout
+    assert r.returncode == 3 and "job.stopped" in r.stdout  # inconclusive, not "failed"
     (f,) = jobs.run([log])[0]
     assert f.id == "job.stopped" and "last progress: iteration        3/     100" in f.summary
     for advice in ("py-spy dump", "NCCL_DEBUG=INFO", "TORCH_NCCL_TRACE_BUFFER_SIZE",
@@ -108,7 +108,7 @@ def test_a_normal_end_is_the_only_exit_0(tmp_path):
     r = _cli(log)
     assert r.returncode == 0 and "job.clean" in r.stdout, r.stdout
     log.write_text(log.read_text() + " iteration        4/     100 | lm loss: 2.1E+00 |\n")
-    assert _cli(log).returncode == 1  # progress after the end: another run, which stopped
+    assert _cli(log).returncode == 3  # progress after the end: another run, which stopped
 
 
 def test_empty_input_is_an_error_naming_it(tmp_path):
@@ -132,9 +132,9 @@ def test_a_real_log_cut_before_its_error_is_stopped_with_the_ranks_still_printin
 
 def _merged(lines):
     from megatron_env.diagnose import events as events_mod
-    from megatron_env.diagnose import sig_table
+    from megatron_env.diagnose import sig_end
     ev = events_mod.events(lines)
-    ev.tail = sig_table.end_state([x.text if x.rank is None else f"[rank{x.rank}]:{x.text}"
+    ev.tail = sig_end.end_state([x.text if x.rank is None else f"[rank{x.rank}]:{x.text}"
                                    for x in lines])
     return ev
 
@@ -255,3 +255,65 @@ def test_a_stopped_log_names_the_ranks_still_printing_and_the_silent_ones(ranks,
     assert f.id == "job.stopped"
     assert f"{triage.ranks(late)} still printing at the end" in f.summary
     assert f"{triage.ranks(ranks - late)} silent at the end" in f.summary
+
+
+# a process that leaves a named semaphore registered: multiprocessing's resource tracker warns
+# at shutdown (its own words), after the script's own output ended
+LEAK = """
+from multiprocessing import resource_tracker
+import multiprocessing as mp
+sem = mp.get_context('spawn').Semaphore(1)
+resource_tracker.register(sem._semlock.name, 'semaphore')
+{raise_}
+import os, sys
+sys.stdout.flush()
+os._exit(0)  # as a spawned worker exits: no finalizer unregisters the semaphore
+"""
+
+
+def _with_tracker(tmp_path, raise_: str = "") -> tuple:
+    log, r = _captured(tmp_path, LEAK.replace("{raise_}", raise_))
+    for _ in range(100):  # the tracker is its own process: its warning may come after exit
+        if "leaked semaphore" in log.read_text():
+            break
+        time.sleep(0.05)
+    return log, r
+
+
+def test_a_process_that_ended_on_its_own_is_clean_by_its_exit_path(tmp_path):
+    log, r = _with_tracker(tmp_path)
+    assert r.returncode == 0 and "leaked semaphore objects" in log.read_text()
+    out = _cli(log)
+    assert out.returncode == 0 and "job.clean" in out.stdout, out.stdout
+    (f,) = jobs.run([log])[0]
+    assert "exited on their own" in f.summary and "resource_tracker" in f.summary
+
+
+def test_an_exit_path_after_an_exception_is_still_the_failure(tmp_path):
+    log, r = _with_tracker(tmp_path, "raise ValueError('bad shard 7')")
+    assert r.returncode == 1
+    out = _cli(log)
+    assert out.returncode == 1 and "job.unrecognised" in out.stdout, out.stdout
+
+
+def test_an_exception_the_interpreter_ignored_at_teardown_is_not_the_failure(tmp_path):
+    """CPython prints 'Exception ignored in: <function ...__del__>' and its traceback, then
+    exits 0: with no end line the log cannot tell (exit 3), never 'failed'."""
+    log, r = _captured(tmp_path, "class Loader:\n    def __del__(self):\n        raise "
+                                 "OSError('worker pipe closed')\nkeep = Loader()")
+    assert r.returncode == 0 and "Exception ignored in" in r.stderr and "OSError" in r.stderr
+    assert _cli(log).returncode == 3
+    log.write_text(log.read_text() + "OSError: a real one\n")
+    assert _cli(log).returncode == 1
+
+
+@pytest.mark.parametrize("end", [
+    "`Trainer.fit` stopped: `max_steps=1000` reached.",  # lightning/pytorch/loops/fit_loop.py
+    "done training in 3512.4 seconds",  # fairseq_cli/train.py
+    "TrainOutput(global_step=500, training_loss=0.71, metrics={'train_runtime': 912.1})",
+    "[after training is done] datetime: 2024-05-01 10:00:00 ",  # megatron/training/training.py
+])
+def test_a_trainer_end_line_is_clean_and_named(tmp_path, end):
+    log, _ = _captured(tmp_path, f"print({end!r})")
+    out = _cli(log)
+    assert out.returncode == 0 and "job.clean" in out.stdout and end.split()[0] in out.stdout

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from megatron_env.diagnose import events as events_mod
-from megatron_env.diagnose import jobs, logfiles, twocore
+from megatron_env.diagnose import jobs, logfiles, twocore, wordscan
 
 from .conftest import FIXTURES, user_error
 
@@ -93,3 +93,27 @@ def test_a_word_hidden_by_a_dropped_match_is_found():
                  "Last errorror: z", "Exitcode exit code exited on"):
         assert (logfiles._hits(text, events_mod.HOT_PARTS, ())
                 == logfiles._hits(text, events_mod.HOT, ()))
+
+
+# ------------------------------------- words that begin with a small letter, found by an anchor
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.text("abcxy ", min_size=1, max_size=5), min_size=1, max_size=8),
+       st.text("abcxy \n", max_size=200))
+def test_an_anchored_scan_finds_what_the_plain_pattern_finds(words, text):
+    # any words (a piece of one inside another, a piece that is a whole word), any text;
+    # the dense switch (the rest scanned whole) made to happen in short texts too
+    exact = re.compile(events_mod.trie(words))
+    for dense in (wordscan._DENSE, 2):
+        scan = wordscan.Anchored(words)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(wordscan, "_DENSE", dense)
+            got = [(m.start(), m.group()) for m in scan.finditer(text)]
+        assert got == [(m.start(), m.group()) for m in exact.finditer(text)]
+
+
+def test_every_anchor_is_a_piece_of_its_word():
+    words = [w for w in _WORDS if w[0].islower()]
+    pieces = wordscan.anchors(words)
+    assert all(any(w.endswith(p) for p in pieces) for w in words)
+    assert all(len(p) >= min(wordscan._PIECE, min(map(len, words))) for p in pieces)

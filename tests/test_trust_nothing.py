@@ -177,9 +177,9 @@ def test_a_snapshot_cut_short_by_a_full_disk_is_refused(full_tmpfs):  # noqa: F8
     r = _run("check", "--snapshot", str(snap))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert lines[0] == (f"error: snapshot {snap} is incomplete (no meta.json; `collect` writes "
-                        "it last): it stopped part way and its absent files would read as "
-                        "absent tools"), lines
+    assert lines[0] == (f"error: snapshot {snap} is incomplete (collect-in-progress is there: "
+                        "`collect` did not reach its end): it stopped part way and its absent "
+                        "files would read as absent tools"), lines
     assert lines[1].strip() == f"hint: collect it again on its node: invoke collect --out " \
                                f"{snap} --force"
     assert not [p for p in snap.iterdir() if ".tmp-" in p.name]

@@ -57,6 +57,26 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
 
 
 @contextlib.contextmanager
+def json_error(enabled: bool, command: str) -> Iterator[None]:
+    """With --json, a command that stops on an error still prints one JSON object on stdout
+    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
+    stderr and the exit status stay `guarded`'s."""
+    try:
+        yield
+    except (UserError, OSError) as e:
+        if enabled:
+            import json
+
+            err = ({"kind": e.kind or "error", "message": e.message, "fix": e.fix}
+                   if isinstance(e, UserError) else
+                   {"kind": "os", "message": f"{e.filename or 'a file'}: {e.strerror or e}",
+                    "fix": ""})
+            output.block(json.dumps({"command": command, "ok": False, "error": err},
+                                    indent=1) + "\n")
+        raise
+
+
+@contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt while a command runs, even where SIGINT was inherited as
     ignored (a job started with `&` by a script): an interrupt is never swallowed."""
@@ -134,6 +154,9 @@ class Command:
     fn: Callable[..., int]
     help: dict[str, str] = field(default_factory=dict)
     iterable: tuple[str, ...] = ()
+    # the option the words after the command fill, as many as given (`megatron-env triage a b`);
+    # invoke takes one word there (its parser reads a second word as the next task's name)
+    rest: str | None = None
 
     @property
     def summary(self) -> str:
@@ -144,7 +167,7 @@ class Command:
         return self.fn(*args, **options)
 
 
-def command(name: str | None = None, iterable: tuple[str, ...] = (),
+def command(name: str | None = None, iterable: tuple[str, ...] = (), rest: str | None = None,
             **help: str) -> Callable[[Callable[..., int]], Command]:
     """Declare a command (its function, guarded, with the help of each option); `help` holds the
     meaning of options `OPTIONS` does not have, or that this command takes in another sense.
@@ -155,7 +178,7 @@ def command(name: str | None = None, iterable: tuple[str, ...] = (),
         unknown = [k for k in params if k not in help and k not in OPTIONS]
         assert not unknown, f"{fn.__name__}: no help for {unknown}"  # a programming error
         return Command(name or fn.__name__, guarded(fn),
-                       {k: help.get(k) or OPTIONS[k] for k in params}, iterable)
+                       {k: help.get(k) or OPTIONS[k] for k in params}, iterable, rest)
 
     return declare
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_env import findings, output, project
-from megatron_env.commands.cli import command
+from megatron_env.commands.cli import command, json_error
 from megatron_env.host import checks, snapshot
-from megatron_env.profile import check_default, load_all
+from megatron_env.profile import check_default, default_name, load_all
 from megatron_env.profile import load as load_profile
 
 
@@ -17,7 +17,8 @@ from megatron_env.profile import load as load_profile
 def profiles() -> int:
     """List the profiles under envs/ (* marks the default)."""
     items = load_all()
-    output.table([("*" if p.is_default else " ", p.name, f"python {p.python}",
+    default = default_name(items)
+    output.table([("*" if p.name == default else " ", p.name, f"python {p.python}",
                    f"torch {p.torch}", f"cuda {p.cuda}", f"megatron {p.megatron['tag']}")
                   for p in items])
     output.summary(f"{len(items)} profiles under envs/; * marks the default")
@@ -96,14 +97,18 @@ def kernels(profile: str | None = None) -> int:
 
 
 
-@command(logs="log files or directories, comma-separated; quoted globs work (\"logs/*.out\"); "
-              "gzip/xz/zstd logs are read as they are; - reads standard input")
-def triage(logs: str, json: bool = False) -> int:
+@command(rest="logs",
+         logs="log files or directories: several words (`megatron-env triage a.log b.log`) or "
+              "one comma-separated word (`invoke triage a.log,b.log`); quoted globs work "
+              "(\"logs/*.out\"); gzip/xz/zstd logs are read as they are; - reads standard input")
+def triage(logs: str | list[str], json: bool = False) -> int:
     """Say why a distributed job failed or hung, from its console logs (one per rank or node)."""
     from megatron_env.diagnose import jobs, render
 
     skipped: list[str] = []
-    found, lines, sources = jobs.run([x for x in logs.split(",") if x], skipped)
+    words = [logs] if isinstance(logs, str) else logs
+    with json_error(json, "triage"):
+        found, lines, sources = jobs.run([x for w in words for x in w.split(",") if x], skipped)
     found = render.shown(found, family=not json)  # redacted whole, then cut
     for why in skipped:
         output.warning(f"skipped {why}")

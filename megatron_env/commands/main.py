@@ -21,9 +21,10 @@ def _flag(name: str) -> str:
 
 
 def _add_option(sub: argparse.ArgumentParser, p: inspect.Parameter, help_: str,
-                iterable: tuple[str, ...], shorts: set[str]) -> None:
+                iterable: tuple[str, ...], shorts: set[str], rest: str | None = None) -> None:
     """One keyword parameter as an option; a parameter without default is also positional
-    (as invoke takes it); a first letter not yet taken is its short flag (as invoke gives)."""
+    (as invoke takes it; the command's `rest` takes every word left, a list); a first letter
+    not yet taken is its short flag (as invoke gives)."""
     flag = _flag(p.name)
     names = [flag]
     short = "-" + flag[2]
@@ -46,7 +47,8 @@ def _add_option(sub: argparse.ArgumentParser, p: inspect.Parameter, help_: str,
                          help=help_ + (f" (default {default})" if default not in (None, "")
                                        else ""))
         if p.default is inspect.Parameter.empty:
-            sub.add_argument(f"_{p.name}", nargs="?", metavar=meta, help=argparse.SUPPRESS)
+            sub.add_argument(f"_{p.name}", nargs="*" if p.name == rest else "?", metavar=meta,
+                             help=argparse.SUPPRESS)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
         sub = subs.add_parser(cmd.name, help=cmd.summary, description=cmd.summary)
         shorts = {"-h"}
         for p in inspect.signature(cmd.fn).parameters.values():
-            _add_option(sub, p, cmd.help[p.name], cmd.iterable, shorts)
+            _add_option(sub, p, cmd.help[p.name], cmd.iterable, shorts, cmd.rest)
         sub.set_defaults(_cmd=cmd)
     comp = subs.add_parser("completion", help="print a shell completion script",
                            description="print a shell completion script: "
@@ -143,8 +145,10 @@ def _main(argv: list[str]) -> int:
     for name in inspect.signature(cmd.fn).parameters:
         value = getattr(args, name)
         positional = getattr(args, f"_{name}", None)
-        if value is None and positional is not None:
+        if value is None and positional not in (None, []):
             value = positional
+        elif name == cmd.rest and positional:  # `--logs a b c`: a, then the words left
+            value = [value, *positional]
         if value is None and inspect.signature(cmd.fn).parameters[name].default is \
                 inspect.Parameter.empty:
             top.parse_args([cmd.name, "--help"])  # exits 0 with the usage: a missing value

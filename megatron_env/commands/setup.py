@@ -4,15 +4,13 @@ megatron -> verify), `megatron`, the verification programs (`verify`, behind nox
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import findings, output
 from megatron_env.commands import pyenv
-from megatron_env.commands.cli import command, guarded
+from megatron_env.commands.cli import command, guarded, json_error
 from megatron_env.errors import UserError
 from megatron_env.profile import load as load_profile
 from megatron_env.units import MIB
@@ -45,7 +43,7 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     from megatron_env.pyenv import env
     from megatron_env.setup import pipeline
 
-    with _json_error(json, "setup"):
+    with json_error(json, "setup"):
         b = pyenv.use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
                         provenance=(expect_sha256, trust))
         prof = b.profile if b else load_profile(profile)
@@ -70,26 +68,6 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
                    + ", ".join(f"{n} {s}" for s, n in counts.items())
                    + f"; {time.monotonic() - t0:.1f} s", status=verdict)
     return 0 if ok else 1
-
-
-@contextlib.contextmanager
-def _json_error(enabled: bool, command: str) -> Iterator[None]:
-    """With --json, a command that stops on an error still prints one JSON object on stdout
-    ({"error": {"kind", "message", "fix"}}) for the program reading it; the error line on
-    stderr and the exit status stay `guarded`'s."""
-    try:
-        yield
-    except (UserError, OSError) as e:
-        if enabled:
-            import json
-
-            err = ({"kind": e.kind or "error", "message": e.message, "fix": e.fix}
-                   if isinstance(e, UserError) else
-                   {"kind": "os", "message": f"{e.filename or 'a file'}: {e.strerror or e}",
-                    "fix": ""})
-            output.block(json.dumps({"command": command, "ok": False, "error": err},
-                                    indent=1) + "\n")
-        raise
 
 
 def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_run: bool,
@@ -141,7 +119,7 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
     from megatron_env.bundle import make
     from megatron_env.bundle import provenance as prov
 
-    with _json_error(json, "bundle"):
+    with json_error(json, "bundle"):
         prof = load_profile(profile)
         made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
                          since=Path(since) if since else None,

@@ -13,45 +13,36 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
+from typing import Any
 
-from megatron_env.diagnose import sig_comm, sig_host, sig_net, sig_proc, sig_table
+from megatron_env.diagnose import sig_comm, sig_end, sig_host, sig_net, sig_proc, sig_table
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import CAP, SIGNALS, XIDS, Events, describe, from_origin, new_facts
+from megatron_env.diagnose.model import (
+    CAP,
+    SIGNALS,
+    XIDS,
+    Events,
+    Lagging,
+    describe,
+    from_origin,
+    new_facts,
+)
 from megatron_env.diagnose.sig_comm import DESYNC_AT, DESYNC_ENTRY, DESYNC_HEAD, STALL_BLOCK
 from megatron_env.diagnose.sig_proc import ENTRY, FIELD, failure
+from megatron_env.diagnose.wordscan import Anchored, trie
 
-__all__ = ["CAP", "SIGNALS", "XIDS", "Events", "describe", "events", "is_hot", "new_facts"]
+__all__ = ["CAP", "SIGNALS", "XIDS", "Events", "describe", "events", "is_hot", "new_facts",
+           "trie"]
 
-Reader = Callable[[Events, Line, str, deque, dict], None]
+Reader = Callable[[Events, Line, str, deque[Line], dict[str, Any]], None]
 READERS: list[tuple[str, Reader]] = [*sig_comm.READERS, *sig_proc.READERS, *sig_net.READERS,
-                                     *sig_host.READERS, *sig_table.READERS]
+                                     *sig_host.READERS, *sig_table.READERS, *sig_end.READERS]
 # words that open a block, or send a line to the NCCL analysis, beside the readers' triggers
 _BLOCK_WORDS = ("lagging/dead", "Snapshot of", "Missing ranks:", "Root Cause", "Failures:",
                 "NCCL", "WARN")
 _WORDS = sorted({w for w, _ in READERS} | set(_BLOCK_WORDS), key=lambda w: (-len(w), w))
-
-
-def trie(words: list[str]) -> str:
-    """The words as one pattern shaped like a trie: the engine follows only the branch of the
-    character it reads instead of trying every word at every position (3-4 times faster than
-    a flat alternation of the same words); at one position the longest word matches."""
-    root: dict = {}
-    for w in words:
-        node = root
-        for c in w:
-            node = node.setdefault(c, {})
-        node[""] = {}
-
-    def walk(node: dict) -> str:
-        alts = [re.escape(c) + walk(sub) for c, sub in sorted(node.items()) if c]
-        if not alts:
-            return ""
-        body = alts[0] if len(alts) == 1 and "" not in node else "(?:" + "|".join(alts) + ")"
-        return body + ("?" if "" in node else "")
-
-    return walk(root)
 
 
 assert max(map(len, _WORDS)) < 1024  # logfiles._WORD_MAX
@@ -61,10 +52,11 @@ TRIGGERS = re.compile(trie(_WORDS))
 _BY_WORD: dict[str, list[Reader]] = {
     w: list(dict.fromkeys(r for k, r in READERS if k in w)) for w in _WORDS}
 HOT = TRIGGERS
-# the same words as two patterns, those that begin with a small letter and the others: two
-# scans of a block (merged by logfiles) take about 0.6 of the time of one scan of all
+# the same words as two scans, those that begin with a small letter and the others, merged by
+# logfiles: the first scan skips most of a log's characters at once (capitals are rare); the
+# second looks for a rarer piece of each word first (`wordscan.Anchored`)
 HOT_PARTS = (re.compile(trie([w for w in _WORDS if not w[0].islower()])),
-             re.compile(trie([w for w in _WORDS if w[0].islower()])))
+             Anchored([w for w in _WORDS if w[0].islower()]))
 
 
 def is_hot(text: str) -> bool:
@@ -76,7 +68,8 @@ _DATE_PROBES = 200  # hot lines of a file searched for a date (its start is what
 _DATE = re.compile(r"\[[EWIF](\d{1,2})(\d\d) \d\d:|\b(20\d\d)-(\d\d)-(\d\d)[ T_]")
 
 
-def _window(lines: Iterable[Line], n: int = 9) -> Iterator[tuple[Line | None, Line, deque]]:
+def _window(lines: Iterable[Line], n: int = 9,
+            ) -> Iterator[tuple[Line | None, Line, deque[Line]]]:
     """Each line with the one before and up to `n` after it: the only look-around any
     signature needs, so memory stays bounded."""
     it = iter(lines)
@@ -99,45 +92,48 @@ class _Reader:
         self.in_desync = False
         self.in_stall = False
         self.table = False  # inside torchrun's failure table
-        self.entry: dict | None = None
+        self.entry: dict[str, Any] | None = None
         self.root = False
         self.source: str | None = None
-        self.facts: dict = {}
+        self.base = 0  # physical lines of the files read before this one
+        self.facts: dict[str, Any] = {}
 
-    def line(self, prev: Line | None, line: Line, ahead: deque) -> None:
+    def line(self, prev: Line | None, line: Line, ahead: deque[Line]) -> None:
         ev = self.ev
-        ev.lines += 1
         t = line.text
         if line.source != self.source:
+            self.base = ev.lines  # a file's lines are numbered from 1: counted after the last
             self.source = line.source
             self.facts = ev.sources.setdefault(line.source, new_facts())
             ev.recent.clear()
+        ev.lines = self.base + (line.last or line.number)  # physical lines, however joined
         ev.recent.append(line)
         if line.rank is not None:
-            self._tagged(line)
+            self._tagged(line, line.rank)
         if self.in_desync or self.in_stall or self.entry is not None or self.table:
             if self._block(line, t, ahead):
                 return
         elif ENTRY.match(t) and ahead and FIELD.match(ahead[0].text):
             self.entry = {"root": False}  # a failure table pasted without its heading
             return
-        found = line.words if line.words is not None else TRIGGERS.findall(t)
+        found: Sequence[str] = line.words if line.words is not None else TRIGGERS.findall(t)
         if found or self.in_desync:
             self._hot(prev, line, t, ahead, found)
 
-    def _tagged(self, line: Line) -> None:
-        self.ev.ranks_seen.add(line.rank)
+    def _tagged(self, line: Line, rank: int) -> None:
+        self.ev.ranks_seen.add(rank)
         if len(self.facts["ranks"]) < CAP:
-            self.facts["ranks"].add(line.rank)
+            self.facts["ranks"].add(rank)
         if line.host is not None:
-            self.ev.job.note(line.rank, line.host)
+            self.ev.job.note(rank, line.host)
 
-    def _block(self, line: Line, t: str, ahead: deque) -> bool:
+    def _block(self, line: Line, t: str, ahead: deque[Line]) -> bool:
         """A line inside one of the blocks; True when it was taken as part of it."""
         ev = self.ev
         if self.in_desync:
             if m := DESYNC_ENTRY.match(t):
-                ev.add("desync_lagging", ([int(x) for x in m.group(1).split(", ")], m.group(2)))
+                ev.keep("desync_lagging",
+                        Lagging([int(x) for x in m.group(1).split(", ")], m.group(2)))
                 return True
             self.in_desync = False
         if self.in_stall:
@@ -168,12 +164,12 @@ class _Reader:
         if self.entry is not None and len(self.entry) > 1:
             f = failure(self.entry)
             sig_proc.failed(self.ev, f)
-            if f["rank"] is not None:
-                self.ev.job.note(f["rank"], f["host"], f["pid"])
+            if f.rank is not None:
+                self.ev.job.note(f.rank, f.host, f.pid)
         self.entry = None
 
-    def _hot(self, prev: Line | None, line: Line, t: str, ahead: deque,
-             found: list[str]) -> None:
+    def _hot(self, prev: Line | None, line: Line, t: str, ahead: deque[Line],
+             found: Sequence[str]) -> None:
         ev, facts = self.ev, self.facts
         ev.current = line
         facts["probes"] = probes = facts.get("probes", 0) + 1
@@ -186,12 +182,12 @@ class _Reader:
         if DESYNC_HEAD in t:
             self.in_desync = True
             if prev is not None and (m := DESYNC_AT.search(prev.text)):
-                ev.add("desync", f"timeout at collective {m.group(1)} #{m.group(2)}")
+                ev.keep("desync", f"timeout at collective {m.group(1)} #{m.group(2)}")
         elif "Snapshot of ranks' latest states" in t:
             for x in islice(ahead, 8):
                 if not x.text.startswith(" "):
                     break
-                ev.add("desync", x.text.strip())
+                ev.keep("desync", x.text.strip())
         elif "Missing ranks:" in t:
             self.in_stall = True
         elif "Root Cause (first observed failure)" in t:
@@ -200,8 +196,8 @@ class _Reader:
             self.root, self.table = False, True
 
 
-def _dispatch(ev: Events, line: Line, t: str, ahead: deque, facts: dict,
-              found: list[str]) -> None:
+def _dispatch(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any],
+              found: Sequence[str]) -> None:
     """Each reader whose word the line holds, once."""
     done: set[Reader] = set()
     for word in found:
@@ -220,6 +216,6 @@ def events(lines: Iterable[Line]) -> Events:
     ev = r.ev
     ev.current = None
     ev.flush()
-    ev.failures = [f for f in ev.failures if f.get("rank") is not None
-                   or f.get("local_rank") is not None or f.get("host")]
+    ev.failures = [f for f in ev.failures if f.rank is not None or f.local_rank is not None
+                   or f.host]
     return ev

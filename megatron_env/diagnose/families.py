@@ -7,14 +7,17 @@ family's advice. Which finding id is in which family is data (`FAMILY_OF`), read
 nothing here looks at log text.
 
 Exit codes of `invoke triage` (docs/diagnose.md has the table): 0 when the logs show a normal
-end and no failure, 1 for any failure (a named family, `job.unrecognised` or `job.stopped`),
-2 when the input is not a log (nothing to read, an empty file or directory). The family's
-`means` says what a retry wrapper should make of the 1.
+end and no failure, 1 for any failure seen (a named family or `job.unrecognised`), 3 when the
+logs cannot tell (`job.stopped`: neither a failure nor an end, the `inconclusive` family), 2
+when the input is not a log (nothing to read, an empty file or directory). The family's `means`
+says what a retry wrapper should make of the 1.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from megatron_env.findings import INCONCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "fix the installation or versions: a retry fails the same way",
            "an error inside the framework or a compiled kernel: `invoke build-check` and "
            "`invoke check` compare what is installed with what the profile pins"),
+    Family("compiler", "the compiler (torch.compile: dynamo, inductor, Triton)",
+           "retry without torch.compile to confirm, then fix or pin the compiler",
+           "torch.compile failed while compiling the model, before it ran: rerun with "
+           "TORCHDYNAMO_DISABLE=1 (eager) to confirm; TORCH_LOGS=+dynamo,+inductor says where; "
+           "a Triton resource limit needs "
+           "smaller blocks or another GPU; a C/C++ compile error needs the compiler the "
+           "profile pins (`invoke check`)"),
+    Family("abort", "a rank that ended the whole job (MPI_Abort)",
+           "find that rank's own error: the others were killed because of it",
+           "mpirun kills every rank when one calls MPI_Abort (Horovod and mpi4py do on an "
+           "uncaught exception): the rank it names printed its own error just before"),
     Family("signal", "a process killed by a signal, its sender not in the logs",
            "find who sent it before retrying",
            "the signal says who: SIGKILL is the kernel's OOM killer or the scheduler, SIGTERM "
@@ -71,8 +85,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "a failure: read the quoted lines",
            "the quoted lines are what looked like the failure: please report them (the log "
            "and `invoke report`) so the next version names this failure"),
-    Family("stopped", "a log that ends with neither an error nor a normal end",
-           "a hang or a kill from outside: the job did not finish",
+    Family(INCONCLUSIVE, "a log that ends with neither an error nor a normal end",
+           "cannot tell (exit 3): a hang, a kill from outside, or a log cut short",
            "a hang or a kill: `py-spy dump --pid` of a live rank says where it waits; rerun "
            "with NCCL_DEBUG=INFO, TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and "
            "TORCH_NCCL_DUMP_ON_TIMEOUT=1 (the flight recorder's dump names the collective)"),
@@ -86,17 +100,21 @@ FAMILY_OF: dict[str, str] = {
     "job.scheduler": "scheduler",
     "job.rendezvous": "network", "job.bootstrap": "network", "nccl.socket": "network",
     "job.timeout": "communication", "job.nccl_error": "communication",
-    "job.odd_rank": "communication", "job.desync": "communication", "job.stall": "communication",
+    "job.odd_rank": "communication", "job.hang": "communication",
+    "job.desync": "communication", "job.stall": "communication",
     "job.watchdog_stuck": "communication", "job.nccl_net": "communication",
     "nccl.ib_completion": "communication", "nccl.ibverbs_call": "communication",
     "nccl.system_error": "communication", "nccl.ibverbs": "communication",
     "nccl.peer_lost": "communication", "nccl.net": "communication",
     "nccl.transport": "communication", "nccl.shm": "host", "nccl.cuda": "framework",
     "job.numerics": "numerics", "job.data": "data",
+    "job.device_assert": "user", "job.script": "user", "job.accelerator_oom": "user",
+    "job.kernel_abi": "framework",
+    "job.compiler": "compiler", "job.mpi_abort": "abort",
     "job.cuda_oom": "user", "job.exception": "user",
     "job.cuda_error": "framework", "job.ray_worker": "framework",
     "job.signal": "signal", "job.root_cause": "signal",
-    "job.unrecognised": "unrecognised", "job.stopped": "stopped", "job.clean": "clean",
+    "job.unrecognised": "unrecognised", "job.stopped": INCONCLUSIVE, "job.clean": "clean",
     "job.mixed": "clean",
 }
 

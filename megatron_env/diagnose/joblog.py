@@ -54,11 +54,13 @@ _RECORD = re.compile(
     r"\s*$|\[rank\d+\]|\[[\w.-]+:\d+\]:|\[\d+,\d+\]<|\d{1,5}: |\[?[EWIF]\d{3,4} |\[[EWIF] |"
     r"[\w.<>-]+:\d+:\d+ \[\d+\]|Traceback |frame #|\s*File \"|[\w.]*\w(?:Error|Exception|Warning)"
     r"\b|\[\d{4}-\d\d-\d\d|\d{4}-\d\d-\d\d|kernel: |NVRM|Root Cause|Failures:|\[\d+\]:|[=-]{8}|"
-    r"\(\w+ pid=|\w{3} +\d+ \d\d:")
+    r"\(\w+ pid=|\w{3} +\d+ \d\d:|\s*iteration\s+\d+/\s*\d+ \|")
 # a continuation a tool (not a terminal) broke off: it starts lower case or with the rest of a
 # PyTorch NCCL message
 _GO_ON = re.compile(r"[a-z]|WorkNCCL|OpType=|Numel|Timeout\(ms\)|SeqNum=|\d+[,)]")
-_SRUN_LABELS = re.compile(r"^ *(\d{1,5}): ", re.M)
+# srun's label at a line's start, found after the line end before it (a literal the engine
+# skips to in C: `^` with re.M is tried at every character)
+_SRUN_LABELS = re.compile(r"\n *(\d{1,5}): ")
 _RANK_IN_NAME = re.compile(r"rank[-_.]?(\d+)", re.I)
 _WIDTH_SAMPLE = 4000  # physical lines read ahead to find a terminal's wrap width
 MAX_LINE = 1 << 16  # characters kept of one logical line (a joined run of wraps included)
@@ -72,6 +74,7 @@ class Line(NamedTuple):
     host: str | None = None
     raw: str = ""  # its first physical line as written (the prefix may hold its time)
     words: tuple[str, ...] | None = None  # the trigger words in it, when already found
+    last: int = 0  # its last physical line (a message a terminal wrapped spans several)
 
 
 def normalise(text: str, source: str = "-") -> list[Line]:
@@ -80,56 +83,78 @@ def normalise(text: str, source: str = "-") -> list[Line]:
     return list(lines(raw[:-1] if raw and raw[-1] == "" else raw, source))
 
 
+class _Msg:
+    """The message being built of one or more physical lines (a terminal's wraps joined)."""
+
+    __slots__ = ("text", "number", "rank", "host", "raw", "words", "last")
+
+    def __init__(self, text: str, number: int, rank: int | None, host: str | None, raw: str,
+                 words: tuple[str, ...] | None) -> None:
+        self.text, self.number, self.rank, self.host = text, number, rank, host
+        self.raw, self.words, self.last = raw, words, number
+
+    def line(self, source: str) -> Line:
+        return Line(self.text.rstrip(), source, self.number, self.rank, self.host, self.raw,
+                    self.words, self.last)
+
+
 def lines(raw: Iterable[str | int | tuple[str, tuple[str, ...]]], source: str = "-",
           searched: bool = False) -> Iterator[Line]:
     """The logical lines of one log's physical lines (without their line ends), streamed. An
     int among them says that many lines were passed over there (nothing joins across it); a
     (line, words) pair is a line whose trigger words the reader already found (`searched`:
-    a plain line then holds none), kept in `Line.words` so that no line is searched twice."""
+    a plain line then holds none), kept in `Line.words` so that no line is searched twice.
+    Joining never hides a line from the count: `Line.number` and `Line.last` are the first and
+    last physical line of each message, so the lines counted are the file's own."""
     default_rank = int(m.group(1)) if (m := _RANK_IN_NAME.search(Path(source).name)) else None
     it = iter(raw)
     head = list(islice(it, _WIDTH_SAMPLE))
-    width = _wrap_width([x if x.__class__ is str else x[0] for x in head  # type: ignore[index]
-                         if x.__class__ is not int])  # tags included
-    cur: list | None = None  # [text, number, rank, host] of the message being built
+    width = _wrap_width([x if isinstance(x, str) else x[0] for x in head
+                         if not isinstance(x, int)])  # tags included
+    cur: _Msg | None = None
     prev_full = False
+    prev = ""  # the physical line before, untagged
     number = 0
-    for line in chain(head, it):
-        if line.__class__ is int:
-            number += line
+    words: tuple[str, ...] | None
+    for item in chain(head, it):
+        if isinstance(item, int):
+            number += item
             if cur is not None:
-                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
+                yield cur.line(source)
             cur, prev_full = None, False
             continue
-        if line.__class__ is tuple:
-            line, words = line
+        if isinstance(item, tuple):
+            text, words = item
         else:
-            words = () if searched else None
+            text, words = item, () if searched else None
         number += 1
-        line = _plain(line)
+        line = _plain(text)
         # terminal padding goes before the tags are read (a wrapped line's one space stays)
         body, rank, host = _untag(line.rstrip() if line[-2:] == "  " else line)
-        if cur is not None and _continues(cur, body, rank, host, prev_full):
+        if cur is not None and _continues(cur, body, rank, host, prev_full, prev):
             # a terminal wraps at its width, mid-word as often as not: join without a space;
             # a tool that broke its own line did so between words
-            glue = "" if prev_full or cur[0].endswith(" ") else " "
-            if len(cur[0]) < MAX_LINE:
-                cur[0] = cur[0] + glue + body.lstrip() if glue else cur[0] + body
-            cur[5] = None  # a word may straddle the join: searched again, whole
+            glue = "" if prev_full or cur.text.endswith(" ") else " "
+            if len(cur.text) < MAX_LINE:
+                cur.text = cur.text + glue + body.lstrip() if glue else cur.text + body
+            cur.words = None  # a word may straddle the join: searched again, whole
+            cur.last = number
         else:
             if cur is not None:
-                yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
-            cur = [body, number, rank if rank is not None else default_rank, host, line, words]
+                yield cur.line(source)
+            cur = _Msg(body, number, rank if rank is not None else default_rank, host, line,
+                       words)
         # a wrapped line fills the width with text; a padded one ends in spaces
         prev_full = width is not None and len(line) == width and line[-2:] != "  "
+        prev = body
     if cur is not None:
-        yield Line(cur[0].rstrip(), source, cur[1], cur[2], cur[3], cur[4], cur[5])
+        yield cur.line(source)
 
 
 def tagged_ranks(text: str) -> set[int]:
     """The global ranks the launcher tags in `text` name (a block read whole, at C speed)."""
     out = {int(a or b or r) for a, b, _, r, _ in _BRACKET_TAG.findall(text) if a or b or r}
-    out.update(int(x) for x in _SRUN_LABELS.findall(text))
+    out.update(int(x) for x in _SRUN_LABELS.findall("\n" + text))
     return out
 
 
@@ -145,23 +170,40 @@ def _plain(line: str) -> str:
     return line
 
 
-def _continues(cur: list, body: str, rank: int | None, host: str | None,
-               prev_full: bool) -> bool:
+def _continues(cur: _Msg, body: str, rank: int | None, host: str | None,
+               prev_full: bool, prev: str = "") -> bool:
     """Is `body` the rest of the message in `cur`? Only when it does not begin a message of its
     own, carries no other rank's tag, and the message was cut: at the terminal's width, inside
-    an NCCL message's parentheses, or after `... timeout: ` / `... detected` by its writer."""
-    if (rank is not None and rank != cur[2]) or (host is not None and host != cur[3]):
+    an NCCL message's parentheses, or after `... timeout: ` / `... detected` by its writer.
+
+    Lines of the wrap width are not all wraps: a run's records are often all as wide (Megatron's
+    iteration lines, padded to columns). A line that begins as the physical line before it began
+    (the same indentation and first word) starts a record of its own: a terminal's continuation
+    is the middle of a message, not a message's beginning again. `prev` is that line."""
+    if (rank is not None and rank != cur.rank) or (host is not None and host != cur.host):
         return False
-    text = cur[0]
+    text = cur.text
     if not prev_full and "NCCL" not in text and "atchdog" not in text:
         return False
     # (a launcher's tag is followed by a space that is not part of the message)
     head = body.lstrip() if rank is not None or host is not None else body
     if _RECORD.match(head) or _TABLE_ROW.match(body):
         return False
-    if prev_full or text.count("(") > text.count(")"):
+    if prev_full:
+        return not _same_start(prev, body)
+    if text.count("(") > text.count(")"):
         return True
     return not text.rstrip().endswith((".", "!")) and bool(_GO_ON.match(body.lstrip()))
+
+
+def _same_start(prev: str, body: str) -> bool:
+    """Does `body` begin as `prev` does: the same indentation, then the same first word of at
+    least three characters (a record like the one before)?"""
+    a, b = prev.lstrip(), body.lstrip()
+    if len(prev) - len(a) != len(body) - len(b):
+        return False
+    word = a.split(None, 1)[0] if a else ""
+    return len(word) >= 3 and b.startswith(word)
 
 
 def _untag(line: str) -> tuple[str, int | None, str | None]:

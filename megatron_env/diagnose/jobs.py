@@ -12,13 +12,16 @@ the .out/.err pair of one name, or to files that share a job id).
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from megatron_env import output
 from megatron_env.diagnose import events as events_mod
-from megatron_env.diagnose import logfiles, nccl_log, sig_table, triage, twocore
+from megatron_env.diagnose import logfiles, nccl_log, sig_end, triage, twocore
 from megatron_env.diagnose.events import Events
+from megatron_env.diagnose.flight import report as flight
+from megatron_env.diagnose.model import Placed
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding, Status
 
@@ -52,6 +55,8 @@ def merge(evs: list[Events]) -> Events:
 
 def _shift(x: object, offset: int) -> object:
     """An event of a later file, placed after the files read before it."""
+    if isinstance(x, Placed):
+        return replace(x, seq=x.seq + offset) if x.seq is not None else x
     return {**x, "seq": x["seq"] + offset} if isinstance(x, dict) and "seq" in x else x
 
 
@@ -100,17 +105,54 @@ def _label(srcs: list[str]) -> str:
     return ", ".join(names[:2]) + (f" +{len(names) - 2} more" if len(names) > 2 else "")
 
 
+PROGRESS_BYTES = 64 << 20  # files at least this big say how far reading them has come
+
+
+class Progress:
+    """How far a big file's reading has come, on stderr: at each tenth of its size, or (a
+    compressed file, whose size says little of its text) at each PROGRESS_BYTES read."""
+
+    def __init__(self, path: Path, size: int | None) -> None:
+        self.name, self.size, self.done, self.shown = path.name, size, 0, 0
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        mb = self.done >> 20
+        if self.size:
+            step = min(10, self.done * 10 // self.size)
+            if step > self.shown:
+                self.shown = step
+                output.status(f"triage: {self.name}: {step * 10}% ({mb} of "
+                              f"{self.size >> 20} MB)")
+        elif self.done // PROGRESS_BYTES > self.shown:
+            self.shown = self.done // PROGRESS_BYTES
+            output.status(f"triage: {self.name}: {mb} MB read")
+
+
+def _progress(path: Path) -> Progress | None:
+    if path == logfiles.STDIN:
+        return None
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None  # the reader says why
+    if size < PROGRESS_BYTES:
+        return None
+    return Progress(path, None if logfiles.compressed(path) else size)
+
+
 def read(path: Path) -> Events | None:
     """One file's events, its cold lines passed over (counted, their rank tags read); None for
     a file with nothing but blank lines."""
     tally = logfiles.Tally()
+    tally.progress = _progress(path)
     ev = events_mod.events(twocore.lines(path, events_mod.HOT_PARTS, tally))
     if not tally.text:
         return None
-    ev.lines += tally.skipped
+    ev.lines = tally.lines  # the file's physical lines, as `wc -l` counts them
     ev.ranks_seen |= tally.ranks
     ev.sources.setdefault(str(path), events_mod.new_facts())["ranks"] |= tally.ranks
-    ev.tail = sig_table.end_state(list(tally.tail), str(path))
+    ev.tail = sig_end.end_state(list(tally.tail), str(path))
     return ev
 
 
@@ -133,17 +175,26 @@ def run(paths: list[str | Path], skipped: list[str] | None = None,
         ) -> tuple[list[Finding], int, list[str]]:
     """Findings of the logs named (grouped into jobs), the number of lines and the files read;
     the files of a directory that could not be read are left out, each named in `skipped`."""
-    named = logfiles.files(paths, skipped)
+    dumps: list[Path] = []
+    named = logfiles.files(paths, skipped, dumps)
+    fr = flight.read(dumps)  # every dump whole before any log: a bad one stops the run
     read_ = {str(f): read(f) for f in named}
     per_file = {k: ev for k, ev in read_.items() if ev is not None}
     empty = [k for k, ev in read_.items() if ev is None]
-    if not per_file:
+    if not per_file and not dumps:
         raise UserError(f"{', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''} "
                         f"{'is' if len(empty) == 1 else 'are'} empty: no log lines to triage",
                         fix="pass the job's console output (stdout/stderr of every rank)",
                         kind="triage.empty-log")
     if skipped is not None:
         skipped += [f"{k} (empty)" for k in empty]
+    found, lines, srcs = _run(per_file) if per_file else ([], 0, [])
+    if dumps:  # the flight recorder's finding among the logs' (flight.report)
+        found = flight.join(found, flight.findings(fr, *flight.log_facts(per_file.values())))
+    return found, lines, srcs + [str(d) for d in dumps]
+
+
+def _run(per_file: dict[str, Events]) -> tuple[list[Finding], int, list[str]]:
     groups, reasons = group(per_file)
     lines = sum(ev.lines for ev in per_file.values())
     if len(groups) == 1:

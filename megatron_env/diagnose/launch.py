@@ -7,15 +7,17 @@ from `triage` so each module keeps one subject (and its size)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from typing import Any
 
 from megatron_env.diagnose.model import Events, first, in_time_order
 from megatron_env.findings import Finding, Status
 
 
-def ranks(rs) -> str:
+def ranks(given: Iterable[int]) -> str:
     """'rank 5', 'ranks 0, 1 and 2', 'ranks 0-498 and 500' as a person would say it: runs of
     three or more as ranges (500 ranks are one range, not 500 numbers)."""
-    rs = sorted(set(rs))
+    rs = sorted(set(given))
     if not rs:
         return "no rank"
     if len(rs) == 1:
@@ -30,8 +32,7 @@ def ranks(rs) -> str:
             runs[-1].append(r)
         else:
             runs.append([r])
-    parts = [f"{x[0]}-{x[-1]}" if len(x) >= 3 else y for x in runs
-             for y in ([None] if len(x) >= 3 else map(str, x))]
+    parts = [p for x in runs for p in ([f"{x[0]}-{x[-1]}"] if len(x) >= 3 else map(str, x))]
     if len(parts) > 12:
         parts = [*parts[:12], f"{len(parts) - 12} more"]
     return "ranks " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1
@@ -136,7 +137,7 @@ _SIGNAL_FIX = {
 }
 
 
-def _subject(ev: Events, ss: list[dict]) -> str:
+def _subject(ev: Events, ss: list[dict[str, Any]]) -> str:
     """Who a signal hit: ranks as ranges, srun task ids and local ranks named as such."""
     rs = sorted({s["rank"] for s in ss if s.get("rank") is not None})
     tasks = sorted({t for s in ss for t in s.get("tasks") or []})
@@ -157,7 +158,7 @@ def _subject(ev: Events, ss: list[dict]) -> str:
 
 def signals(ev: Events) -> list[Finding]:
     """Processes a signal killed: one finding per signal, the first in time first."""
-    by: dict[str, list[dict]] = {}
+    by: dict[str, list[dict[str, Any]]] = {}
     for s in in_time_order(ev.signals):
         by.setdefault(s["signal"], []).append(s)
     oom = any(h["id"] == "job.oom_killer" for h in ev.hits)

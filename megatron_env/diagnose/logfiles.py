@@ -23,16 +23,19 @@ import re
 import stat
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, cast
 
 from megatron_env.diagnose import joblog
+from megatron_env.diagnose.flight import dump
 from megatron_env.errors import UserError
 
 STDIN = Path("-")
 # what reading a damaged file raises (a bad gzip header is an OSError, a bad xz stream not)
 _BROKEN: tuple[type[BaseException], ...] = (OSError, EOFError, lzma.LZMAError)
+# ... and while reading on (zstandard raises ZstdError, a ValueError)
+_READ_ERRORS: tuple[type[BaseException], ...] = (*_BROKEN, ValueError)
 # compressed logs, known by their first bytes (a rotated `.log.1` is gzip as often as not)
 _MAGIC = {b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"(\xb5/\xfd": "zstd", b"BZh": "bzip2"}
 
@@ -43,14 +46,26 @@ _MAX_RANKS = 1 << 20
 # bytes no text log holds (tab, line ends, form feed and ESC of colour codes are text)
 _CONTROL = frozenset([*range(1, 9), 11, *range(14, 27), *range(28, 32), 127])
 _FIX = "pass the console logs of the job (files or a directory)"
+
+
+class Scan(Protocol):
+    """What finds a part of the words: a compiled pattern, or `wordscan.Anchored`."""
+
+    def finditer(self, text: str) -> Iterator[re.Match[str]]: ...
+
+    def search(self, text: str, pos: int = 0) -> re.Match[str] | None: ...
+
+
 # what a hot line holds: one pattern, or its parts (see `_hits`)
-Hot = re.Pattern[str] | tuple[re.Pattern[str], ...]
+Hot = re.Pattern[str] | tuple[Scan, ...]
 
 
-def files(paths: list[str | Path], skipped: list[str] | None = None) -> list[Path]:
+def files(paths: list[str | Path], skipped: list[str] | None = None,
+          dumps: list[Path] | None = None) -> list[Path]:
     """The files named: globs expanded, directories listed; anything unusable refused at once.
     Inside a directory, a file that cannot be read as a log is left out instead, with one line
-    in `skipped` (what and why), and the rest are read; `-` is standard input."""
+    in `skipped` (what and why), and the rest are read; `-` is standard input. With `dumps`,
+    a flight-recorder dump (known by its first bytes) goes there instead of being a log."""
     if not paths:
         raise UserError("no log given", fix="invoke triage LOG [LOG ...] (files or directories)",
                         kind="triage.no-log")
@@ -69,21 +84,25 @@ def files(paths: list[str | Path], skipped: list[str] | None = None) -> list[Pat
         else:
             named = [Path(p)]
         for f in named:
-            out += _expand(f, skipped)
+            out += _expand(f, skipped, dumps)
     return out
 
 
-def _expand(p: Path, skipped: list[str] | None = None) -> list[Path]:
+def _expand(p: Path, skipped: list[str] | None = None,
+            dumps: list[Path] | None = None) -> list[Path]:
     try:
         st = p.stat()
     except OSError:
         raise UserError(f"{p}: no such file or directory", fix=_FIX,
                         kind="triage.no-such-log") from None
     if stat.S_ISDIR(st.st_mode):
-        return _directory(p, skipped if skipped is not None else [])
+        return _directory(p, skipped if skipped is not None else [], dumps)
     if not stat.S_ISREG(st.st_mode):
         raise UserError(f"{p} is not a regular file ({_kind(st.st_mode)})", fix=_FIX,
                         kind="triage.not-a-file")
+    if dumps is not None and dump.sniff(p):
+        dumps.append(p)
+        return []
     try:
         with _open(p) as f:
             _sniff(f.read(_SNIFF), p)
@@ -98,16 +117,17 @@ def _why(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e) or type(e).__name__
 
 
-def _directory(p: Path, skipped: list[str]) -> list[Path]:
+def _directory(p: Path, skipped: list[str], dumps: list[Path] | None = None) -> list[Path]:
     """A directory's logs: what cannot be read is left out with its reason, the rest kept."""
     inside = sorted(x for x in p.iterdir() if not x.name.startswith(".") and _regular(x))
     out: list[Path] = []
+    taken = len(dumps) if dumps is not None else 0
     for x in inside:
         try:
-            out += _expand(x)
+            out += _expand(x, dumps=dumps)
         except UserError as e:
             skipped.append(e.message)
-    if not out:
+    if not out and (dumps is None or len(dumps) == taken):
         raise UserError(f"{p} holds no log files" + (f" ({skipped[0]})" if skipped else ""),
                         fix="pass the job's log files", kind="triage.empty-directory")
     return out
@@ -116,25 +136,26 @@ def _directory(p: Path, skipped: list[str]) -> list[Path]:
 def _open(p: Path) -> BinaryIO:
     """The file (or standard input) as bytes, decompressed on the way when its first bytes
     say gzip, xz, zstd or bzip2 (never its name)."""
-    raw: BinaryIO = (sys.stdin.buffer if p == STDIN else open(p, "rb"))  # noqa: SIM115
-    buf = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
+    raw = sys.stdin.buffer if p == STDIN else open(p, "rb")  # noqa: SIM115
+    buf: io.BufferedReader = (raw if isinstance(raw, io.BufferedReader)
+                              else io.BufferedReader(raw))  # type: ignore[arg-type]
     head = buf.peek(6)[:6]
     kind = next((k for magic, k in _MAGIC.items() if head.startswith(magic)), None)
     if kind == "gzip":
-        return gzip.GzipFile(fileobj=buf)  # type: ignore[return-value]
+        return cast(BinaryIO, gzip.GzipFile(fileobj=buf))
     if kind == "xz":
-        return lzma.LZMAFile(buf)  # type: ignore[return-value]
+        return cast(BinaryIO, lzma.LZMAFile(buf))
     if kind == "bzip2":
-        return bz2.BZ2File(buf)  # type: ignore[return-value]
+        return cast(BinaryIO, bz2.BZ2File(buf))
     if kind == "zstd":
         return _zstd(buf, p)
-    return buf
+    return cast(BinaryIO, buf)
 
 
-def _zstd(buf: BinaryIO, p: Path) -> BinaryIO:
+def _zstd(buf: io.BufferedReader, p: Path) -> BinaryIO:
     try:
-        from compression import zstd  # type: ignore[import-not-found]  # Python 3.14
-        return zstd.ZstdFile(buf)
+        from compression import zstd  # type: ignore[import-not-found,unused-ignore]  # 3.14
+        return cast(BinaryIO, zstd.ZstdFile(buf))
     except ImportError:
         pass
     try:
@@ -144,7 +165,7 @@ def _zstd(buf: BinaryIO, p: Path) -> BinaryIO:
         raise UserError(f"{p} is zstd-compressed and this Python has no zstd reader",
                         fix="pip install zstandard (or `zstd -dc LOG | invoke triage -`)",
                         kind="triage.zstd-missing") from None
-    return zstandard.ZstdDecompressor().stream_reader(buf, closefd=True)  # type: ignore[return-value]
+    return cast(BinaryIO, zstandard.ZstdDecompressor().stream_reader(buf, closefd=True))
 
 
 def _regular(p: Path) -> bool:
@@ -171,9 +192,11 @@ class Tally:
 
     def __init__(self) -> None:
         self.skipped = 0
+        self.lines = 0  # physical lines: `wc -l` (a last line without a line end counted too)
         self.ranks: set[int] = set()
         self.tail: deque[str] = deque(maxlen=TAIL)  # the file's last lines, hot or not
         self.text = False  # any line that is not blank
+        self.progress: Callable[[int], None] | None = None  # told the bytes of each block read
 
 
 def physical(path: Path, hot: Hot | None = None,
@@ -199,9 +222,11 @@ def physical(path: Path, hot: Hot | None = None,
         while True:
             try:
                 block = f.read(_BLOCK)
-            except (*_BROKEN, ValueError) as e:  # zstandard raises ZstdError, a ValueError
+            except _READ_ERRORS as e:
                 raise UserError(f"cannot read {path}: {_why(e)}", fix=_FIX,
                                 kind="triage.unreadable") from None
+            if tally is not None and tally.progress is not None:
+                tally.progress(len(block))
             data = rest + block
             if not data:
                 break
@@ -212,6 +237,7 @@ def physical(path: Path, hot: Hot | None = None,
             data, rest = data[:cut], data[cut + 1:]
             text, lines = _decode(data)
             if tally is not None:
+                tally.lines += len(lines)
                 tally.tail.extend(lines[-TAIL:])
                 tally.text = tally.text or not text.isspace() and text != ""
             if hot is None:
@@ -284,7 +310,8 @@ def _hits(text: str, hot: Hot | _Exact,
     taken = 0  # the end of the last match kept
     for m in _matches(text, hot):
         if m.start() < taken:  # inside a match of another part: one scan would not see it
-            if m.end() > taken and _hid(m, text, taken):  # its part's scan missed one
+            # its part's scan missed one (merged matches never overlap: `_Exact` is exact)
+            if m.end() > taken and not isinstance(hot, _Exact) and _hid(m, text, taken):
                 return _hits(text, _Exact(_merged(text, hot)), rare)
             continue
         taken = m.end()
@@ -408,6 +435,15 @@ def read(paths: list[str | Path]) -> Iterator[joblog.Line]:
 def _stream(paths: list[Path]) -> Iterator[joblog.Line]:
     for f in paths:
         yield from joblog.lines(physical(f), str(f))
+
+
+def compressed(path: Path) -> bool:
+    """Do the file's first bytes say it is compressed (its size then says little of its text)?"""
+    if path == STDIN:
+        return False
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return any(head.startswith(magic) for magic in _MAGIC)
 
 
 def size(paths: list[Path]) -> int:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from megatron_env.diagnose import nccl_log
 from megatron_env.diagnose.joblog import Line, local_rank
@@ -102,6 +103,80 @@ def describe(p: dict[str, Any]) -> str:
     return head + (f" ({more})" if more else "")
 
 
+@dataclass(kw_only=True)
+class Placed:
+    """Where an event stands: its file, first physical line, order of reading (the physical
+    line count when it was read), its own time and the local rank of a role tag. `Events.add`
+    fills what the event's line says where the event did not set it."""
+
+    source: str | None = None
+    number: int | None = None
+    seq: int | None = None
+    time: str | None = None
+    local: int | None = None
+
+
+@dataclass(kw_only=True)
+class Failure(Placed):
+    """One process of a launcher's failure report: an entry of torchrun's table, its agent's
+    `failed (exitcode: N) local_rank: L (pid: P)`, DeepSpeed's launcher's failed command."""
+
+    root: bool = False  # under torchrun's "Root Cause (first observed failure)"
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    exitcode: int | None = None
+    pid: str | None = None
+    traceback: str = ""
+    launcher: str = "torchrun"
+
+
+@dataclass(kw_only=True)
+class End(Placed):
+    """A line that says how the run ended well (`sig_end`): its own end line, or (`exit`) the
+    exit path of a process that ended on its own."""
+
+    line: str = ""
+    rank: int | None = None
+    exit: bool = False
+
+
+@dataclass(kw_only=True)
+class Failing(Placed):
+    """A line that looks like a failure without a signature of its own (`job.unrecognised`
+    quotes it; `rootcause` takes a rank's exception from it): an exception ending a traceback,
+    an error line, a launcher's non-zero exit code, a failing pod."""
+
+    kind: str = "error"  # "exception", "error", "exit" or "pod"
+    line: str = ""
+    rank: int | None = None
+    host: str | None = None
+    name: str = ""  # an exception's class
+    where: str = ""  # an exception's: "user" (the training code) or "framework" (a package)
+    frame: str = ""  # an exception's innermost frame, file:line
+    code: int | None = None  # an exit code
+    tasks: list[int] = field(default_factory=list)  # srun's task ids
+
+
+Event = TypeVar("Event", bound="dict[str, Any] | Placed")
+
+
+def _time(x: dict[str, Any] | Placed) -> str | None:
+    return x.time if isinstance(x, Placed) else x.get("time")
+
+
+def _seq(x: dict[str, Any] | Placed) -> int:
+    return (x.seq if isinstance(x, Placed) else x.get("seq")) or 0
+
+
+@dataclass(frozen=True)
+class Lagging:
+    """One entry of PyTorch's desync report: the ranks it names and what they were doing."""
+
+    ranks: list[int]
+    what: str
+
+
 @dataclass
 class Events:
     timeouts: list[dict[str, Any]] = field(default_factory=list)
@@ -110,14 +185,14 @@ class Events:
     dump_seen_by: set[int] = field(default_factory=set)  # ranks that received that signal
     stuck: list[dict[str, Any]] = field(default_factory=list)  # the heartbeat monitor's verdict
     desync: list[str] = field(default_factory=list)
-    desync_lagging: list[tuple[list[int], str]] = field(default_factory=list)
+    desync_lagging: list[Lagging] = field(default_factory=list)
     nccl_errors: list[dict[str, Any]] = field(default_factory=list)
     # NCCL's "Last error:" on its own
     last_errors: list[dict[str, Any]] = field(default_factory=list)
     cuda_errors: list[dict[str, Any]] = field(default_factory=list)
     ooms: list[dict[str, Any]] = field(default_factory=list)
     xids: list[dict[str, Any]] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)  # torchrun's failure table
+    failures: list[Failure] = field(default_factory=list)  # launchers' failure reports
     rendezvous: list[dict[str, Any]] = field(default_factory=list)
     stores: list[str] = field(default_factory=list)  # store addresses a client failed to reach
     ray_deaths: list[dict[str, Any]] = field(default_factory=list)
@@ -137,8 +212,8 @@ class Events:
     # the families' table signatures (sig_table)
     hits: list[dict[str, Any]] = field(default_factory=list)
     # failure-looking lines, no signature yet
-    failing: list[dict[str, Any]] = field(default_factory=list)
-    ends: list[dict[str, Any]] = field(default_factory=list)  # normal ends (launchers, trainers)
+    failing: list[Failing] = field(default_factory=list)
+    ends: list[End] = field(default_factory=list)  # normal ends (launchers, trainers)
     prompts: list[str] = field(default_factory=list)  # hosts of shell prompts in the log
     pods: list[str] = field(default_factory=list)  # kubectl's pod rows: the pods named
     # the logs' last lines (jobs.read: `end_state`)
@@ -149,18 +224,29 @@ class Events:
     _batch: list[str] = field(default_factory=list)
     _seen: set[Any] = field(default_factory=set)
 
-    def add(self, kind: str, item: dict[str, Any], key: tuple[Any, ...] | None = None) -> None:
+    def add(self, kind: str, item: dict[str, Any] | Placed,
+            key: tuple[Any, ...] | None = None) -> None:
         """Keep an event unless `CAP` of its kind are kept or the same one was (by `key`)."""
         items = getattr(self, kind)
         if len(items) >= CAP or (key is not None and (kind, *key) in self._seen):
             return
         if key is not None:
             self._seen.add((kind, *key))
-        if isinstance(item, dict) and "seq" not in item and self.current is not None:
+        if isinstance(item, Placed) and item.seq is None and self.current is not None:
+            for k, v in self.at(self.current).items():
+                if getattr(item, k) is None:
+                    setattr(item, k, v)
+        elif isinstance(item, dict) and "seq" not in item and self.current is not None:
             for k, v in self.at(self.current).items():
                 if item.get(k) is None:
                     item[k] = v
         items.append(item)
+
+    def keep(self, kind: str, item: str | Lagging) -> None:
+        """Keep a fact that is no event (a line of a report, quoted): capped, never placed."""
+        items = getattr(self, kind)
+        if len(items) < CAP:
+            items.append(item)
 
     def at(self, line: Line) -> dict[str, Any]:
         """Where an event stands: its file, line number, order of reading and own time."""
@@ -181,10 +267,11 @@ class Events:
             self.nccl = nccl_log.merge(self.nccl, nccl_log.analyze("\n".join(self._batch)))
             self._batch = []
 
-    def who(self, e: dict[str, Any]) -> dict[str, Any]:
+    def who(self, e: dict[str, Any] | Failure) -> dict[str, Any]:
         """An event's process with all the job model adds to it (and the host, when every
         process the logs name ran on one)."""
-        p = self.job.who(e.get("rank"), e.get("host"), e.get("pid"))
+        p = (self.job.who(e.rank, e.host, e.pid) if isinstance(e, Failure) else
+             self.job.who(e.get("rank"), e.get("host"), e.get("pid")))
         if p["host"] is None:
             hosts = {x.get("host") for x in self.job.by_pid.values()}
             if len(hosts) == 1:
@@ -236,18 +323,22 @@ def stamp(text: str) -> str | None:
     return None
 
 
-def first(items: list[dict[str, Any]]) -> dict[str, Any]:
+def _comparable(items: Sequence[dict[str, Any] | Placed]) -> bool:
+    """Does every event have a time, all of one form (so that they sort by it)?"""
+    times = [_time(x) for x in items]
+    return all(times) and len({len(t.split(" ")[0]) for t in times if t}) == 1
+
+
+def first(items: Sequence[Event]) -> Event:
     """The event that happened first: by the lines' own time when every one has a time of the
     same form, else the first read (the order a log was printed in)."""
-    times = [x.get("time") for x in items]
-    if all(times) and len({len(t.split(" ")[0]) for t in times if t}) == 1:
-        return min(items, key=lambda x: (x["time"], x.get("seq", 0)))
-    return min(items, key=lambda x: x.get("seq", 0))
+    if _comparable(items):
+        return min(items, key=lambda x: (_time(x) or "", _seq(x)))
+    return min(items, key=_seq)
 
 
-def in_time_order(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def in_time_order(items: Sequence[Event]) -> list[Event]:
     """The events, first in time first (see `first`)."""
-    times = [x.get("time") for x in items]
-    if all(times) and len({len(t.split(" ")[0]) for t in times if t}) == 1:
-        return sorted(items, key=lambda x: (x["time"], x.get("seq", 0)))
-    return sorted(items, key=lambda x: x.get("seq", 0))
+    if _comparable(items):
+        return sorted(items, key=lambda x: (_time(x) or "", _seq(x)))
+    return sorted(items, key=_seq)

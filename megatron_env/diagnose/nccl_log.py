@@ -15,6 +15,7 @@ import importlib.util
 import sys
 from functools import cache
 from types import ModuleType
+from typing import Any
 
 from megatron_env import REPO_ROOT
 from megatron_env.errors import UserError
@@ -37,12 +38,16 @@ def script() -> ModuleType:
     return module
 
 
-def analyze(text: str) -> dict:
+Analysis = dict[str, Any]  # verify_nccl.py's analysis of NCCL_DEBUG lines, as it writes it
+
+
+def analyze(text: str) -> Analysis:
     """What the NCCL_DEBUG lines in `text` say (networks, transports, warnings and where)."""
-    return script().analyze_log(text)
+    out: Analysis = script().analyze_log(text)
+    return out
 
 
-def findings(analysis: dict) -> list[Finding]:
+def findings(analysis: Analysis) -> list[Finding]:
     """The script's findings (plain dicts there) as this package's Finding."""
     return [Finding.from_dict(f, str(SCRIPT)) for f in script().log_findings(analysis)]
 
@@ -50,13 +55,13 @@ def findings(analysis: dict) -> list[Finding]:
 _KEEP = 500  # distinct warnings, devices... kept: a long log repeats a few
 
 
-def merge(a: dict | None, b: dict) -> dict:
+def merge(a: Analysis | None, b: Analysis) -> Analysis:
     """Two analyses of consecutive parts of one log as one (the log is analysed in batches so
     that it never has to be held whole)."""
     if a is None:
         return b
 
-    def union(x: list, y: list) -> list:
+    def union(x: list[Any], y: list[Any]) -> list[Any]:
         return (x + [v for v in y if v not in x])[:_KEEP]
 
     where = {k: list(v) for k, v in a["warned_at"].items()}

@@ -10,11 +10,12 @@ had its say, and exit 0 must mean exactly that (DESIGN: triage outcomes). Pure f
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from megatron_env.diagnose import families, launch
-from megatron_env.diagnose.model import Events, first, in_time_order
-from megatron_env.findings import Finding, Status
+from megatron_env.diagnose.model import End, Events, Failing, first, in_time_order
+from megatron_env.findings import INCONCLUSIVE, Finding, Status
 
 _STOPPED_NEXT = ("`py-spy dump --pid PID` (add --native for a stuck CUDA/NCCL call) on a rank "
                  "that still runs says where it waits; next run: NCCL_DEBUG=INFO, "
@@ -55,20 +56,38 @@ _FIX = {
     ("job.rendezvous", "name resolution"):
         "a host name did not resolve: use an IP address or a name every node resolves for "
         "MASTER_ADDR / --rdzv_endpoint (`getent hosts NAME` on each node)",
+    ("job.device_assert", "assert"):
+        "an index out of range inside a CUDA kernel, most often the data: a label >= the "
+        "number of classes (nll_loss, cross_entropy), a token id >= the vocabulary "
+        "(embedding), an index past a tensor's size; rerun with CUDA_LAUNCH_BLOCKING=1 (or on "
+        "CPU) to get the Python line, and check the batch's min/max against the sizes",
+    ("job.kernel_abi", "undefined symbol"):
+        "a compiled package (one of the kernel packages setup builds, a custom op) was "
+        "built against another torch, CUDA or C++ ABI than the one installed: rebuild it against "
+        "this torch or install the wheel made for it; `invoke build-check` compares them",
+    ("job.script", "missing"):
+        "the script the launcher was told to run is not there on that node: a relative path "
+        "from another working directory (Slurm runs a batch script from its spool directory: "
+        "use an absolute path or cd first), or a file system not mounted there",
+    ("job.accelerator_oom", "xla"):
+        "the XLA device (TPU or GPU) ran out of memory or another resource at compile or run "
+        "time: a smaller batch or sequence, more sharding, or rematerialisation",
     ("job.numerics", "loss scale"):
         "the fp16 loss scale fell to its minimum: gradients overflow at every step; use bf16, "
         "a lower learning rate, gradient clipping, or a higher min loss scale",
 }
 
 
-def _who(items: list[dict[str, Any]], prompts: list[str] | None = None) -> str:
+def _who(items: Sequence[dict[str, Any] | Failing], prompts: list[str] | None = None) -> str:
     """Who printed these events: ranks as ranges, srun task ids, hosts (or, when no line
     names one, the host of the one shell prompt pasted with them)."""
     prompts = prompts if prompts and len(prompts) == 1 else []
-    rs = sorted({x["rank"] for x in items if x.get("rank") is not None})
-    hosts = list(dict.fromkeys(x["host"] for x in items if x.get("host"))) or prompts
-    tasks = sorted({t for x in items for t in x.get("tasks") or []})
-    local = sorted({x["local"] for x in items if x.get("local") is not None})
+    got = [(x.rank, x.host, x.tasks, x.local) if isinstance(x, Failing) else
+           (x.get("rank"), x.get("host"), x.get("tasks") or [], x.get("local")) for x in items]
+    rs = sorted({r for r, _, _, _ in got if r is not None})
+    hosts = list(dict.fromkeys(h for _, h, _, _ in got if h)) or prompts
+    tasks = sorted({t for _, _, ts, _ in got for t in ts})
+    local = sorted({lr for _, _, _, lr in got if lr is not None})
     out = (launch.ranks(rs) if rs else
            launch.ranks(local).replace("rank", "local rank") if local else "")
     if tasks:
@@ -92,8 +111,8 @@ def _own_errors(ev: Events, what: str) -> list[str]:
     "Caught X in DataLoader worker" is followed by the worker's traceback, whose last line
     says which sample and why)."""
     return list(dict.fromkeys(
-        x["line"] for x in ev.failing if x["kind"] == "exception" and x["name"] in what
-        and "Caught " not in x["line"]))[:2]
+        x.line for x in ev.failing if x.kind == "exception" and x.name in what
+        and "Caught " not in x.line))[:2]
 
 
 def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
@@ -117,49 +136,66 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
     return out
 
 
-def _failing_lines(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _failing_lines(items: list[Failing]) -> list[Failing]:
     """The failure-looking lines to quote: exceptions first (first in time first), then exit
     codes, then error lines."""
     order = {"exception": 0, "exit": 1, "pod": 2, "error": 3}
-    return sorted(in_time_order(items), key=lambda x: order.get(x["kind"], 3))
+    return sorted(in_time_order(items), key=lambda x: order.get(x.kind, 3))
 
 
 def outcome(ev: Events, failed: bool) -> list[Finding]:
-    """The finding of a log no named failure explains (none when `failed`)."""
+    """The finding of a log no named failure explains (none when `failed`): a failure-looking
+    line no end excuses, a clean end (`sig_end`: the run's own end line, after which no failure
+    was printed, or the exit path of processes that ended on their own, with no failure seen at
+    all), else a log that cannot tell (`job.stopped`, inconclusive: exit 3)."""
     if failed:
         return []
-    last_end = max((e["seq"] for e in ev.ends), default=None)
-    fails = [x for x in ev.failing if last_end is None or x.get("seq", 0) > last_end]
+    ends = [e for e in ev.ends if not e.exit]
+    last_end = max((e.seq or 0 for e in ends), default=None)
+    fails = [x for x in ev.failing if last_end is None or (x.seq or 0) > last_end]
     if fails:
         return [_unrecognised(ev, fails)]
-    tail = ev.tail
-    if last_end is not None and not (tail.get("progress_after_end")):
-        end = next(e for e in ev.ends if e["seq"] == last_end)
-        return [Finding("job.clean", Status.PASS, f"the log ends normally: {end['line']}",
-                        [e["line"] for e in ev.ends[-3:]], "", "clean")]
+    if ev.tail.get("progress_after_end"):
+        return [_stopped(ev)]
+    if last_end is not None:
+        end = next(e for e in ends if (e.seq or 0) == last_end)
+        return [Finding("job.clean", Status.PASS, f"the log ends normally: {end.line}",
+                        [e.line for e in ends[-3:]], "", "clean")]
+    exits = [e for e in ev.ends if e.exit]
+    if exits and _every_rank(ev, exits):
+        return [Finding("job.clean", Status.PASS, "the processes exited on their own, with no "
+                        f"failure in the log: {exits[-1].line}",
+                        [e.line for e in exits[-3:]], "", "clean")]
     return [_stopped(ev)]
 
 
-def _unrecognised(ev: Events, fails: list[dict[str, Any]]) -> Finding:
+def _every_rank(ev: Events, exits: list[End]) -> bool:
+    """Did every rank the logs name print its way out? (One rank that exited while another
+    still waits is a hang, not an end.)"""
+    ranks = {e.rank for e in exits if e.rank is not None}
+    return len(ev.ranks_seen) < 2 or not ranks or ev.ranks_seen <= ranks
+
+
+def _unrecognised(ev: Events, fails: list[Failing]) -> Finding:
     shown = _failing_lines(fails)
     x0 = shown[0]
     who = _who(fails)
     where = {"user": "raised in the training code", "framework": "raised inside an installed "
-             "package"}.get(x0.get("where", ""), "")
-    what = (f"{x0['name']}" if x0["kind"] == "exception" else
-            f"exit code {x0['code']}" if x0["kind"] == "exit" else
+             "package"}.get(x0.where, "")
+    what = (x0.name if x0.kind == "exception" else
+            f"exit code {x0.code}" if x0.kind == "exit" else
             "a pod that keeps failing (`kubectl logs --previous POD` shows why)"
-            if x0["kind"] == "pod" else "an error line")
+            if x0.kind == "pod" else "an error line")
     return Finding(
         "job.unrecognised", Status.FAIL,
         f"the log shows a failure no signature names: {what}"
-        + (f", {where}" + (f" ({x0['frame']})" if x0.get("frame") else "") if where else "")
-        + (f" ({who})" if who else "") + f": {x0['line']}",
-        [x["line"] for x in shown[:6]],
+        + (f", {where}" + (f" ({x0.frame})" if x0.frame else "") if where else "")
+        + (f" ({who})" if who else "") + f": {x0.line}",
+        [x.line for x in shown[:6]],
         "the quoted lines are what looks like the failure; the traceback above the first one "
         "in the log says where. Please report it so the next version names it: open an issue "
         "with these lines (or the whole log) and the output of `invoke report`",
-        x0.get("where") or "unrecognised")
+        x0.where or "unrecognised")
 
 
 def _stopped(ev: Events) -> Finding:
@@ -178,6 +214,6 @@ def _stopped(ev: Events) -> Finding:
     last = tail.get("last") or ""
     return Finding(
         "job.stopped", Status.FAIL,
-        "the log ends with neither an error nor a normal end (a hang, or a kill from "
-        "outside)" + (": " + "; ".join(said) if said else ""),
-        [f"last line: {last}"] if last else [], _STOPPED_NEXT, "stopped")
+        "inconclusive: the log ends with neither an error nor a normal end (a hang, a kill "
+        "from outside, or a log cut short)" + (": " + "; ".join(said) if said else ""),
+        [f"last line: {last}"] if last else [], _STOPPED_NEXT, INCONCLUSIVE)

@@ -34,7 +34,7 @@ def shown(findings: list[Finding], family: bool = False) -> list[Finding]:
     `family`, a failing finding's fix ends with its family and what that means (for people:
     JSON has the family as `kind`)."""
     return [Finding(f.id, f.status, cut_middle(redact.text(f.summary), SUMMARY),
-                    [cut(redact.text(e), EVIDENCE) for e in f.evidence],
+                    [cut(e, EVIDENCE) for e in map(redact.Lines(), f.evidence)],  # in context
                     redact.text(f.fix) + (_family(f) if family else ""), f.kind)
             for f in findings]
 

@@ -27,12 +27,15 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from megatron_env import REPO_ROOT, __version__, files, output, proc, redact
 from megatron_env.errors import UserError
 from megatron_env.host import checks, parsers, snapshot
 from megatron_env.profile import Profile
+
+if TYPE_CHECKING:
+    from megatron_env.recipes.recipe import Package
 
 PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "MEGATRON_ENV_")
 
@@ -46,7 +49,7 @@ def variables(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = None,
-           imports: bool = False) -> dict:
+           imports: bool = False) -> dict[str, Any]:
     """Everything the report shows, probed now. Each part says why when it cannot be had.
 
     The environment is read from its files (versions from metadata, torch/version.py and
@@ -73,7 +76,7 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
     py = env.python_of(prefix)
     kernels = list(build.packages(profile).values())
     env_facts: dict[str, Any] = {"prefix": str(prefix)}
-    seen: dict | None = None
+    seen: dict[str, Any] | None = None
     if py.exists():
         env_facts["resolved"] = str(prefix.resolve())
         try:
@@ -95,7 +98,7 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
     return facts
 
 
-def _self_version() -> dict:
+def _self_version() -> dict[str, Any]:
     from megatron_env import project
 
     if project.how() == "shipped":  # a wheel: no checkout to ask
@@ -117,7 +120,7 @@ def _os() -> str:
     return f"{name or platform.system()} (kernel {platform.release()}, {platform.machine()})"
 
 
-def _host(snap: snapshot.Snapshot) -> dict:
+def _host(snap: snapshot.Snapshot) -> dict[str, Any]:
     """Driver, GPUs and nvcc as the snapshot recorded them."""
     nvml = snap.nvml()
     out: dict[str, Any] = {"driver": nvml.get("driver_version"), "gpus": nvml.get("gpus", []),
@@ -136,7 +139,8 @@ def _host(snap: snapshot.Snapshot) -> dict:
     return out
 
 
-def _kernel(pkg, py: Path, profile: Profile, probe: dict | None) -> dict:
+def _kernel(pkg: Package, py: Path, profile: Profile,
+            probe: dict[str, Any] | None) -> dict[str, Any]:
     from megatron_env.kernels import build
 
     row: dict[str, Any] = {"name": pkg.name, "pin": pkg.pin, "modules": list(pkg.modules)}
@@ -166,7 +170,7 @@ def _kernel(pkg, py: Path, profile: Profile, probe: dict | None) -> dict:
     return row
 
 
-def _megatron(profile: Profile, probe: dict | None) -> dict:
+def _megatron(profile: Profile, probe: dict[str, Any] | None) -> dict[str, Any]:
     from megatron_env.megatron import checkout
 
     m = profile.megatron
@@ -208,7 +212,7 @@ def setup_unverified(prefix: Path) -> str | None:
         if not isinstance(doc, dict) or not _DIGEST.fullmatch(str(doc.get("digest"))):
             return f"setup's {step} step: {f.name} is not a stamp"
         with contextlib.suppress(TypeError, ValueError):
-            at[step] = datetime.datetime.strptime(doc.get("at"), "%Y-%m-%dT%H:%M:%S%z")
+            at[step] = datetime.datetime.strptime(str(doc.get("at")), "%Y-%m-%dT%H:%M:%S%z")
     # the imports proven before Megatron was last installed (`invoke megatron` alone) prove
     # nothing about this install
     if {"megatron", "verify"} <= at.keys() and at["verify"] < at["megatron"]:
@@ -220,7 +224,7 @@ def setup_unverified(prefix: Path) -> str | None:
 # --------------------------------------------------------------------------- rendering
 
 
-def _gpus(gpus: list[dict]) -> str:
+def _gpus(gpus: list[dict[str, Any]]) -> str:
     if not gpus:
         return "none visible"
     kinds: dict[str, int] = {}
@@ -232,7 +236,7 @@ def _gpus(gpus: list[dict]) -> str:
     return ", ".join(f"{n} x {k}" for k, n in kinds.items())
 
 
-def _megatron_line(mg: dict) -> str:
+def _megatron_line(mg: dict[str, Any]) -> str:
     return (f"{mg['tag']} @ {mg['commit'][:12]}"
             + (f", installed {mg['installed']}" if mg.get("installed") else ", not installed")
             + ("" if mg.get("checkout") else " (not fetched)")
@@ -240,7 +244,7 @@ def _megatron_line(mg: dict) -> str:
                "; verified by setup" if "unverified" in mg else ""))
 
 
-def render(facts: dict) -> str:
+def render(facts: dict[str, Any]) -> str:
     """The block for a bug report (Markdown code fence around aligned lines). Pure."""
     me = facts["megatron_env"]
     py = facts["python"]

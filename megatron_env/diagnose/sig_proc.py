@@ -10,7 +10,7 @@ from itertools import islice
 from typing import Any
 
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import SIGNALS, Events, rank_of
+from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, rank_of
 
 FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: (.*)$")
 ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
@@ -39,27 +39,26 @@ _SIGNAL_NAMES = {"Bus error": 7, "Segmentation fault": 11, "Aborted": 6, "Killed
                  "Floating point exception": 8}
 
 
-def failed(ev: Events, f: dict[str, Any], key: tuple[Any, ...] | None = None,
+def failed(ev: Events, f: Failure, key: tuple[Any, ...] | None = None,
            line: str = "") -> None:
     """A launcher's failed child: a failure, and a signal when its exit code says one."""
     ev.add("failures", f, key=key)
-    code = f.get("exitcode")
+    code = f.exitcode
     if code is not None and code < 0:
         name = SIGNALS.get(-code, f"signal {-code}")
-        ev.add("signals", {"signal": name, "what": name, "number": -code, "rank": f["rank"],
-                           "host": f["host"], "pid": f["pid"], "local": f["local_rank"],
+        ev.add("signals", {"signal": name, "what": name, "number": -code, "rank": f.rank,
+                           "host": f.host, "pid": f.pid, "local": f.local_rank,
                            "code": code, "worker": False, "agent": False, "table": True,
-                           "line": line or f"{f.get('launcher', 'torchrun')}: "
-                           + (f"rank {f['rank']}" if f["rank"] is not None else
-                              f"local rank {f['local_rank']}") + f" exit code {code}"},
-               key=(name, f["rank"], f["host"], f["pid"], f["local_rank"]))
+                           "line": line or f"{f.launcher}: "
+                           + (f"rank {f.rank}" if f.rank is not None else
+                              f"local rank {f.local_rank}") + f" exit code {code}"},
+               key=(name, f.rank, f.host, f.pid, f.local_rank))
 
 
 def _elastic(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _ELASTIC.search(t):
-        failed(ev, {"root": False, "rank": None, "local_rank": int(m.group(2)),
-                    "host": line.host, "exitcode": int(m.group(1)),
-                    "pid": m.group(3), "source": "elastic"},
+        failed(ev, Failure(local_rank=int(m.group(2)), host=line.host,
+                           exitcode=int(m.group(1)), pid=m.group(3)),
                key=(m.group(2), m.group(3)), line=t.strip())
 
 
@@ -73,9 +72,8 @@ _DS_FAILED = re.compile(r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*
 def _deepspeed(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _DS_FAILED.search(t):
         code = int(m.group("code")) if m.group("code") else None
-        failed(ev, {"root": True, "rank": None, "local_rank": int(m.group("local")),
-                    "host": line.host, "exitcode": code, "pid": None,
-                    "launcher": "DeepSpeed's launcher", "traceback": ""},
+        failed(ev, Failure(root=True, local_rank=int(m.group("local")), host=line.host,
+                           exitcode=code, launcher="DeepSpeed's launcher"),
                key=("deepspeed", m.group("local")), line=t.strip())
 
 
@@ -132,15 +130,17 @@ def _signal(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str,
         ev.job.note(rank_of(line), host, pid)
 
 
-def failure(e: dict[str, Any]) -> dict[str, Any]:
+def failure(e: dict[str, Any]) -> Failure:
+    """One entry of torchrun's failure table (its fields as read, `root` under the Root Cause
+    heading) as a Failure."""
     rank = re.match(r"(\d+)(?: \(local_rank: (\d+)\))?", e.get("rank", ""))
     code = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", e.get("exitcode", ""))
-    return {"root": e["root"], "rank": int(rank.group(1)) if rank else None,
-            "local_rank": int(rank.group(2)) if rank and rank.group(2) else None,
-            "host": e.get("host"), "exitcode": int(code.group(1)) if code else None,
-            "pid": code.group(2) if code else None,
-            "time": (e.get("time") or "").replace("_", " ") or None,
-            "traceback": e.get("traceback", "")}
+    return Failure(root=e["root"], rank=int(rank.group(1)) if rank else None,
+                   local_rank=int(rank.group(2)) if rank and rank.group(2) else None,
+                   host=e.get("host"), exitcode=int(code.group(1)) if code else None,
+                   pid=code.group(2) if code else None,
+                   time=(e.get("time") or "").replace("_", " ") or None,
+                   traceback=e.get("traceback", ""))
 
 
 
@@ -229,9 +229,8 @@ def _exit(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, A
                            "line": t.strip()}, key=(name, rank, host, g.get("pid"), g["tasks"]
                                                     if g.get("tasks") else local))
     elif code:
-        ev.add("failing", {"kind": "exit", "code": code, "rank": rank, "host": host,
-                           "tasks": ids, "local": local, "line": t.strip()},
-               key=("exit", code, rank, host, local))
+        ev.add("failing", Failing(kind="exit", line=t.strip(), rank=rank, host=host, code=code,
+                                  tasks=ids, local=local), key=("exit", code, rank, host, local))
 
 
 # a row of `kubectl get pods`: NAME READY STATUS RESTARTS AGE
@@ -244,8 +243,8 @@ def _pod(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, An
     if (m := _POD.match(t)) and m.group("pod") not in ev.pods and len(ev.pods) < 16:
         ev.pods.append(m.group("pod"))
     if m and m.group("status") in ("CrashLoopBackOff", "Error"):  # it failed; its log says why
-        ev.add("failing", {"kind": "pod", "rank": None, "host": m.group("pod"),
-                           "line": t.strip()}, key=("pod", m.group("pod")))
+        ev.add("failing", Failing(kind="pod", line=t.strip(), host=m.group("pod")),
+               key=("pod", m.group("pod")))
 
 
 # a shell prompt a user pasted with the output: `[user@host dir]$ cmd`, `user@host:~$ cmd`

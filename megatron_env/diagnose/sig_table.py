@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from megatron_env.diagnose import sig_end
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import NCCL_ORIGIN, Events, rank_of
+from megatron_env.diagnose.model import NCCL_ORIGIN, Events, Failing, rank_of
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,16 @@ class Sig:
     triggers: tuple[str, ...]
     rx: re.Pattern[str]
     says: str  # str.format over the named groups (missing ones empty)
+    # the message goes on on the next line (an exception's cause under its heading:
+    # "BackendCompilerFailed: backend='inductor' raised:"; Open MPI's "with errorcode N."): the
+    # pattern is matched on the two lines joined where the line alone leaves a group empty
+    next_line: bool = False
 
 
-def _sig(finding: str, kind: str, trigger: str | tuple[str, ...], rx: str, says: str) -> Sig:
+def _sig(finding: str, kind: str, trigger: str | tuple[str, ...], rx: str, says: str,
+         next_line: bool = False) -> Sig:
     return Sig(finding, kind, (trigger,) if isinstance(trigger, str) else trigger,
-               re.compile(rx), says)
+               re.compile(rx), says, next_line)
 
 
 _ERRNO = r"(?:\[Errno (?P<code>\d+)\] )?"
@@ -189,7 +195,10 @@ TABLE: list[Sig] = [
          r"NET/OFI (?P<what>(?:Couldn't|Unable|Failed|failed)[^\n]*|aws-ofi-nccl "
          r"initialization failed)", "NCCL's OFI network plugin failed: {what}"),
     # -- numerics: DeepSpeed's and AMP's loss scalers, Megatron's NaN checks, fairseq, Lightning
-    _sig("job.numerics", "loss scale", "loss scale",
+    # (triggers of the message's own words: "loss scale" alone is on every Megatron iteration
+    # line, which would make each one a line to parse)
+    _sig("job.numerics", "loss scale", ("loss scale already at minimum",
+                                        "inimum loss scale reached"),
          r"(?P<what>(?:Current loss scale already at minimum|[Mm]inimum loss scale reached)"
          r"[^.]*)", "{what}"),
     _sig("job.numerics", "NaN", "NaN",
@@ -231,6 +240,75 @@ TABLE: list[Sig] = [
     _sig("job.data", "worker error", "in DataLoader worker",
          r"Caught (?P<what>\w+) in DataLoader worker process (?P<rank>\d+)",
          "a DataLoader worker raised {what}"),
+    # torch/utils/data: the worker's own signal handler, the old exit message, the timeout
+    _sig("job.data", "worker killed", "encountered in worker",
+         r"Unexpected (?P<what>bus error|segmentation fault|floating-point exception) "
+         r"encountered in worker", "a DataLoader worker crashed: {what}"),
+    _sig("job.data", "worker exited", "exited unexpectedly with exit code",
+         r"DataLoader worker \(pid (?P<pid>\d+)\) exited unexpectedly with exit code "
+         r"(?P<code>-?\d+)", "a DataLoader worker (pid {pid}) exited with code {code}"),
+    _sig("job.data", "timeout", "DataLoader timed out",
+         r"DataLoader timed out after (?P<what>\d+) seconds",
+         "a DataLoader batch took longer than its timeout ({what} s)"),
+    # -- a CUDA kernel's own bounds check (aten's CUDA_KERNEL_ASSERT), printed by the device
+    # before (or without) the RuntimeError that says "device-side assert triggered"
+    _sig("job.device_assert", "assert", ("Assertion `", "assertion `"),
+         r"(?:(?P<file>[\w/.-]+\.(?:cuh?|hip)):\d+: (?P<fn>[^:]+?): )?(?:block: \[[\d,]+\], "
+         r"thread: \[[\d,]+\] )?(?:Device-side a|A)ssertion `(?P<what>.+?)[`'] failed",
+         "a GPU kernel's device-side assertion failed: `{what}` in {fn}"),
+    # -- the launcher started a script that is not there (CPython's own message)
+    _sig("job.script", "missing", "can't open file",
+         r"(?P<proc>[\w./-]*python[\w.]*): can't open file '?(?P<path>[^']+?)'?: "
+         r"(?P<what>\[Errno \d+\] [^\n]+)", "{proc} can't open file {path}: {what}"),
+    # -- a compiled extension built against another torch or CUDA (the dynamic linker's words,
+    # ranks' lines often glued together: the symbol ends where the next rank's error begins)
+    _sig("job.kernel_abi", "undefined symbol", "undefined symbol",
+         r"(?:(?P<lib>[\w./+-]+\.so[\w.]*): )?undefined symbol: (?P<what>[\w$.@]+?)"
+         r"(?=ImportError|OSError|\[rank|\s|$)",
+         "a compiled extension does not match the torch it is loaded into: {lib} needs the "
+         "undefined symbol {what}"),
+    # -- torch.compile: dynamo, inductor, triton (their exception classes)
+    _sig("job.compiler", "inductor", "BackendCompilerFailed",
+         r"BackendCompilerFailed: backend='(?P<backend>[\w.]+)' raised:?\s*(?P<what>.*)",
+         "torch.compile's backend {backend} failed: {what}", next_line=True),
+    _sig("job.compiler", "inductor", ("InductorError", "LoweringException", "CppCompileError"),
+         r"(?P<kind>InductorError|LoweringException|CppCompileError): (?P<what>.*)",
+         "inductor failed ({kind}): {what}"),
+    _sig("job.compiler", "triton", "OutOfResources",
+         r"OutOfResources: out of resource: (?P<what>[\w ]+), Required: (?P<req>\d+), "
+         r"Hardware limit: (?P<lim>\d+)",
+         "a Triton kernel needs more {what} than the GPU has ({req} > {lim})"),
+    _sig("job.compiler", "triton", ("CompilationError", "Failed to find C compiler"),
+         r"(?P<what>triton\.compiler\.errors\.CompilationError.*|Failed to find C compiler.*)",
+         "Triton could not compile a kernel: {what}"),
+    _sig("job.compiler", "dynamo", "torch._dynamo.exc.",
+         r"torch\._dynamo\.exc\.(?P<kind>(?!BackendCompilerFailed)\w+): (?P<what>.*)",
+         "torch.compile (dynamo) failed ({kind}): {what}"),
+    # -- another accelerator runtime out of memory: ROCm, Ascend, Intel XPU, Apple MPS, XLA
+    _sig("job.accelerator_oom", "hip", "HIP out of memory",
+         r"HIP out of memory\. Tried to allocate (?P<what>[\d.]+ [KMGT]iB)",
+         "ROCm ran out of GPU memory: tried to allocate {what}"),
+    _sig("job.accelerator_oom", "npu", "NPU out of memory",
+         r"NPU out of memory\. Tried to allocate (?P<what>[\d.]+ [KMGT]iB)",
+         "the Ascend NPU ran out of memory: tried to allocate {what}"),
+    _sig("job.accelerator_oom", "xpu", "XPU out of memory",
+         r"XPU out of memory\. Tried to allocate (?P<what>[\d.]+ [KMGT]iB)",
+         "the Intel XPU ran out of memory: tried to allocate {what}"),
+    _sig("job.accelerator_oom", "mps", "MPS backend out of memory",
+         r"MPS backend out of memory \((?P<what>[^)]*)\)",
+         "Apple's MPS backend ran out of memory ({what})"),
+    _sig("job.accelerator_oom", "xla", "RESOURCE_EXHAUSTED",
+         r"RESOURCE_EXHAUSTED:?\s*(?P<what>[^\n]{0,160})",
+         "the accelerator's runtime (XLA) ran out of a resource: RESOURCE_EXHAUSTED {what}"),
+    # -- MPI: a rank called MPI_Abort and the launcher killed every rank (Open MPI, MPICH)
+    _sig("job.mpi_abort", "abort", "MPI_ABORT was invoked",
+         r"MPI_ABORT was invoked on rank (?P<rank>\d+) in communicator (?P<comm>\w+)"
+         r"(?:\s+with errorcode (?P<code>-?\d+))?",
+         "rank {rank} called MPI_ABORT on {comm}, errorcode {code}: mpirun killed every rank",
+         next_line=True),
+    _sig("job.mpi_abort", "abort", "called MPI_Abort",
+         r"application called MPI_Abort\((?P<comm>\w+), (?P<code>-?\d+)\) - process "
+         r"(?P<rank>\d+)", "rank {rank} called MPI_Abort on {comm} (error code {code})"),
 ]
 
 _SYSLOG_HOST = re.compile(r"\b\w{3}\s+\d+ [\d:]+ (\S+) kernel:")
@@ -245,10 +323,13 @@ class _Blank(dict[str, str]):  # str.format_map with the groups that did not tak
         return ""
 
 
-def _hit(sig: Sig, ev: Events, line: Line, t: str) -> bool:
+def _hit(sig: Sig, ev: Events, line: Line, t: str, ahead: deque[Line]) -> bool:
     m = sig.rx.search(t)
     if m is None:
         return False
+    if sig.next_line and ahead and not all(m.groupdict().values()) and (
+            both := sig.rx.search(f"{t.rstrip()} {ahead[0].text.strip()}")):
+        m = both
     g = {k: v.strip() for k, v in m.groupdict().items() if v}
     host = g.get("host") or line.host
     if host is None and "kernel:" in t and (h := _SYSLOG_HOST.search(t)):
@@ -268,7 +349,7 @@ def _hit(sig: Sig, ev: Events, line: Line, t: str) -> bool:
 def reader(sigs: list[Sig]) -> Callable[[Events, Line, str, deque[Line], dict[str, Any]], None]:
     def read(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
         for sig in sigs:
-            if _hit(sig, ev, line, t):
+            if _hit(sig, ev, line, t, ahead):
                 return
     return read
 
@@ -289,17 +370,21 @@ def _failing(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str
     """A line that looks like a failure: kept (the first few) for `job.unrecognised`."""
     if len(ev.failing) >= 64:
         return
-    if m := _EXCEPTION.match(t):
+    m = _EXCEPTION.match(t)
+    if sig_end.ignored(facts, line, m is not None):
+        return
+    if m:
         frame = facts.get("frame")
         where = ("framework" if frame and any(p in frame[0] for p in _PACKAGES) else "user"
                  if frame else "")
-        ev.add("failing", {"kind": "exception", "name": m.group("name"), "rank": rank_of(line),
-                           "host": line.host, "line": t.strip(), "where": where,
-                           "frame": f"{frame[0]}:{frame[1]}" if frame else ""},
+        ev.add("failing", Failing(kind="exception", line=t.strip(), rank=rank_of(line),
+                                  host=line.host, name=m.group("name"), where=where,
+                                  frame=f"{frame[0]}:{frame[1]}" if frame else ""),
                key=("exception", t.strip()[:200], rank_of(line)))
     elif _ERROR_LINE.search(t) and "WARN" not in t:
-        ev.add("failing", {"kind": "error", "rank": rank_of(line), "host": line.host,
-                           "line": t.strip()}, key=("error", t.strip()[:200], rank_of(line)))
+        ev.add("failing", Failing(kind="error", line=t.strip(), rank=rank_of(line),
+                                  host=line.host),
+               key=("error", t.strip()[:200], rank_of(line)))
 
 
 def _frame(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
@@ -308,68 +393,10 @@ def _frame(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, 
         facts["frame"] = (m.group("file"), m.group("line"))
 
 
-# ------------------------------------------------------------------ progress and normal ends
-
-# what a trainer prints as it goes (Megatron, HF Trainer, Lightning/tqdm, DeepSpeed, plain)
-_PROGRESS = re.compile(r"\b(?:iteration|iter|global_step|step|Step|Epoch|epoch)[\s:=\[]*"
-                       r"(?P<n>\d+)(?:\s*/\s*(?P<of>\d+))?")
-# what launchers and trainers print when a run ends well (their source's own words)
-_ENDS = re.compile(
-    r"worker group successfully finished|WorkerState\.SUCCEEDED|exits successfully|"
-    r"Training completed|[Tt]raining (?:is )?(?:finished|complete|done)\b|"
-    r"`Trainer\.fit` stopped: `max_\w+=\d+` reached|\[after training is done\]|"
-    r"exiting program at iteration|'train_runtime'|[Ff]inished training|"
-    r"Job '[\w-]+' succeeded|Exited with exit code 0\b|All done|Done training|"
-    r"torchelastic\.worker\.status\.SUCCEEDED")
-
-
-def _end(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
-    if _ENDS.search(t) and len(ev.ends) < 64:
-        ev.ends.append({"line": t.strip(), "seq": ev.lines, "rank": rank_of(line)})
-
-
-END_WORDS = ("successfully finished", "SUCCEEDED", "exits successfully", "Training completed",
-             "raining is", "raining finished", "raining complete", "raining done", "stopped: `max_",
-             "after training is done", "exiting program at", "train_runtime", "inished training",
-             "succeeded", "Exited with exit code 0", "All done", "Done training")
-PROGRESS_WORDS = ("iteration", "iter", "step", "Step", "epoch", "Epoch")
 FAILING_WORDS = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault", "ERROR",
                  "error:", "FATAL", "fatal error", "CRITICAL")
 
 READERS = [
     *((trigger, reader(sigs)) for trigger, sigs in _TRIGGERS.items()),
     *((w, _failing) for w in FAILING_WORDS), ('File "', _frame),
-    *((w, _end) for w in END_WORDS),
 ]
-
-
-_LAST_RANKS = 50  # lines at the end of a log whose ranks are "still printing"
-
-
-def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
-    """How a log ends, from its last lines: the last time and progress printed, the ranks
-    printing in its last lines, its last line, and whether progress followed a normal end."""
-    from megatron_env.diagnose import joblog
-    from megatron_env.diagnose.model import stamp
-
-    lines = [x for x in joblog.lines(list(tail), source) if x.text.strip()]
-    out: dict[str, Any] = {"time": None, "iteration": None, "ranks": [], "last": "",
-                 "progress_after_end": False}
-    if not lines:
-        return out
-    out["last"] = lines[-1].text.strip()
-    out["ranks"] = sorted({x.rank for x in lines[-_LAST_RANKS:] if x.rank is not None})
-    ended = False
-    for x in lines:
-        if _ENDS.search(x.text):
-            ended, out["progress_after_end"] = True, False
-        elif _PROGRESS.search(x.text) and ended:
-            out["progress_after_end"] = True
-    for x in reversed(lines):
-        if out["time"] is None and (t := stamp(x.text)):
-            out["time"] = t
-        if out["iteration"] is None and _PROGRESS.search(x.text):
-            out["iteration"] = x.text.strip()
-        if out["time"] and out["iteration"]:
-            break
-    return out

@@ -17,9 +17,10 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
-from megatron_env.diagnose import families, launch, nccl_log, outcome
-from megatron_env.diagnose.events import SIGNALS, XIDS, Events, describe, events
+from megatron_env.diagnose import families, launch, nccl_log, outcome, rootcause
+from megatron_env.diagnose.events import XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import first, in_time_order
 from megatron_env.findings import Finding, Status
@@ -36,7 +37,7 @@ def _where(rank: int | None, host: str | None) -> str:
     return " on ".join(parts) or "a rank"
 
 
-def _who(items: list[dict]) -> str:
+def _who(items: list[dict[str, Any]]) -> str:
     """'rank 1 on gpu187', 'ranks 0 and 3', 'a rank': who printed these events."""
     rs = sorted({e["rank"] for e in items if e.get("rank") is not None})
     local = sorted({e["local"] for e in items if e.get("local") is not None})
@@ -54,11 +55,11 @@ def _seconds(ms: int) -> str:
 def _timeouts(ev: Events) -> list[Finding]:
     if not ev.timeouts:
         return []
-    seen: dict[tuple, dict] = {}
+    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     for t in ev.timeouts:  # the watchdog line and the exception text repeat the same timeout
         seen.setdefault((t["rank"], t["seq"], t["op"]), t)
     ts = list(seen.values())
-    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for t in ts:
         groups[(t["op"], t["seq"])].append(t)
     by_rank: dict[int, set[int]] = defaultdict(set)
@@ -95,9 +96,9 @@ def _timeouts(ev: Events) -> list[Finding]:
         others = sorted({s for r in rest for s in by_rank[r]})
         hosts = sorted({t["host"] for t in ts if t["rank"] in odd and t["host"]})
         ahead = min(s for r in odd for s in behind[r]) > max(others)
-        ops = {r: {t["op"] for t in ts if t["rank"] == r} for r in by_rank}
-        odd_ops = {o for r in odd for o in ops[r]}
-        rest_ops = {o for r in rest for o in ops[r]}
+        ops_of = {r: {t["op"] for t in ts if t["rank"] == r} for r in by_rank}
+        odd_ops = {o for r in odd for o in ops_of[r]}
+        rest_ops = {o for r in rest for o in ops_of[r]}
         mismatch = (f"; the ranks disagree on the next collective ({', '.join(sorted(odd_ops))} "
                     f"vs {', '.join(sorted(rest_ops))})" if odd_ops.isdisjoint(rest_ops) else "")
         where = f"{ranks(odd)}{' on ' + ', '.join(hosts) if hosts else ''}"
@@ -154,13 +155,14 @@ def _span(seqs: list[int]) -> str:
 def _desync(ev: Events) -> list[Finding]:
     if not ev.desync_lagging:
         return []
-    lag = sorted({r for rs, _ in ev.desync_lagging for r in rs})
+    lag = sorted({r for x in ev.desync_lagging for r in x.ranks})
     first = ev.desync_lagging[0]
     return [Finding(
         "job.desync", Status.FAIL,
-        f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first[0]))}] "
-        f"{first[1]}",
-        [f"[{', '.join(map(str, rs))}] {what}" for rs, what in ev.desync_lagging[:6]] + ev.desync,
+        f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first.ranks))}] "
+        f"{first.what}",
+        [f"[{', '.join(map(str, x.ranks))}] {x.what}" for x in ev.desync_lagging[:6]]
+        + ev.desync,
         f"{ranks(lag)} fell behind or took another code path: read its log and stack "
         f"(`py-spy dump --pid` while hung); a rank that skipped or reordered a collective is a "
         f"bug in the training script, a dead one a host problem (`invoke preflight` on its node)")]
@@ -184,7 +186,7 @@ _NCCL_FIX = {
 
 def _nccl_errors(ev: Events) -> list[Finding]:
     out = []
-    by_kind: dict[str, list[dict]] = defaultdict(list)
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in in_time_order(ev.nccl_errors):
         by_kind[e["kind"]].append(e)
     for kind, es in by_kind.items():
@@ -221,7 +223,7 @@ _LAST_FIX = ("a peer's socket refused or dropped the connection: that rank had a
              "interface; `invoke preflight` on the nodes checks the links")
 
 
-def _op(ev: Events, es: list[dict]) -> str | None:
+def _op(ev: Events, es: list[dict[str, Any]]) -> str | None:
     """The collective the ranks of these events were in, from their tracebacks."""
     return next((ev.collective[e["rank"]] for e in es if e.get("rank") in ev.collective),
                 None) or ev.collective.get(None) or (
@@ -235,7 +237,7 @@ _HARDWARE = re.compile(r"ECC|NVLink|hardware|fallen off|GPU is lost|uncorrectabl
 
 def _cuda(ev: Events) -> list[Finding]:
     out = []
-    by_what: dict[str, list[dict]] = defaultdict(list)
+    by_what: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in in_time_order(ev.cuda_errors):
         by_what[e["what"]].append(e)
     for what, es in by_what.items():
@@ -299,55 +301,6 @@ def _stuck(ev: Events) -> list[Finding]:
         "when the call is merely slow")]
 
 
-def _root_cause(ev: Events) -> list[Finding]:
-    if not ev.failures:
-        return []
-    roots = [f for f in ev.failures if f["root"]]
-    root = first(roots or ev.failures)  # each node's agent prints its own: the first in time
-    code = root["exitcode"]
-    how = (f"killed by signal {SIGNALS.get(-code, -code)} (exit code {code})"
-           if code is not None and code < 0 else f"exit code {code}" if code is not None
-           else "its exit code cut off")
-    who = _proc(root)
-    if root["rank"] is not None and root["local_rank"] is not None:
-        who += f" (local rank {root['local_rank']})"
-    p = ev.who(root)
-    if p["host"]:
-        who += f" on host {p['host']}"
-    more = ", ".join(x for x in (f"GPU {p['gpu']}" if p["gpu"] is not None else "",
-                                 f"pid {p['pid']}" if p["pid"] else "") if x)
-    who += f" ({more})" if more else ""
-    fixes = {-6: "SIGABRT is usually PyTorch's NCCL watchdog ending the process after a timeout "
-                 "or an NCCL error: see those findings",
-             -9: "SIGKILL: the kernel's OOM killer or the scheduler; check `dmesg` and the job's "
-                 "host memory (`sacct -j JOB -o MaxRSS`), and the scheduler's time limit",
-             -11: "SIGSEGV in native code: kernels built against another torch (`invoke "
-                  "build-check`), or a driver fault (Xid lines in `dmesg`)",
-             -7: "SIGBUS: /dev/shm too small (containers: --shm-size or --ipc=host)"}
-    fix = fixes.get(code if code is not None else 0,
-                    f"{who}'s own traceback, earlier in its log, names the error; rerun with "
-                    "`@record` on the entry point (torch.distributed.elastic.multiprocessing."
-                    "errors) so torchrun prints it here")
-    others = [f for f in ev.failures if f is not root]
-    failed = sorted({f["rank"] for f in ev.failures if f["rank"] is not None})
-    return [Finding(
-        "job.root_cause", Status.FAIL,
-        f"{root.get('launcher', 'torchrun')}'s first observed failure: {who}, {how}"
-        + (f"; failed: {ranks(failed)}" if len(failed) > 1 else ""),
-        [f"{'root cause' if f['root'] else 'also failed'}: "
-         + _proc(f)
-         + (f" on {f['host']}" if f["host"] else "") + f", exit code {f['exitcode']}"
-         for f in [root, *others][:8]], fix)]
-
-
-def _proc(f: dict) -> str:
-    """A failure table's process: its rank, else its local rank, else (a table cut short) 'a
-    worker'."""
-    if f["rank"] is not None:
-        return f"rank {f['rank']}"
-    return f"local rank {f['local_rank']}" if f["local_rank"] is not None else "a worker"
-
-
 def _nccl_debug(ev: Events) -> list[Finding]:
     """The NCCL_DEBUG lines, through verify_nccl.py's analysis (skips dropped: a job log that
     has no channel lines says nothing about the transport). A failed ibv_* call is judged by
@@ -381,7 +334,7 @@ _IBV_FIX = {
 def _ibv(ev: Events) -> list[Finding]:
     """Failed ibv_* calls, one finding per errno: the advice depends on the errno, not on which
     call failed."""
-    by: dict[str | None, list[dict]] = defaultdict(list)
+    by: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     for e in ev.ibv:
         if e["errno"]:  # without one, the NCCL analysis' system error says what is known
             by[e["errno"]].append(e)
@@ -397,14 +350,17 @@ def _ibv(ev: Events) -> list[Finding]:
             + (f" ({es[0]['error']})" if es[0]["error"] else "")
             + (f" on {', '.join(who[:4])}" if who else "") + (f" in {op}" if op else ""),
             [e["line"] for e in es[:4]],
-            _IBV_FIX.get(errno, "look up the errno the call failed with (`errno -l`); rerun "
+            _IBV_FIX.get(errno or "", "look up the errno the call failed with (`errno -l`); rerun "
                                 "with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET")))
     return out
 
 
 ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_error",
-         "nccl.ib_completion", "nccl.cuda", "job.cuda_oom", "job.numerics", "job.data",
-         "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "nccl.ibverbs",
+         "job.device_assert", "job.kernel_abi", "job.script", "nccl.ib_completion", "nccl.cuda",
+         "job.cuda_oom", "job.accelerator_oom", "job.compiler", "job.numerics", "job.data",
+         "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "job.mpi_abort",
+         "nccl.ibverbs",
+         "job.hang",  # the flight recorder's root rank: before what the other ranks saw
          "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.bootstrap",
          "job.rendezvous", "nccl.socket", "job.nccl_net", "job.nccl_error", "job.root_cause",
          "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.scheduler",
@@ -413,7 +369,9 @@ ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_
 
 def _rank_of(f: Finding) -> tuple[int, int]:
     rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
-    if f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
+    if f.id == "job.root_cause" and f.kind in ("user", "framework"):  # the rank's own error
+        rank = ORDER.index("job.signal") - 1
+    elif f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
         rank = ORDER.index("job.timeout") + 1
     if f.id == "job.signal" and f.kind == "launcher":  # the root cause's exit code, again
         rank = ORDER.index("job.root_cause") + 1
@@ -427,7 +385,7 @@ def findings(ev: Events) -> list[Finding]:
     when no signature names a failure, the log's outcome (`outcome`): unrecognised, stopped
     or a clean end."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
-          + _stuck(ev) + _root_cause(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
+          + _stuck(ev) + rootcause.findings(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
           + outcome.table(ev, skip=frozenset({"job.rendezvous"} | (
               {"job.scheduler"} if ev.cancelled else set()))))
     fs.sort(key=_rank_of)

@@ -18,7 +18,7 @@ import functools
 import multiprocessing
 import os
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NamedTuple
@@ -51,7 +51,7 @@ def lines(path: Path, hot: logfiles.Hot, tally: logfiles.Tally) -> Iterator[Line
         return
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_produce, args=(path, hot, send), daemon=True)
+    child = ctx.Process(target=_produce, args=(path, hot, send, tally.progress), daemon=True)
     child.start()
     send.close()
     try:
@@ -64,7 +64,7 @@ def lines(path: Path, hot: logfiles.Hot, tally: logfiles.Tally) -> Iterator[Line
             if kind == "lines":
                 yield from map(_as_line, payload)
             elif kind == "end":
-                tally.skipped, tally.ranks, tail, tally.text = payload
+                tally.skipped, tally.lines, tally.ranks, tail, tally.text = payload
                 tally.tail.extend(tail)
                 return
             elif kind == "error":
@@ -104,9 +104,12 @@ def _idle_core() -> bool:
     return cpus >= 2 and os.getloadavg()[0] <= cpus - 1
 
 
-def _produce(path: Path, hot: logfiles.Hot, send: Connection) -> None:
-    """The child: the lines in batches, then the tally (or the error that stopped them)."""
+def _produce(path: Path, hot: logfiles.Hot, send: Connection,
+             progress: Callable[[int], None] | None = None) -> None:
+    """The child: the lines in batches, then the tally (or the error that stopped them); the
+    progress is said from here (fork: the reporter came with the process)."""
     tally = logfiles.Tally()
+    tally.progress = progress
     try:
         batch: list[Line] = []
         for line in joblog.lines(logfiles.physical(path, hot, tally), str(path), searched=True):
@@ -116,7 +119,8 @@ def _produce(path: Path, hot: logfiles.Hot, send: Connection) -> None:
                 batch = []
         if batch:
             send.send(("lines", list(map(tuple, batch))))
-        send.send(("end", (tally.skipped, tally.ranks, list(tally.tail), tally.text)))
+        send.send(("end", (tally.skipped, tally.lines, tally.ranks, list(tally.tail),
+                           tally.text)))
     except UserError as e:
         send.send(("error", _Failed(e.message, e.fix, e.kind)))
     except Exception:  # noqa: BLE001 - handed to the parent, which raises it

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from packaging.version import Version
 
 from megatron_env.findings import Finding, Status
-from megatron_env.host import parsers
+from megatron_env.host import parsers, snapshot
 from megatron_env.host.parsers import ParseError
 from megatron_env.host.snapshot import Snapshot, collect
 from megatron_env.profile import Profile
@@ -25,6 +25,7 @@ from megatron_env.units import GIB, MIB
 
 Check = Callable[[Snapshot, Profile], Finding]
 CHECKS: list[tuple[str, Check]] = []
+READS: dict[str, tuple[str, ...]] = {}  # a check's snapshot files (any one of them will do)
 
 # Oldest driver that runs a CUDA major release through minor-version compatibility
 # (CUDA compatibility guide, "Minor Version Compatibility").
@@ -32,9 +33,12 @@ MINOR_COMPAT_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 T = TypeVar("T")
 
 
-def check(check_id: str) -> Callable[[Check], Check]:
+def check(check_id: str, *reads: str) -> Callable[[Check], Check]:
+    """Register a check reading the snapshot files `reads` (of snapshot.FILES): in a hand-made
+    snapshot that holds none of them, the check is not run and says "not collected"."""
     def register(fn: Check) -> Check:
         CHECKS.append((check_id, fn))
+        READS[check_id] = reads
         return fn
 
     return register
@@ -52,9 +56,31 @@ class Unparsed(Finding):
     """A finding about an input that could not be parsed (its type is its kind)."""
 
 
+def _not_collected(snap: Snapshot, check_id: str) -> Finding | None:
+    """In a hand-made snapshot, the skip of a check none of whose files was copied: a file
+    that is not there says nothing about the host (None: the check runs)."""
+    reads = READS.get(check_id, ())
+    if not snap.hand_made or not reads or any((snap.path / n).is_file() for n in reads):
+        return None
+    return Finding(check_id, Status.SKIP, f"not collected: {' or '.join(reads)} is not in the "
+                   "snapshot", fix="copy it from the node, or run `invoke collect` there",
+                   kind="not-collected")
+
+
+def _hand_made(snap: Snapshot) -> Finding:
+    there = [n for n in snapshot.FILES if (snap.path / n).is_file()]
+    return Finding("snapshot", Status.SKIP,
+                   f"not made by `invoke collect` (no meta.json): {len(there)} of "
+                   f"{len(snapshot.FILES)} files read as they are, the others not collected",
+                   [f"read: {', '.join(there)}"], kind="hand-made")
+
+
 def run_all(snap: Snapshot, profile: Profile) -> list[Finding]:
-    out: list[Finding] = []
+    out: list[Finding] = [_hand_made(snap)] if snap.hand_made else []
     for check_id, fn in CHECKS:
+        if skipped := _not_collected(snap, check_id):
+            out.append(skipped)
+            continue
         try:
             out.append(fn(snap, profile))
         except ParseError as e:
@@ -118,7 +144,7 @@ def _active_ib(snap: Snapshot) -> list[parsers.IbPort]:
     return [p for p in _ib_ports(snap) if p.state == "ACTIVE"]
 
 
-@check("driver.version")
+@check("driver.version", "nvidia-smi.txt", "nvidia-smi-q.txt", "nvml.json")
 def driver_version(snap: Snapshot, profile: Profile) -> Finding:
     cid = "driver.version"
     driver = _driver(snap)
@@ -152,7 +178,7 @@ def driver_version(snap: Snapshot, profile: Profile) -> Finding:
 _CUDA_DIR = re.compile(r"/cuda[-_]?(\d+\.\d+)(?=/|$)")
 
 
-@check("cuda.toolkit")
+@check("cuda.toolkit", "nvcc-version.txt")
 def cuda_toolkit(snap: Snapshot, profile: Profile) -> Finding:
     cid = "cuda.toolkit"
     env = snap.env()
@@ -210,7 +236,7 @@ def _nvml_disagreement(pairs: list[tuple[str, str, str]], nvml: dict[str, Any]) 
     return out
 
 
-@check("gpu.topology")
+@check("gpu.topology", "nvidia-smi-topo-m.txt", "nvml.json")
 def gpu_topology(snap: Snapshot, profile: Profile) -> Finding:
     finding, pairs = _topology_verdict(snap)
     judged = finding.status in (Status.PASS, Status.FAIL)
@@ -286,7 +312,7 @@ _BENIGN_REASONS = ("Idle", "Applications Clocks Setting", "Display Clock Setting
                    "GPU idle")
 
 
-@check("gpu.throttle")
+@check("gpu.throttle", "nvidia-smi-q.txt")
 def gpu_throttle(snap: Snapshot, profile: Profile) -> Finding:
     cid = "gpu.throttle"
     gpus = _parsed(snap, cid, "nvidia-smi-q.txt", parsers.clock_event_reasons,
@@ -312,7 +338,7 @@ def gpu_throttle(snap: Snapshot, profile: Profile) -> Finding:
                    [f"{g.bus_id}: {', '.join(g.active) or 'none active'}" for g in gpus])
 
 
-@check("net.ib")
+@check("net.ib", "ibstatus.txt")
 def net_ib(snap: Snapshot, profile: Profile) -> Finding:
     cid = "net.ib"
     text = snap.text("ibstatus.txt")
@@ -346,7 +372,7 @@ def net_ib(snap: Snapshot, profile: Profile) -> Finding:
                    f"{', '.join(sorted({f'{p.rate_gbps:g}' for p in ports}))} Gb/s", evidence)
 
 
-@check("limits.memlock")
+@check("limits.memlock", "ulimit-l.txt")
 def limits_memlock(snap: Snapshot, profile: Profile) -> Finding:
     cid = "limits.memlock"
     kib = _parsed(snap, cid, "ulimit-l.txt", parsers.ulimit, "ulimit -l not recorded")
@@ -363,7 +389,7 @@ def limits_memlock(snap: Snapshot, profile: Profile) -> Finding:
                        "or --ulimit memlock=-1 for containers, or PropagateResourceLimits in Slurm")
 
 
-@check("sys.shm")
+@check("sys.shm", "shm.txt")
 def sys_shm(snap: Snapshot, profile: Profile) -> Finding:
     cid = "sys.shm"
     size = _parsed(snap, cid, "shm.txt", parsers.df_size_bytes,
@@ -391,7 +417,7 @@ def _ifname_matches(spec: str, names: list[str]) -> list[str]:
     return [n for n in names for w in wanted if (n == w if exact else n.startswith(w))]
 
 
-@check("nccl.env")
+@check("nccl.env", "env.txt")
 def nccl_env(snap: Snapshot, profile: Profile) -> Finding:
     cid = "nccl.env"
     env = snap.env()

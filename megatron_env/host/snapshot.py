@@ -5,12 +5,18 @@ A snapshot is a plain directory: one raw text file per command (exactly what it 
 whether the command was missing on the host. The same directory can be collected on a compute
 node and analysed anywhere with `invoke check --snapshot DIR`.
 
-`meta.json` is the snapshot's completeness marker: `collect` has written it last from its first
-version on, and now writes it whole (a temporary renamed into place) after every other file is
-on disk; a replacement (--force) removes the old one first. A directory without a readable
-meta.json is a collect that stopped part way (a full disk, a kill) and is refused: its absent
-files would read as absent tools ("no nvcc on the host"). A snapshot an older version collected
-to the end has its meta.json and is read as before.
+`meta.json` is the snapshot's completeness record: `collect` writes it whole (a temporary
+renamed into place) after every other file is on disk, with each file's sha256. Before anything
+else `collect` writes an in-progress marker (`IN_PROGRESS`), and removes it after meta.json: a
+directory holding the marker, or a meta.json that cannot be read, is a collect that stopped part
+way (a full disk, a kill) and is refused, since its absent files would read as absent tools ("no
+nvcc on the host"); a collected snapshot whose files changed afterwards is refused too.
+
+A directory with neither marker nor meta.json was not made by `collect`: the outputs an
+operator copied from a node by hand (`nvidia-smi -q`, `nvidia-smi topo -m`, `ibstatus`, `ulimit
+-l`), as a support ticket or a fleet audit carries them. It is read as it is (`hand_made`): the
+files named as `collect` names them are judged, and a check whose files are not there says "not
+collected" (a skip), never that the tool is absent from the host.
 """
 
 from __future__ import annotations
@@ -46,11 +52,20 @@ ENV_PREFIXES = ("CUDA", "NCCL_", "NVIDIA_", "TORCH_", "SLURM_", "UCX_", "OMPI_",
 ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "HOSTNAME")
 
 
+# Written first and removed last by `collect`: a directory that holds it is a collect cut short.
+IN_PROGRESS = "collect-in-progress"
+# The files a snapshot is read from, as `collect` names them (a hand-made one uses these names).
+FILES = (*COMMANDS, "env.txt", "nvml.json")
+
+
 @dataclass
 class Snapshot:
-    """A collected snapshot directory, read lazily. `text(name)` is None when not collected."""
+    """A snapshot directory, read lazily. `text(name)` is None when not collected.
+    `hand_made`: neither `collect`'s marker nor its meta.json is there, so a file that is not
+    there was not copied, which says nothing about the host."""
 
     path: Path
+    hand_made: bool = False
 
     @classmethod
     def load(cls, path: Path) -> Snapshot:
@@ -60,7 +75,7 @@ class Snapshot:
                 fix="pass a directory written by `invoke collect --out DIR`",
                 kind="snapshot.not-a-directory",
             )
-        known = set(COMMANDS) | {"nvml.json", "env.txt", "meta.json"}
+        known = {*FILES, "meta.json", IN_PROGRESS}
         if not any((path / name).exists() for name in known):
             raise UserError(
                 f"snapshot {path} holds none of the files of a snapshot "
@@ -68,12 +83,17 @@ class Snapshot:
                 fix="pass a directory written by `invoke collect --out DIR`",
                 kind="snapshot.empty",
             )
+        cut_short = (path / IN_PROGRESS).exists() or (path / IN_PROGRESS).is_symlink()
+        if not cut_short and not (path / "meta.json").exists() \
+                and not (path / "meta.json").is_symlink():
+            return cls(path, hand_made=True)
         meta, why = files.read_json(path / "meta.json")
-        if not isinstance(meta, dict):  # a cut-short one is not JSON: written whole, last
-            why = why or "meta.json is not a JSON object"
+        if cut_short or not isinstance(meta, dict):  # meta.json is written whole, last
+            why = (f"{IN_PROGRESS} is there: `collect` did not reach its end" if cut_short
+                   else f"{why or 'meta.json is not a JSON object'}; `collect` writes it last")
             raise UserError(
-                f"snapshot {path} is incomplete ({why}; `collect` writes it last): it stopped "
-                "part way and its absent files would read as absent tools",
+                f"snapshot {path} is incomplete ({why}): it stopped part way and its absent "
+                "files would read as absent tools",
                 fix=f"collect it again on its node: invoke collect --out {path} --force",
                 kind="snapshot.incomplete",
             )
@@ -256,6 +276,7 @@ def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False
                         kind="snapshot.exists")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        (out / IN_PROGRESS).touch()  # first: until it goes, the directory is a collect under way
         files.remove(out / "meta.json")  # until the new one: incomplete, not the old snapshot
     except OSError as e:
         raise UserError(f"cannot create {out}: {e.strerror}",
@@ -286,5 +307,6 @@ def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False
         "platform": platform.platform(),
         "files": record,
     }
-    files.write_text(out / "meta.json", redact.text(json.dumps(meta, indent=2) + "\n"))  # last
+    files.write_text(out / "meta.json", redact.text(json.dumps(meta, indent=2) + "\n"))
+    (out / IN_PROGRESS).unlink()  # last: the snapshot is complete
     return Snapshot(out)

@@ -19,6 +19,7 @@ import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from megatron_env import digest, files, mutex, output, proc, recipes
 from megatron_env.errors import UserError
@@ -67,13 +68,14 @@ def cache_dir() -> Path:
 class Plan:
     package: Package
     python: Path
-    torch: dict
+    torch: dict[str, Any]
     patches: list[Path]
     env: dict[str, str]
     key: str
     max_jobs: int
     why_jobs: str
-    key_doc: dict = field(default_factory=dict)  # what the key is made of (bundles select by it)
+    # what the key is made of (bundles select by it)
+    key_doc: dict[str, Any] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         p = self.package
@@ -91,7 +93,8 @@ class Plan:
         flags = {k: v for k, v in self.env.items()
                  if k in shown or k not in os.environ or os.environ[k] != v}
         out.append("  flags    " + " ".join(f"{k}={v}" for k, v in sorted(flags.items())
-                                          if k != "PATH" and not k.startswith("MEGATRON_ENV_")))
+                                          if k != "PATH" and not k.startswith("MEGATRON_ENV_")
+                                          and k not in POOL_PLUMBING))
         if p.build_options:
             out.append("  options  --build-option=" + " ".join(p.build_options))
         out.append(f"  cache    {self.key}")
@@ -106,7 +109,7 @@ def max_jobs(gb_per_job: float, parallel_var: str = "") -> Jobs:
                            os.environ)
 
 
-def recipe_inputs(pkg: Package, series: list[Path], archs: list[str]) -> dict:
+def recipe_inputs(pkg: Package, series: list[Path], archs: list[str]) -> dict[str, Any]:
     """What a build is made from that the profile decides (its source, patches, archs, switches
     and options): the setup chain's builds step digests this, the cache key adds the torch the
     build is for (cache_key_doc). One definition: the two cannot disagree about what counts."""
@@ -116,13 +119,14 @@ def recipe_inputs(pkg: Package, series: list[Path], archs: list[str]) -> dict:
 
 
 def cache_key_doc(pkg: Package, series: list[Path], torch: str, cuda: str, python_tag: str,
-                  abi: object, archs: list[str]) -> dict:
+                  abi: object, archs: list[str]) -> dict[str, Any]:
     """What a build's cache key is made of: one definition for the build and for lock-diff."""
     return {**recipe_inputs(pkg, series, archs), "torch": torch, "cuda": cuda,
             "python": python_tag, "cxx11_abi": abi}
 
 
-def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str, dict]:
+def static_key_docs(profile: Profile, torch: str, patch_root: Path
+                    ) -> dict[str, dict[str, Any]]:
     """recipe -> its cache key document as far as it is known without an environment: torch is
     the lock's pin (the installed one adds a local tag such as +cu130), CUDA the profile's, the
     Python tag from the profile, the C++ ABI left out (torch decides it at run time). Two of
@@ -135,7 +139,7 @@ def static_key_docs(profile: Profile, torch: str, patch_root: Path) -> dict[str,
 
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
-         facts: dict | None = None, cache: Path | None = None,
+         facts: dict[str, Any] | None = None, cache: Path | None = None,
          pool: Mapping[str, str] | None = None) -> Plan:
     """`facts`: probe.torch_facts(python) when the caller has them already (one torch import);
     `cache`: the build cache (default: cache_dir()); `pool`: the shared jobserver's variables
@@ -157,16 +161,16 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     build_env["MAX_JOBS"] = str(jobs)
     if pkg.parallel_var:
         build_env[pkg.parallel_var] = str(derived.extensions)
-    if pool:  # one jobserver for every kernel: its width, not this build's own -j
+    if pool:  # one pool of compile jobs for every kernel: its width, not this build's own -j
         build_env.update(pool)
         jobs, why = int(pool["MEGATRON_ENV_POOL_SLOTS"]), pool["MEGATRON_ENV_POOL_WHY"]
         build_env.pop("CMAKE_BUILD_PARALLEL_LEVEL", None)
-        build_env.update(jobserver.driver_env(pkg.pool_env))  # drivers pass ninja no -j
+        build_env.update(jobserver.driver_env(pkg.pool_env,
+                                              int(pool["MEGATRON_ENV_POOL_WIDTH"])))
         if pkg.parallel_var:
             build_env[pkg.parallel_var] = pool["MEGATRON_ENV_POOL_CLIENTS"]
-        if pkg.cuda:  # nvcc's per-arch processes (--threads) take tokens too
-            build_env["NVCC_APPEND_FLAGS"] = " ".join(filter(None, [
-                build_env.get("NVCC_APPEND_FLAGS", ""), "--jobserver"]))
+        build_env.update(_slot_launchers(pool["MEGATRON_ENV_SLOT_CLIENT"],
+                                         build_env.get("CUDA_HOME") if pkg.cuda else None))
     elif not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
     key_doc = cache_key_doc(pkg, series, facts["torch"], facts["cuda"], facts["tag"],
@@ -177,7 +181,22 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     return Plan(pkg, python, facts, series, build_env, f"{pkg.name}-{key}", jobs, why, key_doc)
 
 
-def torch_facts(python: Path, cache: Path | None = None) -> dict:
+POOL_PLUMBING = frozenset({"PYTORCH_NVCC", *(f"CMAKE_{lang}_COMPILER_LAUNCHER"
+                                              for lang in ("C", "CXX", "CUDA"))})
+
+
+def _slot_launchers(client: str, cuda_home: str | None) -> dict[str, str]:
+    """Where the compilers that PATH does not reach go through the pool's slot client:
+    torch's nvcc (PYTORCH_NVCC, a command line in its ninja file) and CMake's compilers
+    (CMAKE_<LANG>_COMPILER_LAUNCHER; a compiler inside a granted job takes no second slot).
+    nvcc keeps the recipe's --split-compile=N: it asks for N slots and runs on those it gets."""
+    out = {f"CMAKE_{lang}_COMPILER_LAUNCHER": client for lang in ("C", "CXX", "CUDA")}
+    if cuda_home:
+        out["PYTORCH_NVCC"] = f"{client} {Path(cuda_home) / 'bin' / 'nvcc'}"
+    return out
+
+
+def torch_facts(python: Path, cache: Path | None = None) -> dict[str, Any]:
     """probe.torch_facts, remembered in the cache under torch's stamp (its _C extension's path,
     size and mtime): the C++ ABI needs `import torch` (seconds), the rest is read from files.
     A cache hit thus costs no torch import before the install check's one."""
@@ -237,7 +256,7 @@ class Result:
 
 
 def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: bool = False,
-                      patch_root: Path | None = None, echo=output.status,
+                      patch_root: Path | None = None, echo: output.Echo = output.status,
                       given: Given | None = None, cache: Path | None = None,
                       child_env: Mapping[str, str] | None = None,
                       pool: Mapping[str, str] | None = None) -> Result | Plan:

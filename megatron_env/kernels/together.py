@@ -1,16 +1,14 @@
-"""The kernels of one setup built together, from one pool of compile jobs (kernels.jobserver).
+"""The kernels of one setup built together, from one pool of compile jobs (kernels.slots).
 
 Each kernel builds in its own thread through the usual path (build.build_and_install: cache,
 lock per key, install, import check), with the pool's variables in its environment. The pool
-is as wide as cores and memory allow (--jobs / MAX_JOBS cap it); the kernel known to take
-longest (its last build's time in the cache) starts first. Every kernel reports its own
+is as wide as cores and memory allow (--jobs / MAX_JOBS cap it); every compiler of every kernel
+asks it for a slot, and the waiting object with the longest remaining work starts first
+(kernels.schedule), from each kernel's object costs: those its previous build of the same pins
+recorded (the ninja logs kept beside its wheel in the cache), else its recipe's estimate.
+Every kernel starts at once (a waiting compile job holds no slot) and reports its own
 progress. The first failure stops the others: their processes (found by the marker variable in
-their environment, whoever started them) are killed, kernels not yet started never start, and
-what finished stays in the cache.
-
-When every kernel's driver processes fit in the pool at once (a package may run several ninjas, one
-implicit slot each), all start together; otherwise (few cores) each runs one ninja and
-min(kernels, slots) build at a time, the next starting in the slot the last one left.
+their environment, whoever started them) are killed, and what finished stays in the cache.
 """
 
 from __future__ import annotations
@@ -26,10 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from megatron_env import output
+from megatron_env import digest, files, output
 from megatron_env.errors import UserError
 from megatron_env.host import resources
-from megatron_env.kernels import build, jobserver
+from megatron_env.kernels import build, jobserver, ninjalog, schedule, slots
 from megatron_env.recipes.recipe import Package
 from megatron_env.sources.given import Given
 
@@ -69,10 +67,72 @@ def cap(jobs: int | None, environ: Mapping[str, str]) -> int | None:
     return int(value)
 
 
-def clients(pkgs: list[Package], slots: int) -> dict[str, int]:
-    """How many ninja processes each kernel runs at once (each holds one implicit slot)."""
-    wide = {p.name: (max(1, min(4, slots // 4)) if p.parallel_var else 1) for p in pkgs}
-    return wide if sum(wide.values()) <= slots else dict.fromkeys(wide, 1)
+def extensions_at_once(slots: int) -> int:
+    """How many extensions a package that builds several at once (Recipe.parallel_var) runs in
+    the pool: all it has, up to 16; their objects wait in the pool, each holding no slot, so
+    the pool sees them all and picks the longest."""
+    return max(4, min(16, slots))
+
+
+def width(slots: int) -> int:
+    """ninja's -j in the pool: its jobs mostly wait for a slot, asleep; as many as it can
+    show, so the pool chooses among them all."""
+    return 4 * slots + 8
+
+
+COSTS_DIR = "object-costs"
+
+
+def _costs_file(pkg: Package, cache: Path) -> Path:
+    return cache / COSTS_DIR / f"{pkg.name}-{digest.hexpart(digest.of(pkg.source.digest), 16)}.json"
+
+
+def _keep_costs(pkg: Package, cache: Path, runs: dict[str, list[list[object]]]) -> None:
+    """What each object of this build took in the pool (slots.record), for the next build of
+    the same pins: its ninja logs count the wait for a slot too."""
+    if runs:
+        files.write_text(_costs_file(pkg, cache), json.dumps(
+            {"source": pkg.source.digest, "runs": runs}, indent=0))
+
+
+def _pool_record(pkg: Package, cache: Path) -> list[tuple[str, list[ninjalog.Step]]] | None:
+    doc, _why = files.read_json(_costs_file(pkg, cache))
+    if not isinstance(doc, dict) or doc.get("source") != pkg.source.digest:
+        return None
+    try:  # an object's cost: its seconds times the slots (threads) it ran on
+        return [(name, [ninjalog.Step(str(o), float(a), float(a) + (float(b) - float(a))
+                                      * max(1, int(n))) for o, a, b, n in rows])
+                for name, rows in doc["runs"].items()]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def costs(pkg: Package, cache: Path, slots: int) -> schedule.Costs:
+    """pkg's object costs: the pool's record of the last build of the same pins, else the
+    newest build in the cache of the same pins (the same source digest: another torch or arch
+    list changes little of what takes long) with ninja logs (from before the pool: theirs
+    hold no wait), else the recipe's declared estimate."""
+    if runs := _pool_record(pkg, cache):
+        return schedule.from_logs(pkg.name, runs, pkg.object_seconds, slots)
+    best: tuple[str, Path] | None = None
+    for meta in cache.glob(f"wheels/{pkg.name}-*/meta.json"):
+        doc, _why = files.read_json(meta)
+        logs = meta.parent / "ninja-logs"
+        if (isinstance(doc, dict) and isinstance(doc.get("key"), dict)
+                and doc["key"].get("source") == pkg.source.digest and logs.is_dir()):
+            when = str(doc.get("built_at", ""))
+            if best is None or when > best[0]:
+                best = (when, logs)
+    if best is not None:
+        try:
+            runs = [(f.name, ninjalog.parse(f.read_text(errors="replace"), f.name))
+                    for f in sorted(best[1].glob("*.ninja_log"))]
+            return schedule.from_logs(pkg.name, [(n, [s for s in r if s.output.endswith(".o")])
+                                                 for n, r in runs],
+                                      pkg.object_seconds, slots)
+        except (OSError, ninjalog.NinjaLogError):
+            pass  # unreadable: the estimate
+    return schedule.Costs(pkg.name, {}, pkg.object_seconds, "declared")
 
 
 def stop(marker: str) -> int:
@@ -126,33 +186,37 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
     avail, source = resources.memory()
     size = jobserver.size(resources.cores(), avail, source,
                           max(p.gb_per_job for p in pkgs), cap(jobs, os.environ))
-    each = clients(pkgs, size.slots)
-    order = sorted(pkgs, key=lambda p: -expected_seconds(p.name, cache))
-    at_once = len(order) if each and sum(each.values()) <= size.slots else size.slots
+    known = {p.name: costs(p, cache, size.slots) for p in pkgs}
     path = f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"
     outcomes: dict[str, Outcome] = {}
     failed = threading.Event()
-    lock = threading.Lock()
     markers = {p.name: uuid.uuid4().hex for p in pkgs}
     failing: list[str] = []
     with tempfile.TemporaryDirectory(prefix="megatron-env-pool-") as tmp:
         try:
-            shim = jobserver.shim(Path(tmp), path)
-        except UserError as e:  # no jobserver client: each kernel with its own jobs, in turn
+            shim = jobserver.shim(Path(tmp), path, width(size.slots))
+        except UserError as e:  # no ninja: each kernel with its own jobs, in turn
             output.warning(f"{e.message}; the kernels build one after another")
             return _in_turn(pkgs, python, archs, echo, given, cache, child_env, builder)
-        first = order[:at_once]
-        pool = jobserver.Pool(Path(tmp), size.slots, sum(each[p.name] for p in first))
+        wrappers = slots.bin_dir(Path(tmp), path)
+        compilers = slots.env_compilers(Path(tmp), os.environ, path)
+        broker = slots.Broker(Path(tmp), size.slots, known,
+                              schedule.expected(known, size.slots))
         echo(f"kernels: {len(pkgs)} build(s) from one pool of {size.slots} compile jobs "
-             f"({size.why}); order {', '.join(p.name for p in order)}")
-        waiting = list(order[at_once:])
+             f"({size.why}), longest remaining work first; object costs: "
+             + ", ".join(f"{k} {'from its last build' if c.source == 'log' else 'estimated'}"
+                         for k, c in known.items()))
 
         def one(pkg: Package) -> None:
-            env = {**pool.env(), "PATH": f"{shim}{os.pathsep}{path}", MARK: markers[pkg.name],
+            env = {**broker.env(pkg.name), **compilers,
+                   "PATH": f"{wrappers}{os.pathsep}{shim}{os.pathsep}{path}",
+                   MARK: markers[pkg.name],
+                   "MEGATRON_ENV_SLOT_CLIENT": str(wrappers / "slot"),
                    "MEGATRON_ENV_POOL_SLOTS": str(size.slots),
+                   "MEGATRON_ENV_POOL_WIDTH": str(width(size.slots)),
                    "MEGATRON_ENV_POOL_WHY": f"one pool of {size.slots} jobs for "
                                             f"{len(pkgs)} kernels: {size.why}",
-                   "MEGATRON_ENV_POOL_CLIENTS": str(each[pkg.name])}
+                   "MEGATRON_ENV_POOL_CLIENTS": str(extensions_at_once(size.slots))}
             try:
                 if failed.is_set():
                     outcomes[pkg.name] = Outcome(pkg.name, None, stopped=True)
@@ -168,28 +232,21 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
                     failing.append(pkg.name)
                     failed.set()
             finally:
-                with lock:  # its implicit slots: to the next kernel, or back to the pool
-                    if waiting and not failed.is_set():
-                        nxt = waiting.pop(0)
-                        start(nxt)
-                    else:
-                        pool.add(each[pkg.name])
+                broker.forget(pkg.name)
 
-        threads: list[threading.Thread] = []
-
-        def start(pkg: Package) -> None:
-            t = threading.Thread(target=one, args=(pkg,), name=f"build-{pkg.name}")
-            threads.append(t)
-            t.start()
-
+        threads = [threading.Thread(target=one, args=(p,), name=f"build-{p.name}")
+                   for p in pkgs]
         t0 = time.monotonic()
-        with lock:
-            for p in first:
-                start(p)
-        _wait(threads, failing, markers, outcomes, echo)
-        pool.close()
-        for p in waiting:
-            outcomes[p.name] = Outcome(p.name, None, stopped=True)
+        try:
+            for t in threads:
+                t.start()
+            _wait(threads, failing, markers, outcomes, echo)
+        finally:
+            broker.close()
+        for p in pkgs:
+            o = outcomes.get(p.name)
+            if o and o.result and not o.result.cache_hit:
+                _keep_costs(p, cache, slots.record(broker.grants, p.name))
         echo(f"kernels: {len(pkgs)} build(s) ended in {time.monotonic() - t0:.0f} s")
     return [outcomes[p.name] for p in pkgs]
 

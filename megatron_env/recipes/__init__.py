@@ -66,6 +66,7 @@ def table(profiles: Sequence[Pinned]) -> list[tuple[str, str]]:
             pin = pins.get("version") or " @ ".join(filter(None, (pins.get("tag"),
                                                                   pins["commit"][:12])))
             chosen = [*pins.get("variants", r.default_variants)]
-            chosen += [f"{c.name}={','.join(pins.get(c.name, c.default))}" for c in r.choices]
+            chosen += [f"{c.name}={','.join(pins.get(c.name, c.default))}" for c in r.choices
+                       if c.name in pins or not c.modules]  # a module choice unset: unsaid
             rows.append(("", f"{p.name}  {pin}" + "".join(f" +{v}" for v in chosen)))
     return rows

@@ -8,7 +8,7 @@ check that every module of the chosen variants imports. Its CUDA/torch version c
 nvcc == torch.version.cuda exactly (patched for minor mismatches on old pins).
 """
 
-from megatron_env.recipes.recipe import Recipe, Variant
+from megatron_env.recipes.recipe import Choice, Recipe, Variant
 
 RECIPE = Recipe(
     name="apex",
@@ -31,7 +31,25 @@ RECIPE = Recipe(
         Variant("fast_layer_norm", "contrib FastLayerNorm (Megatron core_v0.4.0 imports it)",
                 env={"APEX_FAST_LAYER_NORM": "1"}, modules=("fast_layer_norm",)),
     ),
+    # patches/apex/<commit>/*-build-only-chosen-extensions.patch: setup.py builds only these of
+    # what the variants switch on; each chosen one must import. Megatron core_v0.19.0 imports
+    # amp_C, fused_weight_gradient_mlp_cuda and the three scaled_*softmax_cuda itself and
+    # fused_layer_norm_cuda through apex.normalization (the cuda_ext variant's modules); the
+    # other five of --cuda_ext and apex_C of --cpp_ext it never imports.
+    choices=(
+        Choice("extensions", "compiled extensions to build of those the variants switch on",
+               "APEX_EXTENSIONS",
+               ("apex_C", "amp_C", "syncbn", "fused_layer_norm_cuda", "mlp_cuda",
+                "fused_dense_cuda", "scaled_upper_triang_masked_softmax_cuda",
+                "generic_scaled_masked_softmax_cuda", "scaled_masked_softmax_cuda",
+                "scaled_softmax_cuda", "fused_rotary_positional_embedding",
+                "fused_weight_gradient_mlp_cuda", "fast_layer_norm"), modules=True),
+    ),
     requires=("packaging>20.6",),  # setup.py's install_requires (setup.py and apex import it)
+    # the pool's order in a first build of a pin (kernels.schedule): 36-104 s an object for the
+    # softmax kernels, 27-68 s the others, on an H100
+    # (bench/results/2026-12-05-h100-cold-setup-e883413)
+    object_seconds=(("*softmax*", 60.0), ("*", 45.0)),
     gpu_check="apex",
     proves="FusedLayerNorm matches torch.nn.functional.layer_norm",
 )

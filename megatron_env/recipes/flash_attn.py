@@ -38,6 +38,10 @@ RECIPE = Recipe(
         Choice("dtypes", "dtypes to compile kernels for", "FLASH_ATTN_DTYPES", ("fp16", "bf16")),
     ),
     requires=("einops",),  # setup.py's install_requires, but torch
+    # the pool's order in a first build of a pin (kernels.schedule): a cold setup on an H100
+    # compiled its six kernel objects in 151-235 s each, flash_api.cpp in 44 s
+    # (bench/results/2026-12-05-h100-cold-setup-e883413)
+    object_seconds=(("csrc/flash_attn/src/*", 200.0), ("*", 45.0)),
     gpu_check="flash_attn",
     proves="causal bf16 forward and backward match torch's scaled_dot_product_attention",
 )

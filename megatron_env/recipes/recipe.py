@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from megatron_env.errors import UserError
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -41,6 +43,9 @@ class Choice:
     var: str
     values: tuple[str, ...]  # every value some pinned version can build
     default: tuple[str, ...] = ("all",)
+    # each value is a compiled module: those chosen must import after install, and every module
+    # of a chosen variant that is one of the values must be chosen (else the profile is refused)
+    modules: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,10 @@ class Recipe:
     # what its build driver must be told, besides MAX_JOBS=jobserver (not a number), to pass
     # ninja no -j when it builds from the shared pool (kernels.jobserver)
     pool_env: Mapping[str, str] = field(default_factory=dict)
+    # seconds one object takes to compile, by fnmatch pattern on its name under the build
+    # directory (first match wins): the shared pool's order for a first build of a pin, when no
+    # earlier build of the same pins left its ninja log (kernels.schedule)
+    object_seconds: tuple[tuple[str, float], ...] = ()
 
     def variant(self, name: str) -> Variant:
         return next(v for v in self.variants if v.name == name)
@@ -162,6 +171,7 @@ class Package:
     site_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)
     requires: tuple[str, ...] = ()  # run-time requirements (Recipe.requires)
     pool_env: dict[str, str] = field(default_factory=dict)  # Recipe.pool_env
+    object_seconds: tuple[tuple[str, float], ...] = ()  # Recipe.object_seconds
 
     @property
     def wheel_libraries(self) -> tuple[str, ...]:
@@ -191,8 +201,18 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
     picked = []
     for c in recipe.choices:
         values = list(pins.get(c.name, c.default))
+        if c.modules and "all" in values:
+            continue  # every module the variants switch on: the build's own default, unsaid
         env[c.var] = ",".join(values)
         picked.append(f"{c.name}={','.join(values)}")
+        if c.modules:
+            if left := [m for m in modules if m in c.values and m not in values]:
+                raise UserError(
+                    f"{recipe.name}: {c.name} leaves out {', '.join(left)}, which the chosen "
+                    f"variants need ({', '.join(v.name for v in chosen)})",
+                    fix=f"add {', '.join(left)} to {c.name} in [kernels.{recipe.name}], or "
+                        "drop the variant that needs it", kind="recipe.choice-incomplete")
+            modules += [m for m in values if m not in modules]
     if recipe.archs_var:
         env[recipe.archs_var] = _archs_text(archs, recipe.archs_form)
     if recipe.nvcc_threads:
@@ -219,4 +239,4 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
                    variants=tuple(v.name for v in chosen) + tuple(picked),
                    parallel_var=recipe.parallel_var, libraries=recipe.libraries,
                    site_paths=dict(recipe.site_paths), requires=recipe.requires,
-                   pool_env=dict(recipe.pool_env))
+                   pool_env=dict(recipe.pool_env), object_seconds=recipe.object_seconds)

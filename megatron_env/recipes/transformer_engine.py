@@ -83,6 +83,21 @@ RECIPE = Recipe(
     # torch; `import transformer_engine.pytorch` fails without pydantic
     requires=("pydantic", "importlib-metadata>=1.0", "packaging", "einops", "onnxscript", "onnx",
               "nvdlfw-inspect"),
+    # the pool's order in a first build of a pin (kernels.schedule), from an H100's cold build
+    # of v2.17.1 (bench/results/2026-12-05-h100-cold-setup-e883413): the torch extension's
+    # objects took 0-51 s; an object of the CMake library before it, its own seconds plus the
+    # ~60 s the extension takes after it. Its longest: cast_transpose_fusion 148 s, gelu 144,
+    # relu 129, ln_fwd 127, the fused attention ~100, swiglu 95, the norms 82-94, the grouped
+    # GEMM 85; the first build with only "activation" and "normalization" ranked high left
+    # cast_transpose_fusion and ln_fwd to the end (bench/results/2026-12-05-h100-cold-setup-f0008dd)
+    object_seconds=(("transformer_engine/pytorch/csrc/*", 30.0),
+                    ("transpose/cast_transpose_fusion.cu.o", 208.0),
+                    ("activation/gelu.cu.o", 204.0), ("activation/relu.cu.o", 189.0),
+                    ("normalization/layernorm/ln_fwd_cuda_kernel.cu.o", 187.0),
+                    ("fused_attn/fused_attn_*", 160.0), ("activation/swiglu.cu.o", 155.0),
+                    ("normalization/*_kernel.cu.o", 150.0),
+                    ("gemm/cutlass_grouped_gemm.cu.o", 145.0), ("fused_attn/*", 136.0),
+                    ("fused_router/*", 125.0), ("activation/*", 110.0), ("*", 85.0)),
     gpu_check="transformer_engine",
     proves="bf16 te.Linear and te.LayerNormLinear forward and backward match fp32 PyTorch",
 )

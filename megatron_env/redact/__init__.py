@@ -6,7 +6,8 @@ snapshot's files and the command logs call it); `variables` is for a mapping of 
 log), which must remember that it is inside a PEM block; `cut` is `text` and then a cut to a
 width, for evidence quoted from a line of any length.
 
-It fails closed, in three passes:
+It fails closed, in three passes (after pass 0, context, for a text of several lines or a
+stream: a value whose label stands on a line before it, megatron_env.redact.context):
 1. structure (megatron_env.redact.structure): the positions where secrets stand, whatever they
    look like: flags, `key=value`, URLs, headers, PEM, netrc, connect strings, Python reprs,
    argv lists, commands that take a password, vendor token formats;
@@ -16,8 +17,9 @@ It fails closed, in three passes:
 3. cut (`cut`): only then is a line cut to length, so no cut leaves half a secret unseen.
 Plus the environment: the value of any secret-named variable of the process, wherever it shows.
 
-A value is judged by what it is, not by its field's name: in a JSON document numbers and
-booleans are never masked (`{"pass": 3}` is a count), a path stays a path (`"signature":
+A value is judged by what it is, not by its field's name: in a JSON document booleans are
+never masked and numbers only under an unambiguous password's name (`{"password": 1234}`;
+`{"pass": 3}` is a count), a path stays a path (`"signature":
 "/out/b.sig"`), a file name is no key (`my_password_profile.toml: read`).
 
 Pure functions (`text` reads os.environ unless given a mapping).
@@ -27,9 +29,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 
-from megatron_env.redact import shape, structure
+from megatron_env.redact import context, shape, structure
 from megatron_env.redact.names import is_secret_name, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking
 from megatron_env.redact.structure import mask_urls, secret_value
@@ -40,6 +43,9 @@ __all__ = ["REDACTED", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind
 _MIN_SECRET = 4  # a shorter environment value would blank out ordinary words
 # a JSON Web Key's private members (RFC 7518 6.2.2, 6.3.2, 6.4.1): short names no rule knows
 _JWK_PRIVATE = frozenset({"d", "p", "q", "dp", "dq", "qi", "k", "oth", "r", "t"})
+# the names under which a number is a password: unambiguous ones (`pass`, `passes` are counts,
+# a report's `pin` is a version pin)
+_NUMBER_SECRET = re.compile(r"(?i)(?:password|passwd|passcode|passphrase)$")
 
 
 def _walk(obj: object, environ: Mapping[str, str], name: object = None,
@@ -55,7 +61,10 @@ def _walk(obj: object, environ: Mapping[str, str], name: object = None,
             return REDACTED
         kind = name_kind(name) if isinstance(name, str) else None
         return REDACTED if secret_value(kind, obj.strip()) else _text(obj, environ)
-    return obj  # a number, a boolean, null: never a secret, whatever its field is called
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool) and isinstance(name, str) \
+            and _NUMBER_SECRET.search(name):
+        return REDACTED  # `"password": 1234`: a PIN is a number
+    return obj  # a number, a boolean, null: a count (`"pass": 3`), whatever its field is called
 
 
 def _json(s: str, environ: Mapping[str, str]) -> str | None:
@@ -89,6 +98,8 @@ def _text(s: str, environ: Mapping[str, str]) -> str:
     as_json = _json(s, environ)
     if as_json is not None:
         return as_json
+    if "\n" in s.rstrip("\n"):
+        s = context.mask_text(s)
     s = shape.mask(structure.mask(s), lambda t: _text(t, environ))
     return _environment(s, environ)
 
@@ -124,13 +135,17 @@ def scrub(s: str, environ: Mapping[str, str]) -> str:
 
 class Lines:
     """`text` for a stream taken line by line (a command's log): the lines of a PEM block that
-    began on an earlier line are masked whole until its END line."""
+    began on an earlier line are masked whole until its END line, and each line is judged with
+    the two before it as context (megatron_env.redact.context: a value on the line after its
+    label, a YAML or TOML block under a secret's key, a Kubernetes Secret's data)."""
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self.environ = environ
         self.inside = False
+        self.context = context.Context()
 
     def __call__(self, line: str) -> str:
+        line = self.context(line)
         if self.inside:
             if "-----END " in line:
                 self.inside = False

@@ -24,7 +24,14 @@ import re
 _STRONG_LAST = frozenset({"pass", "creds", "auth", "authorization", "cookie", "signature", "sig",
                           "sas", "jwt", "pat", "passin", "passout", "pwd", "psw", "pw", "passwd",
                           "bearer", "oauth", "passcode", "privkey", "seckey",
-                          "apitoken", "webhook", "dsn"})
+                          "apitoken", "webhook", "dsn", "psk", "sshpass", "requirepass",
+                          "masterauth", "passphrase", "storepass", "keypass",
+                          # a password's label in other languages
+                          "passwort", "kennwort", "contraseña", "contrasena", "пароль", "密码",
+                          "密碼", "口令", "パスワード", "비밀번호", "senha", "wachtwoord", "hasło",
+                          "haslo", "parola", "şifre", "sifre", "lösenord", "losenord",
+                          "salasana", "adgangskode", "passord", "heslo", "jelszó", "κωδικός",
+                          "mot_de_passe"})
 _STRONG_ENDS = ("token", "apikey", "accesskey", "secretkey", "privatekey", "authkey",
                 "credential", "credentials", "password", "secret")
 _STRONG_PAIRS = frozenset({"api", "access", "private", "secret", "account", "client", "auth",
@@ -49,25 +56,36 @@ _NOT_SECRET_KEY = frozenset({"cache", "sort", "primary", "foreign", "partition",
                              "row", "column", "object", "bucket", "table", "config", "public",
                              "pub", "host", "map", "cursor", "kv", "qk", "query", "value",
                              "idempotency", "dedup", "cluster", "node"})
-# the working directory a shell exports, not a password
-_NOT_SECRET_NAMES = frozenset({"pwd", "oldpwd"})
+# the previous working directory a shell exports, not a password (`PWD` is ODBC's password
+# too: the shell's is a path, and a path is never masked)
+_NOT_SECRET_NAMES = frozenset({"oldpwd"})
 _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_RUNS = re.compile(r"[^\W_]+")
 
 
 # a substring of every secret name (tests/test_redact.py holds them in step): a line with none
 # of them holds no secret-named key, and the key rules are not scanned for
 STEMS = ("pass", "pw", "psw", "secret", "token", "key", "auth", "cred", "sig", "cookie", "sas",
-         "jwt", "_pat", "-pat", "sid", "session", "bearer", "dsn", "webhook")
+         "jwt", "_pat", "-pat", "sid", "session", "bearer", "dsn", "webhook", "psk", "kennwort",
+         "contrase", "senha", "wachtwoord", "hasło", "haslo", "parola", "şifre", "sifre",
+         "lösenord", "losenord", "salasana", "adgangskode", "heslo", "jelsz", "пароль", "密码",
+         "密碼", "口令", "パスワード", "비밀번호", "κωδικός")
+# the stems a line of ASCII alone may hold
+ASCII_STEMS = tuple(s for s in STEMS if s.isascii())
 
 
 @functools.lru_cache(maxsize=4096)
 def name_kind(name: str) -> str | None:
     """"strong", "weak" or None: how secret the value behind this name is (module docstring)."""
-    if "." in name.strip("."):
-        name = name.rstrip(".").rsplit(".", 1)[1]
+    if "." in name.strip("."):  # `fs.s3a.secret.key`: the last part, with its word before a key
+        dotted = name.rstrip(".").rsplit(".", 2)
+        name = "_".join(dotted[-2:]) if dotted[-1].lower() in ("key", "id") else dotted[-1]
     if name.strip("-_").lower() in _NOT_SECRET_NAMES:
         return None
-    parts = [p.lower() for p in _WORDS.findall(name)]
+    parts = [p.lower() for run in _RUNS.findall(name)
+             for p in (_WORDS.findall(run) if run.isascii() else [run])]
+    if "_".join(parts) in _STRONG_LAST:  # a label of several words: `mot de passe`
+        return "strong"
     if not parts or parts[-1] in _META_LAST or parts[0] in _SWITCH_FIRST and len(parts) > 1:
         return None
     last, before = parts[-1], parts[-2] if len(parts) > 1 else ""
@@ -78,6 +96,8 @@ def name_kind(name: str) -> str | None:
         if before in _STRONG_PAIRS:
             return "strong"
         return None if before in _NOT_SECRET_KEY else "weak"
+    if last == "id" and before == "secret":  # Vault's AppRole secret_id, a "Secret ID" label
+        return "strong"
     if last == "id" and (before in ("key", "session") or name_kind(
             "_".join(parts[:-1])) == "strong"):
         return "weak"

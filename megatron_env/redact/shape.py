@@ -20,7 +20,11 @@ Harmless forms, never masked: hex (digests, git SHAs, addresses, UUIDs, GPU-/MIG
 PCI bus ids), numbers, sizes, times and versions (digits with at most a few letters: `1e-4`,
 `12.5GiB`, `2.11.0+cu130`, `cu130`), words and identifiers (`ProcessGroupNCCL`, `mlx5_0`,
 `expandable_segments`), host names and paths (made of those), NIC names, tempfile and
-mktemp names, NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves. Hex is
+mktemp names, NCCL's `host:pid:tid` prefix, mangled C++ symbols, the masks themselves; and
+generated names by their grammar and where they are printed (`_GENERATED_PIECE`, `_KEPT`): a
+pod's ReplicaSet hash and suffix, Ray submission ids, SRI and go.sum digests, base32 and Nix
+base32 store hashes, S3's extended request ids, trackers' run ids and dashboards' uids in their
+URLs, uv's archive ids, conda build strings, `git describe`'s `g<sha>`. Hex is
 harmless here only because a git SHA and a W&B key look the same: a hex key is masked by where it
 stands (pass 1: a key's name, a login command), never by its shape.
 """
@@ -84,10 +88,20 @@ LONG_HEX = 32
 _ID_HEX = re.compile(rf"\d:[0-9a-fA-F]{{{LONG_HEX}}}")
 
 
+# generated names by their grammar: a digest in lower-case base32 (Spack's, torch inductor's)
+# or Nix's base32 (`/nix/store/<32>-name`), 160 or 256 bits; `git describe`'s `g<sha>` and a
+# version's `+git<sha>`; a conda build string's `py312h<7 hex>`; a Ray submission id
+_GENERATED_PIECE = re.compile(r"[a-z2-7]{32}|[a-z2-7]{52}|[0-9a-df-np-sv-z]{32}|[0-9a-df-np-sv-z]"
+                              r"{52}|g(?:it)?[0-9a-f]{7,40}|(?:[a-z]+[0-9]*)?h[0-9a-f]{7}|"
+                              r"raysubmit")
+
+
 def _harmless_piece(p: str) -> bool:
     """A piece that is a recognised harmless form: hex, a number, a size or version part, a
-    network interface's name (`enp220s0np0`, `ib0`), a temporary file's."""
-    if not p or _HEX.fullmatch(p) or _NIC.fullmatch(p) or _TEMP.fullmatch(p):
+    network interface's name (`enp220s0np0`, `ib0`), a temporary file's, a generated name's
+    (`_GENERATED_PIECE`)."""
+    if not p or _HEX.fullmatch(p) or _NIC.fullmatch(p) or _TEMP.fullmatch(p) or (
+            _GENERATED_PIECE.fullmatch(p)):
         return True
     digits = sum(c.isdigit() for c in p)
     return digits * 2 >= len(p) and _NUMBERISH.fullmatch(p) is not None and len(
@@ -148,6 +162,10 @@ def random_looking(value: str) -> bool:
     a value behind a weak secret name (pass 1), where shorter values are judged too."""
     if len(value) < 8 or value.isalpha() and value.islower():
         return False
+    motif = next((n for n in range(2, 5) if value == (value[:n] * len(value))[:len(value)]), 0)
+    if motif:  # a short motif repeated (`Xk9Xk9Xk9Xk9`): typed to fill a length, not a word
+        return sum(any(f(c) for c in value[:motif]) for f in (str.isalpha, str.isdigit,
+                                                              lambda c: not c.isalnum())) >= 2
     counts = Counter(value)
     bits = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
     classes = sum(any(f(c) for c in value) for f in (str.islower, str.isupper, str.isdigit))
@@ -279,9 +297,37 @@ def _mark(seg: str) -> str:
     return "neutral" if len(seg) <= 8 else "clean"
 
 
+# generated names by their grammar where they are printed, kept whole: a Kubernetes pod's
+# ReplicaSet hash and suffix (its alphabet has no vowels, no 0, 1, 3), a Ray submission id, SRI
+# and go.sum digests (`sha512-<base64>`, `h1:<base64>`), S3's extended request id, a tracker's
+# run id and a dashboard's uid in their URL paths, uv's archive ids, macOS's temporary folders
+_SAFE = "[bcdfghjklmnpqrstvwxz2456789]"
+_KEPT = re.compile(
+    rf"(?<![\w-])[a-z0-9]+(?:-[a-z0-9]+)*-{_SAFE}{{6,10}}-{_SAFE}{{5}}(?![\w-])"
+    r"|(?<![\w-])raysubmit_[A-Za-z0-9]{16}(?![A-Za-z0-9])"
+    r"|(?<![\w-])(?:sha(?:1|256|384|512)-|h1:)[A-Za-z0-9+/]{27,86}={0,2}(?![\w+/=-])"
+    r"|(?i:x-amz-id-2|extended request id)[\"']?[ \t]*[:=][ \t]*[\"']?[A-Za-z0-9+/]{40,}={0,2}"
+    r"|/runs/[a-z0-9]{8}(?![\w-])|/(?:d|d-solo|uid)/[A-Za-z0-9_-]{9,14}(?=/|\?|[\s\"']|$)"
+    r"|/archive-v0/[A-Za-z0-9_-]{21}(?![\w-])|/var/folders/\w{2}/\w{30}/T/")
+_KEPT_HINT = ("-", "raysubmit", "h1:", "amz", "equest", "/runs/", "/d", "/uid/", "archive",
+              "/var/folders/")
+
+
+def _chunks(s: str, redact: Callable[[str], str]) -> str:
+    return _CHUNK.sub(lambda m: _chunk(m.group(), redact), s)
+
+
 def mask(s: str, redact: Callable[[str], str]) -> str:
     """`s` with every random-looking segment masked (module docstring); `redact` is the whole
-    redaction, for what a base64 blob decodes to."""
+    redaction, for what a base64 blob decodes to. A generated name in its place (`_KEPT`) is
+    held out: looked for only in a line where something was to be masked."""
     if len(s) < MIN_RANDOM:
         return s
-    return _CHUNK.sub(lambda m: _chunk(m.group(), redact), s)
+    done = _chunks(s, redact)
+    if done == s or not any(map(s.__contains__, _KEPT_HINT)):
+        return done
+    out, pos = [], 0
+    for m in _KEPT.finditer(s):
+        out += [_chunks(s[pos:m.start()], redact), m.group()]
+        pos = m.end()
+    return "".join(out) + _chunks(s[pos:], redact) if out else done

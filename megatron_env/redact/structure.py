@@ -4,7 +4,12 @@ A password can be `hunter2`: no shape pass sees it, so the places a secret is wr
 masked first, each a rule of a table below:
 - a PEM block of any kind, with real newlines or `\\n` escapes (a service-account JSON);
 - the value after a secret-named key in any spelling (`--password X`, `--api-key=X`, `PWD=X`,
-  `password: X`, `"client_secret": "X"`, `b'X'`, `auth=('user', 'X')`); quoted name-value pairs
+  `password: X`, `"client_secret": "X"`, `b'X'`, `auth=('user', 'X')`, `'password' => 'X'`,
+  `{b'password': b'X'}`, ODBC's `Pwd={X}`), a label in any language and of up to four words
+  (`Passwort: X`, `mot de passe : X`, `Secret ID: X`; after a colon, the rest of the line), a
+  table's row (`password    X`, `| password | X |`), a directive (`requirepass X`), each also
+  after what a log puts before a line; a password's label in a sentence (`A temporary password
+  is generated for root@localhost: X`); quoted name-value pairs
   (an argv list `['curl', '--oauth2-bearer', 'X']`, gRPC metadata `[('authorization', 'X')]`);
 - commands that take a secret by position or glued to a flag (`docker login -p X`, `mysql -pX`,
   `mc alias set NAME URL KEY SECRET`, `wandb login X`, `curl -u user:X`, `pass:X`);
@@ -13,7 +18,9 @@ masked first, each a rule of a table below:
 - URLs: userinfo (a raw `@` in the password too), query and fragment pairs of secret keys, path
   segments that are tokens (`/t/<token>/` of a conda channel, `/bot<id>:<token>/`, webhooks);
 - connect strings (`user/password@//host`), netrc entries, `.pgpass` lines;
-- the vendor token formats of `FORMATS`, under any name and anywhere.
+- the vendor token formats of `FORMATS`, under any name and anywhere;
+- a tool's own password options, SQL's `IDENTIFIED BY`, XML properties (megatron_env.redact.
+  options).
 Each rule runs only where its words are (substring tests first, regex scans after).
 """
 
@@ -22,7 +29,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from megatron_env.redact.names import STEMS, name_kind
+from megatron_env.redact import options
+from megatron_env.redact.names import ASCII_STEMS, STEMS, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking, reads_as_words
 
 # (words that must be in the line, the rule): a rule is scanned for only where its words are
@@ -38,20 +46,38 @@ _EXT = (r"\.(?:sig|json|toml|yaml|yml|txt|log|tar|gz|zst|xz|whl|pem|crt|key|pub|
 _FILE = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]+)*/?|[\w.+-]+(?:/[\w.@~+-]+)*" + _EXT)
 
 
+_ROOTED = re.compile(r"(?:~|\.{1,2})?/[\w.@~+-]+(?:/[\w.@~+-]+){2,}/?|(?:~|\.{1,2})?/[\w.@~+-]+"
+                     r"(?:/[\w.@~+-]+)+" + _EXT)
+
+
 def _a_path(value: str) -> bool:
     """A path, whatever it is called (`"signature": "out/bundle.sig"`): spelled as one, each
-    part written as words (`Tr0ub4dor/3` is a password, not a directory)."""
-    return _FILE.fullmatch(value) is not None and all(map(reads_as_words, value.split("/")))
+    part written as words (`Tr0ub4dor/3` is a password, not a directory); or rooted, three
+    parts deep or ending in a file's name, its top folder a word: a temporary folder's random
+    suffix is part of a path (`/tmp/bundle-x8K2q9/b.sig`)."""
+    if _FILE.fullmatch(value) is None:
+        return False
+    if _ROOTED.fullmatch(value) and reads_as_words(value.lstrip("~./").split("/", 1)[0]):
+        return True
+    return all(map(reads_as_words, value.split("/")))
+
+
+# a version: a package's in `pip list` (`google-auth   2.29.0`) or a pin (`google-auth==2.29.0`)
+_VERSION = re.compile(r"=?=?v?\d+(?:\.\d+){1,3}(?:(?:a|b|rc|\.?post|\.?dev)\d*)?(?:\+[\w.]+)?")
 
 
 def secret_value(kind: str | None, value: str) -> bool:
     """Whether `value`, standing behind a name of this kind, is to be masked. A path is a path
-    whatever it is called; a weak name's value only when it looks random."""
-    if kind is None or not value or _PLAIN.fullmatch(value) or _a_path(value):
+    and a version a version whatever it is called; a weak name's value only when it (or one of
+    its words) looks random."""
+    if kind is None or not value or _PLAIN.fullmatch(value) or _VERSION.fullmatch(value) or (
+            _a_path(value)):
         return False
     if kind == "strong":
         return True
-    return random_looking(value)
+    # a weak name's value of several words (`Key: avg_train_loss, Value: 0.24`, a metric's
+    # name and its number) is judged word by word: masked when one of them looks random
+    return any(random_looking(word.strip(",;")) for word in value.split())
 
 
 # ----------------------------------------------------------------------------- vendor formats
@@ -142,21 +168,47 @@ _URL_PAIR = re.compile(
 _URL_PATH = re.compile(r"(:/{1,2}[^\s\"']*?/t/)([^/\s\"']{6,})|(/bot\d+:)([^/\s\"']+)|"
                        r"(:/{1,2}[^\s\"']*?/(?:services|webhooks?|webhookb2|IncomingWebhook|hooks)/)"
                        r"([^\s\"'?#<>]{8,})", re.I)
-_CONNECT = re.compile(r"(?<![\w/.:-])([A-Za-z_][\w.$-]*/)([^\s/@\"']+)(@(?://|[\w.-]+:\d+))")
+_CONNECT = re.compile(r"(?:(?<![\w/.:-])|(?<=:thin:)|(?<=:oci:))([A-Za-z_][\w.$-]*/)([^\s/@\"']+)"
+                      r"(@(?://|[\w.-]+:\d+))")
 _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]igest|"
           r"[Nn]egotiate|NTLM|OAuth|AWS4-HMAC-SHA256)[ \t]+)?(?P<pre>[bBrRuU]{0,2}(?=[\"']))?"
           r"(?:(?P<vq>\\{0,3}[\"'])(?P<qv>(?:(?!(?P=vq))(?:\\.|[^\n]))*)(?P<vc>(?P=vq)|$)"
           r"|(?P<tv>[(\[](?:[ \t]*[bBrRuU]{0,2}(?:'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")"
           r"[ \t]*,?)+[ \t]*[)\]])"
+          r"|(?P<brv>\{[^{}\n]*\})(?=$|[\s;,\"'])"
           r"|(?P<bv><[^<>\n]*>(?=$|[\s\"'`,;&)}\]])|[^\s\"'`,;&)}\]]*))")
+# a key in any spelling: `--name`, `name`, `"name"`, `b'name'`, a label in any language; its
+# separator `=`, `:`, `=>`, a full-width colon, `is:`, with spaces or no-break spaces around
 _KV = re.compile(
-    r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|(?P<kq>\\{0,3}[\"'])?)(?P<name>[A-Za-z_][\w.-]*)"
-    r"(?(kq)(?P=kq)))(?P<sep>[ \t]*[:=][ \t]*|(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
+    r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|[bBuU]?(?P<kq>\\{0,3}[\"'])?)(?P<name>[^\W\d][\w.-]*)"
+    r"(?(kq)(?P=kq)))(?P<sep>[ \t\u00a0]*(?:=>|[:=\uff1a])[ \t\u00a0]*|[ \t]+is[ \t]*:[ \t]*|"
+    r"(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
 _SPACE = re.compile(r"[\s\"'`]")
-# `NAME=value` (an env file) or `name: value` (YAML) on a line of its own: the value is the
-# rest of the line, whatever characters it holds
-_LINE = re.compile(r"(?m)^([ \t]*(?:export[ \t]+|-[ \t]+)?([A-Za-z_][\w.-]*)(?:=|[ \t]*:[ \t]+))"
-                   r"(?![\"'])([^\r\n]+)")
+# `NAME=value` (an env file) or `name: value` (YAML) on a line of its own, or after what a log
+# puts before a line's text (`2026-12-05T10:00:01Z node3 job[41]: `, `INFO x: `, `| `): the value
+# is the rest of the line, whatever characters it holds; the name may be a label of up to four
+# words (`Client secret : X`, `mot de passe : X`), its separator `=`, `=>`, `:`, a full-width
+# colon, a no-break space, or two spaces and more (a table's row)
+_LINE = re.compile(r"([ \t]*(?:export[ \t]+|-[ \t]+)?([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3})"
+                   r"(?:[ \t\u00a0]*(?:=>?|\uff1a)|[ \t]*:(?:[ \t\u00a0]+|(?=[^\x00-\x7f]))"
+                   r"|[ \t]{2,}|\t)[ \t\u00a0]*)(?![ \t\u00a0]*[\"'])([^\r\n]+)")
+# a directive and its one value, alone on a line: `requirepass X` (a plain word as the name,
+# `password changed`, is a sentence and no directive); a table's row `| password | X |`
+_DIRECTIVE = re.compile(r"([ \t]*([^\W\d][\w.-]*)[ \t]+)(\S+)[ \t]*$", re.M)
+_TABLE = re.compile(r"([ \t]*\|[ \t]*([^\W\d][\w.-]*(?:[ \t][^\W\d][\w.-]*){0,3})[ \t]*\|"
+                    r"[ \t]*)([^|\n]*?)(?=[ \t]*\|)")
+# where a log's prefix ends: `]: `, `x: `, `| `
+_PREFIX_ENDS = (": ", ":\t", "| ")
+# a password's label in a sentence, its value after the sentence's colon at the line's end:
+# `A temporary password is generated for root@localhost: X`
+_SENTENCE = re.compile(r"(?i)(?:passw|passphrase|passcode|пароль|密码|kennwort|contrase|senha|"
+                       r"wachtwoord)[^\W\d_]*"
+                       r"((?:[ \t]+[\w@.'-]+){1,6}?[ \t]*:[ \t]+)(\S[^\n]*?)[ \t]*$", re.M)
+# (the noun, not `pass`: a status word in a table's row, `job.clean  pass  ...: X`)
+_SENTENCE_WORDS = ("passw", "passphrase", "passcode", "пароль", "密码", "kennwort", "contrase",
+                   "senha", "wachtwoord")
+_PLAIN_NAMES = frozenset({"password", "passwd", "token", "secret", "pass", "auth", "cookie",
+                          "signature", "credentials", "credential", "authorization", "key"})
 _QUOTED = re.compile(r"([bBrRuU]{0,2})([\"'])((?:(?!\2)(?:\\.|[^\n]))*)\2")
 # a quoted name, a comma, a quoted value: argv lists and (name, value) tuples
 _PAIR = re.compile(r"([\"'])-{0,2}([A-Za-z_][\w.-]*)\1[ \t]*,[ \t]*(?=[bBrRuU]{0,2}([\"'])"
@@ -236,12 +288,29 @@ def _kv(s: str) -> str:
             out += [s[pos:m.end()], m.group("scheme") or "", masked]
             pos = m.end("tv")
             continue
+        if m.group("brv") is not None:  # ODBC's `Pwd={...}`: what the braces hold
+            if kind == "strong" and len(m.group("brv")) > 2:
+                out += [s[pos:m.end()], "{", REDACTED, "}"]
+                pos = m.end("brv")
+            continue
         value = m.group("qv") if m.group("vq") is not None else m.group("bv")
         end = m.end("vc") if m.group("vq") is not None else m.end("bv")
         if m.group("vq") is None and kind == "strong" and secret_value(kind, value or "x"):
-            # a secret's bare value ends at a space, not at `&`, `,` or `)` it may hold
-            stop = _SPACE.search(s, end)
-            end = stop.start() if stop else len(s)
+            # a secret's bare value ends at a space, not at `&`, `,` or `)` it may hold; after
+            # a label's colon (`admin password: a whole sentence`) at the line's end; in a
+            # connection string (`;Password=a b;`) at its `;`
+            sep = m.group("sep")
+            line_end = s.find("\n", end)
+            line_end = len(s) if line_end < 0 else line_end
+            if m.group("dash") is None and sep[-1:].isspace() and sep.strip() in (
+                    ":", "\uff1a", "is:", "is :"):
+                end = len(s[:line_end].rstrip())
+            elif sep == "=" and s[m.start() - 1:m.start()] == ";":
+                stop = s.find(";", end, line_end)
+                end = line_end if stop < 0 else stop
+            else:
+                space = _SPACE.search(s, end)
+                end = space.start() if space else len(s)
             value = s[m.end("bv") - len(value):end]
         if not secret_value(kind, value.strip()):
             continue
@@ -251,11 +320,86 @@ def _kv(s: str) -> str:
     return "".join(out) + s[pos:] if out else s
 
 
+def _label(label: str) -> str | None:
+    """How secret the value behind a label of one to four words is (`Client secret`, `mot de
+    passe`, `Root password is`)."""
+    words = label.split()
+    if len(words) > 1 and words[-1].lower() in ("is", "was"):
+        words = words[:-1]
+    return name_kind("_".join(words))
+
+
 def _line(m: re.Match[str]) -> str:
+    if " " in m.group(2).strip() and "=" in m.group(1)[m.end(2) - m.start(1):]:
+        return m.group(0)  # words before `=` are a sentence's (`a password=X b`), no label
     value = m.group(3).rstrip()
-    if not secret_value(name_kind(m.group(2)), value):
+    if not secret_value(_label(m.group(2)), value):
         return m.group(0)
     return m.group(1) + REDACTED + m.group(3)[len(value):]
+
+
+def _directive(m: re.Match[str]) -> str:
+    name = m.group(2)
+    if name.lower() in _PLAIN_NAMES or name_kind(name) != "strong" or not secret_value(
+            "strong", m.group(3)):
+        return m.group(0)
+    return m.group(1) + REDACTED
+
+
+def _sentence(m: re.Match[str]) -> str:
+    start = m.start()
+    while start > 0 and (m.string[start - 1].isalpha()):
+        start -= 1
+    word = m.string[start:m.start(1)]
+    if name_kind(word) != "strong" or not secret_value("strong", m.group(2)):
+        return m.group(0)
+    return m.group(0)[:m.start(2) - m.start()] + REDACTED
+
+
+def _starts(s: str, begin: int, end: int) -> list[int]:
+    """Where a line's text may begin: the line's start, and after a log's prefix."""
+    out = [begin]
+    for sep in _PREFIX_ENDS:
+        i = s.find(sep, begin, end)
+        while i > begin:
+            if sep == "| " or s[i - 1] in ")]" or s[i - 1].isalnum() or s[i - 1] == "_":
+                out.append(i + len(sep))
+            i = s.find(sep, i + 1, end)
+    return sorted(set(out))
+
+
+_LineRule = tuple[re.Pattern[str], Callable[[re.Match[str]], str]]
+
+
+def _at_line_starts(s: str, rules: tuple[_LineRule, ...]) -> str:
+    """Each rule tried where a line's text may begin (`_starts`); the first that changes a
+    line is its change (each takes a value to the line's end)."""
+    out, pos, begin = [], 0, 0
+    while begin <= len(s):
+        end = s.find("\n", begin)
+        end = len(s) if end < 0 else end
+        done = False
+        for at in _starts(s, begin, end):
+            for pattern, repl in rules:
+                m = pattern.match(s, at, end)
+                if m is None:
+                    continue
+                new = repl(m)
+                if new != m.group(0):
+                    out += [s[pos:m.start()], new]
+                    pos, done = m.end(), True
+                    break
+            if done:
+                break
+        begin = end + 1
+    return "".join(out) + s[pos:] if out else s
+
+
+def _table(m: re.Match[str]) -> str:
+    value = m.group(3).strip()
+    if not secret_value(_label(m.group(2)), value):
+        return m.group(0)
+    return m.group(1) + REDACTED
 
 
 def _pairs(s: str) -> str:
@@ -263,9 +407,9 @@ def _pairs(s: str) -> str:
     at, so it may be the name of the next pair (`'curl', '--oauth2-bearer', 'X'`)."""
     out, pos = [], 0
     for m in _PAIR.finditer(s):
-        if m.start() < pos or not secret_value(name_kind(m.group(2)) or _header_kind(
-                m.group(2)), m.group(4).strip()):
-            continue
+        if m.start() < pos or m.group(4).startswith("-") or not secret_value(name_kind(
+                m.group(2)) or _header_kind(m.group(2)), m.group(4).strip()):
+            continue  # (an option after a command's name is the next pair's name)
         start = m.end() + s[m.end():].index(m.group(3))
         out += [s[pos:start + 1], REDACTED]
         pos = start + 1 + len(m.group(4))
@@ -289,7 +433,7 @@ def _netrc(m: re.Match[str]) -> str:
 
 def _b64_line(m: re.Match[str]) -> str:
     v = m.group(2)
-    if v.isdigit() or not (any(c.islower() for c in v) and any(c.isupper() for c in v)
+    if v.isdigit() or _a_path(v) or not (any(c.islower() for c in v) and any(c.isupper() for c in v)
                            and any(c.isdigit() for c in v)):
         return m.group(0)
     return m.group(1) + REDACTED + m.group(3)
@@ -317,6 +461,9 @@ def mask_urls(text: str) -> str:
     return _URL_PAIR.sub(r"\1***", _URL_USERINFO.sub(r"\1***@", text))
 
 
+_LINE_RULES: tuple[_LineRule, ...] = ((_LINE, _line), (_DIRECTIVE, _directive),
+                                       (_TABLE, _table))
+
 RULES: tuple[Rule, ...] = (
     (("-----begin",), lambda s: _PEM.sub(_pem, s)),
     (("kty",), lambda s: _JWK.sub(lambda m: m.group(1) + REDACTED, s)),
@@ -326,6 +473,7 @@ RULES: tuple[Rule, ...] = (
     (("auth", "cookie", "api-key", "token", "key:", "secret"), lambda s: _HEADER.sub(_header, s)),
     (("mc ",), lambda s: _MC_KEY.sub(lambda m: m.group(1) + REDACTED, s)),
     (("",), _COMMAND_RULE),
+    (("",), options.mask),  # its words are its own
     (("password", "account"), lambda s: _NETRC_LINE.sub(
         lambda m: m.group(1) + REDACTED, _NETRC.sub(_netrc, s))),
     ((":",), lambda s: _PGPASS.sub(lambda m: m.group(1) + REDACTED, s) if s.count(":") >= 4
@@ -333,7 +481,8 @@ RULES: tuple[Rule, ...] = (
     (("",), _FORMAT_RULE),
     (("earer", "basic", "token"), lambda s: _BEARER.sub(_bearer, s)),
     (STEMS, _pairs),
-    (STEMS, lambda s: _LINE.sub(_line, s)),
+    (_SENTENCE_WORDS, lambda s: _SENTENCE.sub(_sentence, s) if ": " in s else s),
+    (STEMS, lambda s: _at_line_starts(s, _LINE_RULES)),
     (STEMS, _kv),
 )
 
@@ -341,8 +490,15 @@ RULES: tuple[Rule, ...] = (
 def mask(s: str) -> str:
     """Every rule of RULES, each where its words are."""
     low = s.lower()
+    stems: bool | None = None  # looked for once: three rules share them
     for words, rule in RULES:
-        if any(map(low.__contains__, words)):
+        if words is STEMS:
+            if stems is None:
+                stems = any(map(low.__contains__, ASCII_STEMS if low.isascii() else STEMS))
+            hit = stems
+        else:
+            hit = any(map(low.__contains__, words))
+        if hit:
             done = rule(s)
             if done != s:
                 s, low = done, done.lower()

@@ -114,22 +114,27 @@ def _inputs_now(upstream: str, step: Step, ctx: Context) -> str | None:
 
 
 def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
-    """Carry the decisions out in order; the first failure stops the chain. The chain's digest
-    is carried along as the steps leave it (a step's inputs may change while it runs: the
-    steps after it are stamped with what is there now)."""
+    """Carry the decisions out in order; the first failure stops the chain: every step after
+    it, skipped ones too, is reported as not run and nothing of it runs (a skipped step between
+    them does not let a later one run on a state the failed step left). A step that fails, or
+    crashes with any other exception (a bug, Ctrl-C), loses its stamp: the next run runs it
+    again. The chain's digest is carried along as the steps leave it (a step's inputs may
+    change while it runs: the steps after it are stamped with what is there now)."""
     rows: list[Row] = []
     ran: list[str] = []  # stamped steps that ran in this run
     upstream = ""
+    failed = False
     for d in decisions:
         name = d.step.name
+        if failed:
+            if d.action is not Action.UNCHOSEN:
+                rows.append(Row(name, Outcome.NOT_RUN, 0.0, "an earlier step failed"))
+            continue
         if d.action in (Action.UNCHOSEN, Action.SKIP):
             stamp, _ = state.read(ctx.stamps, name)
             upstream = _digest(upstream, stamp.digest if stamp else "")
             if d.action is Action.SKIP:
                 rows.append(Row(name, Outcome.SKIPPED, 0.0, d.why))
-            continue
-        if rows and rows[-1].status in (Outcome.FAILED, Outcome.NOT_RUN):
-            rows.append(Row(name, Outcome.NOT_RUN, 0.0, "an earlier step failed"))
             continue
         t0 = time.monotonic()
         try:
@@ -148,9 +153,13 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
             rows.append(Row(name, Outcome.DONE, time.monotonic() - t0, detail))
         except UserError as e:
             state.remove(ctx.stamps, name)
+            failed = True
             rows.append(Row(name, Outcome.FAILED, time.monotonic() - t0,
                             e.message + (f"\nhint: {e.fix}" if e.fix else "")))
-    return rows, not any(r.status is Outcome.FAILED for r in rows)
+        except BaseException:
+            state.remove(ctx.stamps, name)  # what it left is unknown: it runs next time
+            raise
+    return rows, not failed
 
 
 def predict(ctx: Context, decisions: list[Decision]) -> list[Row]:
@@ -223,7 +232,7 @@ def one_step(ctx: Context, name: str, body: Callable[[], tuple[T, str]]) -> T:
             (d,) = [x for x in decide(ctx, [name]) if x.step.name == name]
             try:
                 result, detail = body()
-            except UserError:
+            except BaseException:  # a refusal, a crash or Ctrl-C: the step runs next time
                 state.remove(ctx.stamps, name)
                 raise
             if (now := _inputs_now(d.upstream, d.step, ctx)) is not None:

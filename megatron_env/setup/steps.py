@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from megatron_env import digest, findings, output
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding
-from megatron_env.kernels import build, together
+from megatron_env.kernels import build, imports, together
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, env, lock, manifest
@@ -298,7 +298,16 @@ def _verify_run(ctx: Context) -> str:
                                 fix="reinstall those packages in the adopted environment",
                                 kind="env.changed")
         manifest.save(manifest.scan(facts["sites"]), ctx.stamps / ADOPTED_MANIFEST)
-    where = Path(facts["imported"]["megatron.core"]).parent.parent.parent.name
+    core = Path(facts["imported"]["megatron.core"])
+    kernels = _kernel_packages(ctx)
+    built = {m for k in kernels for m in k.modules}
+    if not _builds_skip(ctx) and (gone := imports.not_built(
+            core.parent.parent, [k.name for k in kernels], built)):
+        raise UserError("Megatron imports compiled modules the setup did not build: "
+                        + ", ".join(f"{m} ({at})" for m, at in sorted(gone.items())),
+                        fix=f"add them to their kernel's table in {ctx.profile.path} (the "
+                            "choice that lists its modules)", kind="verify.kernel-module-missing")
+    where = core.parent.parent.parent.name
     return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
            f"megatron.core from {where} and its dataset helpers: ok"
 
