@@ -12,6 +12,17 @@ from megatron_env import commands
 from megatron_env.commands import cli
 
 
+class _Task(Task):
+    """invoke's short flags, but those cli.SHORTS fixes (-j: --jobs; --json: none)."""
+
+    def arg_opts(self, name, default, taken_names):
+        fixed = {s for s in cli.SHORTS.values() if s}
+        opts = super().arg_opts(name, default, taken_names | fixed)
+        if name in cli.SHORTS:
+            opts["names"] = [opts["names"][0], *filter(None, [cli.SHORTS[name]])]
+        return opts
+
+
 def _task(cmd: cli.Command) -> Task:
     def body(c, **options):
         if code := cmd.fn(**options):
@@ -25,7 +36,7 @@ def _task(cmd: cli.Command) -> Task:
     # invoke's help shows no value for a repeatable option: its help line names it
     helps = {k: f"{k.upper()} (repeatable): {v}" if k in cmd.iterable else v
              for k, v in cmd.help.items()}
-    return Task(body, name=cmd.name, help=helps, iterable=list(cmd.iterable))
+    return _Task(body, name=cmd.name, help=helps, iterable=list(cmd.iterable))
 
 
 # Ctrl-C interrupts even where SIGINT was inherited as ignored (a job started by a script with &)

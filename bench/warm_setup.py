@@ -12,6 +12,15 @@ manifest it reads; and one `--verify-deep` run (every file re-hashed, imports pr
 
 Extra arguments for `invoke setup` (for example --no-builds) follow `--`. JSON on stdout, and
 into --out when given.
+
+    python bench/warm_setup.py ... --against OTHER_CHECKOUT -- --no-builds
+
+times another checkout of the tool (an older commit, unpacked) on the same environment, its
+runs alternating with this one's, and reports the ratio of the medians. Where strace is
+installed, one more run of each is traced and every program it starts is counted (the
+subprocesses a warm run costs). Bytecode is written and used as an installed tool's is
+(PYTHONDONTWRITEBYTECODE is dropped from the children's environment: with it set, every run
+compiles every imported module again).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,18 +51,54 @@ FRONT = {"invoke": ["-m", "invoke"], "megatron-env": ["-m", "megatron_env"]}
 _front = FRONT["invoke"]
 
 
-def setup(args: list[str]) -> tuple[float, dict, str]:
+def _env() -> dict[str, str]:
+    """The children's environment: one state root for both checkouts (the same environment and
+    Megatron checkout), bytecode as an installed tool has it."""
+    e = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**e, "COLUMNS": "250", "MEGATRON_ENV_STATE": os.environ.get("MEGATRON_ENV_STATE",
+                                                                        str(ROOT))}
+
+
+def setup(args: list[str], tree: Path = ROOT, wrap: list[str] | None = None
+          ) -> tuple[float, dict, str]:
     """(wall seconds, {step: [status, seconds]}, output) of one `invoke setup` process (or
-    `megatron-env setup`, --front)."""
+    `megatron-env setup`, --front), run from `tree` (its megatron_env is the one imported)."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, *_front, "setup", *args], cwd=ROOT,
-                       capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"})
+    r = subprocess.run([*(wrap or []), sys.executable, *_front, "setup", *args], cwd=tree,
+                       capture_output=True, text=True, env=_env())
     seconds = time.perf_counter() - t0
     steps = {m.group(1): [m.group(2), float(m.group(3))] for m in ROW.finditer(r.stdout)}
     if r.returncode:
         raise SystemExit(f"invoke setup {' '.join(args)} failed (exit {r.returncode}):\n"
                          f"{r.stdout[-3000:]}{r.stderr[-2000:]}")
     return seconds, steps, r.stdout
+
+
+def execs(args: list[str], tree: Path) -> dict | None:
+    """The programs one warm run starts (successful execve calls after the tool's own), from
+    strace; None when strace is not installed."""
+    if not shutil.which("strace"):
+        return None
+    import tempfile
+
+    # one file per process (-ff): no call split across lines by another thread's
+    with tempfile.TemporaryDirectory(prefix="warm-setup-strace-") as tmp:
+        setup(args, tree, ["strace", "-f", "-ff", "-qq", "-e", "trace=execve", "-e",
+                           "signal=none", "-o", f"{tmp}/trace"])
+        per_pid = {int(f.suffix[1:]): re.findall(r'^execve\("([^"]+)".*\) = 0$',
+                                                  f.read_text(), re.M)
+                   for f in Path(tmp).iterdir()}
+    # the first process is the tool's own; a process that execs twice (a wrapper script, then
+    # its program) counts once, named by what it ran last
+    started = [ran[-1] for _pid, ran in sorted(per_pid.items())[1:] if ran]
+    names: dict[str, int] = {}
+    for exe in started:
+        names[Path(exe).name] = names.get(Path(exe).name, 0) + 1
+    return {"processes": len(started), "programs": names}
+
+
+def _summary(walls: list[float]) -> dict:
+    return {"median": statistics.median(walls), "min": min(walls), "max": max(walls)}
 
 
 def main() -> int:
@@ -65,6 +111,9 @@ def main() -> int:
                    help="the command a user starts: `invoke setup` (imports invoke, ~0.3 s) or "
                         "the `megatron-env setup` console command")
     p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--against", type=Path, help="another checkout of the tool to time, "
+                   "alternating with this one (its commit: --against-name)")
+    p.add_argument("--against-name", default=None, help="what --against is (a commit)")
     p.add_argument("rest", nargs="*", help="after --: more `invoke setup` arguments")
     a = p.parse_args()
     global _front
@@ -74,12 +123,18 @@ def main() -> int:
     prefix = Path(a.prefix).absolute() if a.prefix else env.default_prefix(prof)
     args = ["--profile", prof.name, "--prefix", str(prefix), *a.rest]
     if a.adopt:
-        args += ["--adopt", a.adopt]
+        args += ["--adopt", str(Path(a.adopt).absolute())]  # both checkouts' cwd
     setup(args)  # warm-up: must already be set up, so this one only re-checks
-    runs = []
+    other = a.against.absolute() if a.against else None
+    if other:
+        setup(args, other)  # its bytecode written; must be up to date for it too
+    runs, against = [], []
     for _ in range(a.repeat):
         seconds, steps, _out = setup(args)
         runs.append({"seconds": round(seconds, 3), "steps": steps})
+        if other:
+            seconds, steps, _out = setup(args, other)
+            against.append({"seconds": round(seconds, 3), "steps": steps})
     walls = [r["seconds"] for r in runs]
 
     where = (prefix.with_name(prefix.name + ".setup") / pipeline.ADOPTED_MANIFEST if a.adopt
@@ -102,15 +157,22 @@ def main() -> int:
         "profile": prof.name, "prefix": str(prefix), "adopt": a.adopt,
         "command": [a.front, "setup", *args],
         "repeat": a.repeat,
-        "warm_setup_seconds": {"median": statistics.median(walls), "min": min(walls),
-                               "max": max(walls)},
+        "warm_setup_seconds": _summary(walls),
         "runs": runs,
+        "execs": execs(args, ROOT),
         "stat_check": {"files": sum(len(d["files"]) for d in m["dists"].values()),
                        "packages": len(m["dists"]), "bytes": m["bytes"],
                        "load_seconds": round(loaded, 4), "check_seconds": round(checked, 4),
                        "differences": len(diffs)},
         "verify_deep": {"seconds": round(deep_seconds, 3), "steps": deep_steps},
     }
+    if other:
+        theirs = [r["seconds"] for r in against]
+        doc["against"] = {"checkout": a.against_name or str(other),
+                          "warm_setup_seconds": _summary(theirs), "runs": against,
+                          "execs": execs(args, other),
+                          "ratio_of_medians": round(statistics.median(walls)
+                                                    / statistics.median(theirs), 3)}
     text = json.dumps(doc, indent=2) + "\n"
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -271,6 +271,26 @@ def read_json(path: Path) -> tuple[Any, str]:
         return None, f"{path} is not JSON ({e})"
 
 
+def size_of(path: Path, seconds: float = 0.0) -> tuple[int, bool]:
+    """(bytes under `path`, whether all were counted): links counted as links (never
+    followed), unreadable parts skipped; with `seconds`, the walk stops after that long (a
+    large cache on a slow filesystem, counted while the user waits) and says so."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0, True
+    if not path.is_dir() or path.is_symlink():
+        return st.st_size, True
+    total, end = 0, time.monotonic() + seconds
+    for root, dirs, names in os.walk(path, onerror=lambda e: None):
+        for n in dirs + names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, n)).st_size
+        if seconds and time.monotonic() > end:
+            return total, False
+    return total, True
+
+
 # --- full filesystems -------------------------------------------------------------------------
 
 
@@ -291,18 +311,22 @@ def free_bytes(path: str | os.PathLike[str]) -> int:
     return shutil.disk_usage(mount_of(path)).free
 
 
-def _mib(n: int) -> str:
+def _size(n: int) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:,.1f} GiB"
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
-def full(path: str | os.PathLike[str], needed: int | None = None, what: str = "") -> UserError:
-    """The error for a filesystem without room for `what` (`needed` bytes, when known)."""
+def full(path: str | os.PathLike[str], needed: int | None = None, what: str = "",
+         fix: str = "") -> UserError:
+    """The error for a filesystem without room for `what` (`needed` bytes, when known), said
+    the same way by every writer: `no space on <mount> for <what>: N needed, M free`."""
     mount = mount_of(path)
     free = free_bytes(mount)
-    need = f"needs {_mib(needed)}, " if needed else ""
-    return UserError(f"no space left on {mount} for {what or path} ({need}{_mib(free)} free)",
-                     fix=f"free space on {mount} or write elsewhere (--out, --cache-dir, "
-                         "--prefix)", kind="disk.full")
+    need = f"{_size(needed)} needed, " if needed else ""
+    return UserError(f"no space on {mount} for {what or path}: {need}{_size(free)} free",
+                     fix=fix or f"free space on {mount} or write elsewhere (--out, --cache-dir, "
+                                "--prefix)", kind="disk.full")
 
 
 def ensure(path: str | os.PathLike[str], needed: int, what: str) -> None:
@@ -337,7 +361,7 @@ def full_anywhere() -> UserError:
     """The error for a failed write whose path is unknown: the nearly full filesystems named."""
     mounts = full_mounts()
     where = ", ".join(map(str, mounts)) or "a filesystem this command writes to"
-    return UserError(f"no space left on {where}",
+    return UserError(f"no space on {where}",
                      fix="free space there or write elsewhere (--out, --cache-dir, --prefix)",
                      kind="disk.full")
 
@@ -345,3 +369,11 @@ def full_anywhere() -> UserError:
 def said_full(output: str) -> bool:
     """Whether a child process's output says a write failed for space (its strerror text)."""
     return NO_SPACE in output
+
+
+def child_full(output: str, where: str | os.PathLike[str], what: str) -> None:
+    """A child process that failed writing under `where` for space (its output says so) is a
+    full filesystem, said as `full`, not as whatever the child's failure would otherwise read
+    as (an unreachable index, a failed fetch)."""
+    if said_full(output):
+        raise full(where, what=what)

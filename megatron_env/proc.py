@@ -131,6 +131,7 @@ def _run_streaming(args: tuple[str, ...], cwd: str | Path | None, env: Mapping[s
     lines: list[str] = []
     scrub = redact.Lines()  # one per stream: a PEM block's lines are masked until its END
     fh = log.open("w") if log is not None else None
+    p: subprocess.Popen[str] | None = None
     try:
         p = subprocess.Popen(
             args,
@@ -157,6 +158,11 @@ def _run_streaming(args: tuple[str, ...], cwd: str | Path | None, env: Mapping[s
                 on_line(line)
         rc = p.wait(timeout=timeout)
         _interrupted(rc)
+    except BaseException:  # an interrupt or SIGTERM of this process: the child goes with it
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
+        raise
     finally:
         if fh:
             fh.close()

@@ -3,9 +3,16 @@ uses, settled once per process and read by every module through `megatron_env.RE
 
 The order: the directory a front door was given (`--project`, or MEGATRON_ENV_PROJECT), else
 the checkout enclosing the working directory, else the checkout this package runs from (an
-editable install), else the copy shipped inside the wheel. A shipped copy is read-only data:
-what the tool writes (environments, caches, run directories) then goes under the working
-directory instead (`state_root`)."""
+editable install), else the copy shipped inside the wheel.
+
+Where the tool writes follows from that: in a project (a checkout, or a `--project`
+directory) environments go to `.megatron-env/` and caches to `.cache/` beside its profiles, as
+they always have; with the wheel's shipped copy (read-only data inside site-packages) they go to
+the user's directories of the platform (XDG: ~/.local/share/megatron-env/envs and
+~/.cache/megatron-env), never into whatever directory the command happens to run in.
+`--cache-dir` (front door) or MEGATRON_ENV_CACHE moves the cache, `--prefix` an environment;
+MEGATRON_ENV_STATE moves everything written by default (the test suite gives each test its
+own)."""
 
 from __future__ import annotations
 
@@ -14,12 +21,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ENV = "MEGATRON_ENV_PROJECT"
+CACHE_ENV = "MEGATRON_ENV_CACHE"
 STATE_ENV = "MEGATRON_ENV_STATE"
+APP = "megatron-env"
 #: The project files a wheel carries, under the package (setup.py copies them there).
 SHIPPED = Path(__file__).resolve().parent / "_project"
 _PACKAGE_CHECKOUT = Path(__file__).resolve().parent.parent
 
 _chosen: Path | None = None
+_cache_chosen: Path | None = None
 _root: tuple[Path, str] | None = None
 
 
@@ -79,14 +89,59 @@ def how() -> str:
     return _root[1]
 
 
+def choose_cache(path: str | os.PathLike[str] | None) -> None:
+    """The front door's `--cache-dir` (before MEGATRON_ENV_CACHE and the default)."""
+    global _cache_chosen
+    if path is not None:
+        _cache_chosen = Path(path).expanduser().absolute()
+
+
+def _user(kind: str) -> Path:
+    import platformdirs
+
+    get = platformdirs.user_cache_path if kind == "cache" else platformdirs.user_data_path
+    return Path(get(APP, appauthor=False)).absolute()
+
+
 def state_root() -> Path:
-    """Where the tool writes by default (environments, the cache unless MEGATRON_ENV_CACHE
-    says, run directories): MEGATRON_ENV_STATE when set (the test suite sets it, so no test
-    reads or writes what a checkout's own setup left), else the project, unless that is the
-    wheel's shipped copy (then the working directory)."""
-    if value := os.environ.get(STATE_ENV):
+    """Where the tool writes what is not a cache (run directories): MEGATRON_ENV_STATE when set
+    (the test suite sets it, so no test reads or writes what a checkout's own setup left), else
+    the project, or the user's data directory for the wheel's shipped copy."""
+    if state := _state():
+        return state
+    return _user("data") if how() == "shipped" else root()
+
+
+def _state() -> Path | None:
+    value = os.environ.get(STATE_ENV)
+    return Path(value).expanduser().absolute() if value else None
+
+
+def env_root() -> Path:
+    """Where environments live by default: .megatron-env in a project (or under
+    MEGATRON_ENV_STATE), the user's data directory's envs/ for the shipped copy."""
+    if state := _state():
+        return state / ".megatron-env"
+    return _user("data") / "envs" if how() == "shipped" else root() / ".megatron-env"
+
+
+def cache_root(environ: Mapping[str, str] | None = None) -> Path:
+    """The cache: --cache-dir, else MEGATRON_ENV_CACHE, else .cache in a project (or under
+    MEGATRON_ENV_STATE) or the user's cache directory for the shipped copy."""
+    if _cache_chosen is not None:
+        return _cache_chosen
+    value = (os.environ if environ is None else environ).get(CACHE_ENV)
+    if value:
         return Path(value).expanduser().absolute()
-    return Path.cwd().absolute() if how() == "shipped" else root()
+    return default_cache_root()
+
+
+def default_cache_root() -> Path:
+    """The cache where nothing moves it: .cache in a project (or under MEGATRON_ENV_STATE),
+    else the user's cache directory."""
+    if state := _state():
+        return state / ".cache"
+    return _user("cache") if how() == "shipped" else root() / ".cache"
 
 
 def commit() -> str | None:

@@ -206,6 +206,32 @@ def test_no_ninja_is_refused_with_the_fix(tmp_path):
     assert e.value.kind == "build.no-ninja"
 
 
+def test_the_no_ninja_warning_says_what_it_means(tmp_path, monkeypatch, capsys):
+    """Before: `...needs ninja; found none; the kernels build one after another`, without what
+    that costs or the fix (the hint was dropped)."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python").symlink_to(os.sys.executable)  # the environment's bin/ has no ninja
+    monkeypatch.setenv("PATH", str(bare))  # nor has anything else on PATH
+    pools = []
+
+    def builder(pkg, python, archs, *, echo, given, cache, child_env, pool):
+        pools.append(pool)
+        return build.Result(pkg.name, cache, False, 0.0, 1.0, None, {})
+
+    outcomes = together.build_together([pkg("a"), pkg("b")], bare / "python", ["9.0"],
+                                       echo=lambda *a: None, cache=tmp_path / "cache", jobs=2,
+                                       builder=builder)
+    assert [o.result is not None for o in outcomes] == [True, True] and pools == [None, None]
+    err = capsys.readouterr().err.splitlines()
+    (warning,) = [line for line in err if line.startswith("warning:")]
+    assert "needs ninja; found none" in warning
+    assert "so the 2 kernels build one after another, each with its own compile jobs, " \
+           "instead of side by side from one pool of 2; the builds are the same, only " \
+           "slower" in warning
+    assert err[err.index(warning) + 1].startswith("hint: pip install ninja where the build runs")
+
+
 def test_pool_width_from_cores_memory_and_cap():
     gib = 2**30
     assert jobserver.size(16, 125 * gib, "free", 5.0).slots == 16

@@ -455,3 +455,43 @@ def test_a_bundle_made_by_a_tool_without_torch_takes_the_sdist_from_the_index(
                env={"MEGATRON_ENV_CACHE": str(tmp_path / "node-cache"), "PYTHONPATH": str(repo)},
                offline_run=True)
     assert r.returncode == 0 and statuses(r.stdout)["lock"] == "done", flat(r)[-2000:]
+
+
+def test_a_bundle_needs_its_size_free_about_once_not_twice(repo, toolhouse, tmp_path):
+    """Its files are staged beside --out, then archived: before, the staged copy and the archive
+    stood side by side (twice the bundle's size). Now each staged file leaves as the archive
+    takes it in: a filesystem with room for the bundle and its largest file (well under twice
+    its size) holds the run; one with room for half of it is refused naming the need, with
+    nothing left behind."""
+    first = tmp_path / "first.tar"
+    make_bundle(repo, tmp_path, [toolhouse], "--out", first, "--adopt")
+    size = first.stat().st_size
+    with tarfile.open(first) as tar:
+        largest = max(m.size for m in tar.getmembers())
+    cap = ((size + largest + 2 * 2**20) // 4096 + 1) * 4096
+    assert cap < 2 * size  # the test means something: twice would not fit
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={cap}", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        make_bundle(repo, tmp_path, [toolhouse], "--out", mnt / "b.tar", "--adopt")
+        with tarfile.open(first) as a, tarfile.open(mnt / "b.tar") as b:
+            assert a.getnames() == b.getnames()
+        for made in mnt.glob("b.tar*"):  # the archive and its .sha256
+            made.unlink()
+        (mnt / "fill").write_bytes(b"\0" * (cap - size // 2))
+        shutil.copy(ROOT / "README.md", repo / "README.md")
+        env = {"PYTHONPATH": str(repo), "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull,
+               "PIP_FIND_LINKS": str(toolhouse), "UV_NO_INDEX": "1",
+               "UV_FIND_LINKS": str(toolhouse),
+               "MEGATRON_ENV_CACHE": str(tmp_path / "online-cache"),
+               **fake_kernel_sources(repo, tmp_path)}
+        r = invoke(repo, "bundle", "--profile", PROFILE, "--out", mnt / "c.tar", "--adopt",
+                   env=env)
+        assert r.returncode == 2 and f"error: no space on {mnt}" in r.stderr, flat(r)[-2000:]
+        assert sorted(p.name for p in mnt.iterdir()) == ["fill"]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])

@@ -297,3 +297,36 @@ def test_a_wheel_install_carries_itself_into_a_bundle(installed, wheel, outside)
                            "print(tool.installed_requirements())"], capture_output=True,
                           text=True, timeout=120, cwd=outside)
     assert reqs.returncode == 0 and "invoke>=2.2" in reqs.stdout, reqs.stderr
+
+
+def test_a_wheel_install_writes_into_the_user_directories_not_the_working_one(installed,
+                                                                             outside):
+    """Before: `setup` from a wheel made ./.megatron-env (and ./.cache) wherever it ran."""
+    exe = installed / "bin" / "megatron-env"
+    work = outside / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items()
+           if k not in (project.ENV, project.CACHE_ENV, project.STATE_ENV)}
+    env.update(XDG_DATA_HOME=str(outside / "data"), XDG_CACHE_HOME=str(outside / "cache"))
+    run = {"cwd": work, "env": env, "capture_output": True, "text": True, "timeout": 120}
+    r = subprocess.run([str(exe), "setup", "--only", "lock"], **run)
+    assert r.returncode == 0, r.stderr
+    assert list(work.iterdir()) == []
+    envs = outside / "data" / "megatron-env" / "envs"
+    cache = outside / "cache" / "megatron-env"
+    assert [p.name for p in envs.glob("*.setup")], r.stderr  # the lock step's stamp
+    (where,) = [line for line in r.stderr.splitlines() if line.startswith("where: ")]
+    assert str(envs) in where and str(cache) in where and "user's directories" in where
+    # --cache-dir moves the cache; the line says so
+    r = subprocess.run([str(exe), "--cache-dir", str(outside / "c2"), "setup", "--only", "lock"],
+                       **run)
+    assert r.returncode == 0 and f"cache {outside / 'c2'}" in r.stderr
+    assert (outside / "c2" / 'CACHEDIR.TAG').is_file()
+    # and clean finds both places, lists them with sizes, then removes them
+    r = subprocess.run([str(exe), "clean", "--dry-run"], **run)
+    assert r.returncode == 0, r.stderr
+    assert "would remove" in r.stdout and str(envs) in r.stdout and "MiB" in r.stdout
+    assert [p.name for p in envs.glob("*.setup")]
+    r = subprocess.run([str(exe), "clean"], **run)
+    assert r.returncode == 0, r.stderr
+    assert not list(envs.glob("*.setup")) and list(work.iterdir()) == []

@@ -144,7 +144,8 @@ def test_refusals(repo, wheelhouse):
         full = env(repo, wheelhouse, extra_env={"MEGATRON_ENV_MIN_FREE_GB": "1000000"})
     finally:  # the lock as the environment was built from it: no rebuild for the next tests
         lockfile.write_text(pinned)
-    assert full.returncode == 2 and "GiB free" in full.stderr and "needs about" in full.stderr
+    assert full.returncode == 2 and "1,000,000.0 GiB needed," in full.stderr
+    assert "no space on " in full.stderr and "for a new environment" in full.stderr
     assert torch_facts(prefix_of(repo)) == "2.1.0+cu121 12.1"
 
 

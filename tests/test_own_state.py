@@ -31,7 +31,10 @@ def test_the_tools_state_is_the_tests_own(own_state):
     prof = profile.load(DEFAULT)
     for where in (env.env_root(), env.default_prefix(prof), checkout.source_dir(prof),
                   repos.cache_dir()):
-        assert where.is_relative_to(own_state) and not where.is_relative_to(ROOT), where
+        # never the checkout's own state (its basetemp may lie inside the checkout, as nox's
+        # does: the test's state is then under ROOT, but not where the tool keeps its own)
+        assert where.is_relative_to(own_state), where
+        assert not any(where.is_relative_to(ROOT / d) for d in (".megatron-env", ".cache")), where
     r = subprocess.run([sys.executable, "-c", "from megatron_env.pyenv import env; "
                         "print(env.env_root())"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)

@@ -217,7 +217,7 @@ def test_full_disk_names_the_filesystem_for_a_write_without_a_path(full_tmpfs):
     p = subprocess.run([PY, "-m", "megatron_env", "collect", "--out", str(full_tmpfs / "s")],
                        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
-    assert f"error: no space left on {full_tmpfs}" in p.stderr
+    assert f"error: no space on {full_tmpfs}" in p.stderr
     assert "Traceback" not in p.stderr
 
 
@@ -239,5 +239,5 @@ def test_full_disk_during_a_mirror_fetch_is_not_an_unreachable_mirror(full_tmpfs
 def test_ensure_refuses_before_writing(full_tmpfs):
     with user_error("disk.full") as e:
         files.ensure(full_tmpfs / "out" / "b.tar", 5 * 2**20, "bundle b.tar")
-    assert f"no space left on {full_tmpfs} for bundle b.tar (needs 5 MiB" in e.value.message
+    assert f"no space on {full_tmpfs} for bundle b.tar: 5 MiB needed" in e.value.message
     files.ensure(full_tmpfs, 10, "a few bytes")  # room for that

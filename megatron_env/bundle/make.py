@@ -99,6 +99,7 @@ def _env_wheels(prof: Profile, echo: output.Echo, *, cache: Path | None = None) 
     echo(f"wheels: {total} files of {lockfile.name} for Python {prof.python}, hashes required")
     r = lock.download_wheels(lockfile, house, prof.python, on_line=progress)
     if not r.ok:
+        files.child_full(r.output, house, f"the files of {lockfile.name}")
         raise UserError(f"downloading the files of {lockfile} failed: {r.tail(4)}",
                         fix="check the package index or mirror (PIP_INDEX_URL, PIP_FIND_LINKS)",
                         kind="source.unreachable")
@@ -202,6 +203,7 @@ def _bare_repo(name: str, url: str, commit: str, tag: str | None, dest: Path,
     for argv in steps:
         r = proc.run(argv, env=run_env, timeout=3600)
         if not r.ok:
+            files.child_full(r.output, dest.parent, f"the {name} repository")
             raise UserError(f"cannot fetch {name} {tag or commit} from {url}: {r.tail(2)}",
                             fix=f"set {repos.mirror_var(name)} to a reachable mirror or a "
                                 "local bare repository holding the pin", kind="source.unreachable")
@@ -370,6 +372,28 @@ def _hashed(entries: list[Entry], base: Manifest | None, bares: list[dict[str, A
     return rows, written
 
 
+def _write(out: Path, stage: Path, written: list[Entry], echo: output.Echo) -> None:
+    """The archive, written once: the manifest first (read without a scan), then each file;
+    a file staged for it (the source tree, the tool's wheels, git repositories, resources) is
+    removed as soon as it is in, so the disk holds the bundle about once, not the staged copy
+    and the archive side by side. The room it needs is known before: a full disk is said
+    before the first byte."""
+    total = sum(e.size for e in written)
+    staged = [e for e in written if e.path.is_relative_to(stage)]
+    need = total + MIB
+    if staged and os.stat(stage).st_dev == os.stat(out.parent).st_dev:
+        # what is staged on this filesystem is freed as the archive takes it in
+        need -= sum(e.size for e in staged) - max(e.size for e in staged)
+    files.ensure(out.parent, need, f"bundle {out.name}")
+    echo(f"writing {out.name}: {len(written)} files, {total / MIB:.1f} MiB")
+    with files.publishing(out) as part, tarfile.open(part, "w", format=tarfile.PAX_FORMAT) as tar:
+        tar.add(stage / MANIFEST, arcname=MANIFEST)
+        for e in written:
+            tar.add(e.path, arcname=e.arcname, recursive=False)
+            if e.path.is_relative_to(stage):
+                e.path.unlink()
+
+
 def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = False,
          since: Path | None = None, without: Iterable[str] = (),
          echo: output.Echo = output.status) -> Made:
@@ -434,15 +458,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             "files": dict(sorted(listed.items())),
         }
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        # the archive's size is known before it is written: a full disk is said up front
-        files.ensure(out.parent, sum(e.size for e in written) + MIB, f"bundle {out.name}")
-        echo(f"writing {out.name}: {len(written)} files, "
-             f"{sum(e.size for e in written) / MIB:.1f} MiB")
-        with files.publishing(out) as part, tarfile.open(part, "w",
-                                                         format=tarfile.PAX_FORMAT) as tar:
-            tar.add(stage / MANIFEST, arcname=MANIFEST)  # first: read without a scan
-            for e in written:
-                tar.add(e.path, arcname=e.arcname, recursive=False)
+        _write(out, stage, written, echo)
     by_role = {r: sum(e.size for e in written if e.role == r) for r in {e.role for e in written}}
     return Made(out, manifest, len(written), len(entries) - len(written), out.stat().st_size,
                 time.monotonic() - t0, by_role)

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from megatron_env import __version__, digest, output, proc
+from megatron_env import __version__, digest, files, output, proc
 from megatron_env.bundle.layout import MACHINE
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
@@ -30,6 +30,7 @@ def _pip_download(args: list[str | Path], dest: Path, python: str, what: str) ->
         argv += ["--platform", plat]
     r = proc.run([*argv, *args], timeout=1800)
     if not r.ok:
+        files.child_full(r.output, dest, what)
         raise UserError(f"cannot download {what} for Python {python}: {r.tail(4)}",
                         fix="check the package index (pip's configuration, PIP_INDEX_URL) "
                             "or PIP_FIND_LINKS", kind="source.unreachable")
@@ -59,7 +60,9 @@ def _build_wheel(source: Path, dest: Path) -> None:
         # fixed zip timestamps: the same tree gives the same wheel, so a delta bundle skips it
         r = proc.run([uv.exe(), "build", "--wheel", "--out-dir", Path(tmp) / "dist", work],
                      env=uv.env(SOURCE_DATE_EPOCH="315532800"), timeout=900)
+        uv.raise_for_cache(r)
         if not r.ok:
+            files.child_full(r.output, tmp, "building the megatron-env wheel")
             raise UserError(f"building the megatron-env wheel failed: {r.tail(5)}",
                             fix="the build needs setuptools and wheel from the package index",
                             kind="bundle.tool-build-failed")
@@ -155,6 +158,7 @@ def _resolve(reqs: list[str], python: str, constraints: Path | None) -> list[str
                       python, "--python-platform", lock.PLATFORM, "--no-header",
                       *(["--constraint", str(constraints)] if constraints else []),
                       "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
+    uv.raise_for_cache(r)
     if not r.ok:
         raise UserError(f"cannot resolve {', '.join(reqs)} for Python {python}: {r.tail(4)}",
                         fix="check the package index (UV_INDEX_URL)",
@@ -179,6 +183,7 @@ def tool_pins(pyproject: Path, python: str, extras: tuple[str, ...] = ()) -> lis
                       *(a for e in extras for a in ("--extra", e)),
                       "--python-version", python, "--python-platform", lock.PLATFORM,
                       "--no-header", "--no-annotate", "--quiet"], env=uv.env(), timeout=600)
+    uv.raise_for_cache(r)
     if not r.ok:
         raise UserError(f"cannot resolve megatron-env's dependencies for Python {python}: "
                         f"{r.tail(4)}", fix="check the package index (UV_INDEX_URL)",

@@ -112,6 +112,8 @@ def _extract(paths: list[Path], docs: dict[Path, Manifest], tmp: Path, dest: Pat
         except (EOFError, tarfile.ReadError, tarfile.StreamError):
             raise truncated_error(p) from None
         except OSError as e:
+            if files.no_space(e):
+                raise files.full(tmp.parent, what=f"unpacking {p.name}") from None
             raise UserError(f"cannot unpack {p} into {tmp.parent}: {e.strerror or e}",
                             fix="free space there, or point MEGATRON_ENV_CACHE at a writable "
                                 "directory with room", kind="bundle.unpack-failed") from None
@@ -160,6 +162,9 @@ def unpack(paths: list[Path], docs: dict[Path, Manifest], top_raw: bytes, dest: 
             echo(f"bundle: removed {d.name}, left by a run that was killed")
         if dest.exists() and not (dest / MANIFEST).exists():
             discard(dest)  # half an entry (older versions): never trusted
+        # the unpacked size is the manifest's: a full disk is said before the first byte
+        files.ensure(root, sum(f.size for f in docs[paths[-1]].files.values()),
+                     f"unpacking {paths[-1].name}")
         lost: list[bool] = []
         with files.publishing(dest, tree=True, lost=lambda: lost.append(True)) as tmp:
             sums = _extract(paths, docs, tmp, dest, echo)

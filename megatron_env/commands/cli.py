@@ -29,9 +29,9 @@ from megatron_env.errors import UserError
 
 def guarded(fn: Callable[..., int]) -> Callable[..., int]:
     """Run a front-door command so that whatever ends it ends in one line and a known status:
-    2 for a UserError (its hint), 130 for an interrupt, 141 when the reader of stdout went away
-    (as a program killed by SIGPIPE; nothing printed), 70 for anything else (a bug: the line
-    says what to attach; MEGATRON_ENV_DEBUG=1 prints the traceback too)."""
+    2 for a UserError (its hint), 130 for an interrupt (143 for SIGTERM), 141 when the reader
+    of stdout went away (as a program killed by SIGPIPE; nothing printed), 70 for anything else
+    (a bug: the line says what to attach; MEGATRON_ENV_DEBUG=1 prints the traceback too)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> int:
@@ -41,19 +41,31 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
             except UserError as e:
                 output.error(e.message, e.fix)
                 return e.exit_code
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as e:
+                if isinstance(e, Terminated):
+                    output.error("terminated")
+                    return 128 + signal.SIGTERM
                 output.error("interrupted")
                 return 130
             except BrokenPipeError:
                 return _stdout_closed()
             except OSError as e:  # a path the user named cannot be used as asked
-                err = _os_error(e)
+                err = os_error(e)
                 output.error(err.message, err.fix)
                 return err.exit_code
             except Exception as e:  # noqa: BLE001 - the last net: a bug, said as one
                 return _bug(e)
 
     return wrapper
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's time limit, `kill`): unwound like Ctrl-C, so that what a command
+    was making is removed on the way out, then exit 143 as a program killed by it."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 @contextlib.contextmanager
@@ -67,10 +79,8 @@ def json_error(enabled: bool, command: str) -> Iterator[None]:
         if enabled:
             import json
 
-            err = ({"kind": e.kind or "error", "message": e.message, "fix": e.fix}
-                   if isinstance(e, UserError) else
-                   {"kind": "os", "message": f"{e.filename or 'a file'}: {e.strerror or e}",
-                    "fix": ""})
+            said = e if isinstance(e, UserError) else os_error(e)  # ENOSPC: disk.full
+            err = {"kind": said.kind or "error", "message": said.message, "fix": said.fix}
             output.block(json.dumps({"command": command, "ok": False, "error": err},
                                     indent=1) + "\n")
         raise
@@ -79,16 +89,22 @@ def json_error(enabled: bool, command: str) -> Iterator[None]:
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """Ctrl-C raises KeyboardInterrupt while a command runs, even where SIGINT was inherited as
-    ignored (a job started with `&` by a script): an interrupt is never swallowed."""
+    ignored (a job started with `&` by a script): an interrupt is never swallowed. SIGTERM
+    raises `Terminated` the same way: its default would end the process where it stands,
+    leaving a half-built environment and its children behind."""
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGINT) if main else None
+    before_term = signal.getsignal(signal.SIGTERM) if main else None
     if main:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         yield
     finally:
         if main and before is not None:
             signal.signal(signal.SIGINT, before)
+        if main and before_term is not None:
+            signal.signal(signal.SIGTERM, before_term)
 
 
 def _stdout_closed() -> int:
@@ -100,7 +116,8 @@ def _stdout_closed() -> int:
     return 141
 
 
-def _os_error(e: OSError) -> UserError:
+def os_error(e: OSError) -> UserError:
+    """An OSError as the one line it is said as (a full disk: `files.full`)."""
     if e.errno == errno.ENOSPC:
         return files.full(e.filename) if e.filename else files.full_anywhere()
     if files.no_space(e):  # shutil's list of (source, target, why): one line, not the list
@@ -126,6 +143,11 @@ def _bug(e: Exception) -> int:
                  "attach its output and this line to an issue (MEGATRON_ENV_DEBUG=1 shows the "
                  "traceback)")
     return 70
+
+
+#: Short flags fixed by name, the same in both front doors (others: a letter of the name not
+#: yet taken): -j is a number of jobs, as in make and ninja, never --json (which has none).
+SHORTS: dict[str, str | None] = {"jobs": "j", "json": None}
 
 
 #: What each option means, written once for every command that takes it.

@@ -43,8 +43,9 @@ def check(profile: str | None = None, snapshot: str | None = None, json: bool = 
     """Check whether this host (or a snapshot) can train the profile's stack at full speed."""
     from megatron_env.host import attention
 
-    prof = load_profile(profile)
-    found = checks.evaluate(prof, Path(snapshot) if snapshot else None)
+    with json_error(json, "check"):
+        prof = load_profile(profile)
+        found = checks.evaluate(prof, Path(snapshot) if snapshot else None)
     source = snapshot or "this host"
     # the attention backends gpu_health timed on this node (its default --out, or the
     # snapshot's gpu_health.json as a preflight keeps it): the fastest is named
@@ -78,17 +79,26 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
     """Find the bad node before the job does: every node through srun, then the fleet verdict."""
     from megatron_env.fleet import preflight
 
-    return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
-                         python=python, run_dir=run_dir, slow=slow, health=not no_gpu_health,
-                         size=size, against=against, nccl=nccl, nccl_args=nccl_args)
+    with json_error(json, "preflight"):
+        return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
+                             python=python, run_dir=run_dir, slow=slow,
+                             health=not no_gpu_health, size=size, against=against, nccl=nccl,
+                             nccl_args=nccl_args)
 
 
-@command(profile="show this profile's pins only (default: every profile)")
-def kernels(profile: str | None = None) -> int:
+@command(profile="show this profile's pins only (default: every profile)",
+         mirrors="print the table of mirror and local-copy variables (markdown) instead: "
+                 "what each stands in for and the pin it must hold")
+def kernels(profile: str | None = None, mirrors: bool = False) -> int:
     """List the kernel recipes with each profile's pins and variants."""
     from megatron_env import recipes
 
     profs = [load_profile(profile)] if profile else load_all()
+    if mirrors:
+        from megatron_env.commands import mirrors as table
+
+        output.block(table.markdown(profs))
+        return 0
     rows = recipes.table(profs)
     output.table(rows)
     output.summary(f"{len(recipes.declared())} kernel recipes; * marks a default variant; "
@@ -130,10 +140,11 @@ def bug_report(profile: str | None = None, prefix: str | None = None, json: bool
     from megatron_env.diagnose import report
     from megatron_env.pyenv import env
 
-    prof = load_profile(profile)
-    output.status(f"Gathering a report for profile {prof.name} ...")
-    report.write(report.main(
-        prof, Path(prefix).absolute() if prefix else env.default_prefix(prof), json,
-        imports=imports))
+    with json_error(json, "report"):
+        prof = load_profile(profile)
+        output.status(f"Gathering a report for profile {prof.name} ...")
+        report.write(report.main(
+            prof, Path(prefix).absolute() if prefix else env.default_prefix(prof), json,
+            imports=imports))
     return 0
 

@@ -1,7 +1,8 @@
 """The `megatron-env` console command (and `python -m megatron_env`): an argparse front door
 made from the same `commands.registry()` as the invoke tasks, so a command and its options are
 declared once (megatron_env.commands). Global options: `--project DIR` (where envs/, patches/
-and scripts/ are: megatron_env.project), `--version`; `completion bash|zsh` prints a script."""
+and scripts/ are: megatron_env.project), `--cache-dir DIR`, `--version`; `completion
+bash|zsh|fish` prints a script."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from megatron_env import __version__, project
-from megatron_env.commands import cli
+from megatron_env.commands import cli, completion
 
 _PROG = "megatron-env"
 
@@ -24,11 +25,16 @@ def _add_option(sub: argparse.ArgumentParser, p: inspect.Parameter, help_: str,
                 iterable: tuple[str, ...], shorts: set[str], rest: str | None = None) -> None:
     """One keyword parameter as an option; a parameter without default is also positional
     (as invoke takes it; the command's `rest` takes every word left, a list); a first letter
-    not yet taken is its short flag (as invoke gives)."""
+    not yet taken is its short flag (as invoke gives), but cli.SHORTS fixes some by name."""
     flag = _flag(p.name)
     names = [flag]
-    short = "-" + flag[2]
-    if short not in shorts:
+    if p.name in cli.SHORTS:  # fixed by name (-j: --jobs; --json: none)
+        short = f"-{cli.SHORTS[p.name]}" if cli.SHORTS[p.name] else None
+    else:
+        short = "-" + flag[2]
+        if short[1] in cli.SHORTS.values():
+            short = None
+    if short and short not in shorts:
         shorts.add(short)
         names.insert(0, short)
     meta = p.name.rstrip("_").upper()
@@ -59,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--project", metavar="DIR",
                      help=f"the directory with envs/, patches/, scripts/ (or {project.ENV}; "
                           "default: the enclosing checkout, else the copy in this package)")
+    top.add_argument("--cache-dir", metavar="DIR",
+                     help=f"the cache (or {project.CACHE_ENV}; default: .cache in a project, "
+                          "else the user's cache directory)")
     top.add_argument("-V", "--version", action="store_true",
                      help="print the tool's version (and git commit in a checkout)")
     subs = top.add_subparsers(dest="command", metavar="COMMAND")
@@ -70,44 +79,10 @@ def parser() -> argparse.ArgumentParser:
         sub.set_defaults(_cmd=cmd)
     comp = subs.add_parser("completion", help="print a shell completion script",
                            description="print a shell completion script: "
-                                       "eval \"$(megatron-env completion bash)\"")
-    comp.add_argument("shell", choices=("bash", "zsh"))
+                                       "eval \"$(megatron-env completion bash)\"; fish: "
+                                       "megatron-env completion fish | source")
+    comp.add_argument("shell", choices=completion.SHELLS)
     return top
-
-
-def completion(top: argparse.ArgumentParser, shell: str) -> str:
-    """A completion script for `shell`, written from the parser (commands, then each one's
-    options); zsh runs the bash one through bashcompinit."""
-    subs = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-    cases = []
-    for name, sub in subs.choices.items():
-        opts = sorted(o for a in sub._actions for o in a.option_strings if o.startswith("--"))
-        cases.append(f'        {name}) opts="{" ".join(opts)}" ;;')
-    top_opts = " ".join(o for a in top._actions for o in a.option_strings if o.startswith("--"))
-    script = "\n".join([
-        "_megatron_env() {",
-        '    local cur="${COMP_WORDS[COMP_CWORD]}" cmd="" w opts skip=""',
-        '    for w in "${COMP_WORDS[@]:1:COMP_CWORD-1}"; do',
-        '        if [ -n "$skip" ]; then skip=""; continue; fi',  # the value of --project
-        '        case "$w" in --project) skip=1 ;; -*) ;; *) cmd="$w"; break ;; esac',
-        "    done",
-        '    if [ -n "$skip" ]; then COMPREPLY=(); return; fi',  # a directory: -o default
-        '    if [ -z "$cmd" ]; then',
-        f'        COMPREPLY=($(compgen -W "{" ".join(subs.choices)} {top_opts}" -- "$cur"))',
-        "        return",
-        "    fi",
-        '    case "$cmd" in',
-        *cases,
-        '        *) opts="" ;;',
-        "    esac",
-        '    if [ "$cmd" = completion ]; then opts="bash zsh"; fi',
-        '    COMPREPLY=($(compgen -W "$opts" -- "$cur"))',
-        "}",
-        f"complete -o default -F _megatron_env {_PROG}",
-    ])
-    if shell == "zsh":
-        script = "autoload -U +X bashcompinit && bashcompinit\n" + script
-    return script + "\n"
 
 
 def _version() -> str:
@@ -126,8 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--project")
+    pre.add_argument("--cache-dir")
     known, _ = pre.parse_known_args(argv)
     project.choose(known.project)  # before any module reads the project root
+    project.choose_cache(known.cache_dir)
     project.root()  # a --project that holds no profile: refused here, before anything runs
     top = parser()
     args = top.parse_args(argv)
@@ -135,7 +112,7 @@ def _main(argv: list[str]) -> int:
         print(_version())
         return 0
     if args.command == "completion":
-        sys.stdout.write(completion(top, args.shell))
+        sys.stdout.write(completion.script(top, args.shell, _PROG))
         return 0
     if args.command is None:
         top.print_help()

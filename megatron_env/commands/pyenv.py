@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import REPO_ROOT, output, project
-from megatron_env.commands.cli import command
+from megatron_env.commands import places
+from megatron_env.commands.cli import command, json_error
 from megatron_env.errors import UserError
 from megatron_env.findings import Status
 from megatron_env.profile import Profile, load_all
@@ -86,13 +87,14 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
     from megatron_env.pyenv import lockdiff, lockdiff_markdown
     from megatron_env.sources import index_config
 
-    if markdown and json:
-        raise UserError("--markdown and --json both given", fix="pass one of them",
-                        kind="input.conflict")
-    if profile:
-        load_profile(profile)  # an unknown name: one clear line
-    url = None if offline else index_url or index_config.installer_index()
-    report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs, index_url=url)
+    with json_error(json, "lock-diff"):
+        if markdown and json:
+            raise UserError("--markdown and --json both given", fix="pass one of them",
+                            kind="input.conflict")
+        if profile:
+            load_profile(profile)  # an unknown name: one clear line
+        url = None if offline else index_url or index_config.installer_index()
+        report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs, index_url=url)
     text = lockdiff_markdown.render(report, json)
     if max_bytes and not json:
         text = lockdiff_markdown.cut(text, max_bytes, "_(truncated at a table row: the full diff "
@@ -139,6 +141,7 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
 
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
                            bundle=b)
+    places.announce(prefix=ctx.prefix, cache=ctx.cache)
 
     def build_env() -> tuple[env.Summary, str]:
         s = env.build(prof, ctx.prefix, python=python, conda=conda, use_conda=use_conda,
@@ -148,7 +151,8 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
 
     # the setup chain's env step, done with this command's options: its stamp is written, so
     # the next `invoke setup` finds the environment up to date instead of building it again
-    summary = pipeline.one_step(ctx, "env", build_env)
+    with places.saying_what_is_kept(ctx.cache):
+        summary = pipeline.one_step(ctx, "env", build_env)
     output.summary(f"env {summary.line()}")
     return 0
 
@@ -193,6 +197,8 @@ def build(what: str, profile: str | None = None, prefix: str | None = None,
     chosen = build.selected(prof, what, archs)
     ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix else env.default_prefix(prof),
                            bundle=b, cache=cache)
+    if not dry_run:
+        places.announce(prefix=None if python else ctx.prefix, cache=cache)
 
     def build_all() -> tuple[None, str]:
         done = []
@@ -206,10 +212,11 @@ def build(what: str, profile: str | None = None, prefix: str | None = None,
                 done.append(f"{pkg.name} {how}")
         return None, "; ".join(done) + " (invoke build)"
 
-    if what == "all" and not (dry_run or python or arch):
-        pipeline.one_step(ctx, "builds", build_all)  # the chain's builds step: stamped as one
-    else:  # a part of the step, or another target: its own work, no stamp
-        build_all()
+    with places.saying_what_is_kept(cache):
+        if what == "all" and not (dry_run or python or arch):
+            pipeline.one_step(ctx, "builds", build_all)  # the chain's builds step: one stamp
+        else:  # a part of the step, or another target: its own work, no stamp
+            build_all()
     if dry_run:
         output.summary(f"dry run: {len(chosen)} build plan(s) above, nothing built")
     return 0

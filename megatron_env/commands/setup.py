@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import findings, output
-from megatron_env.commands import pyenv
+from megatron_env.commands import places, pyenv
 from megatron_env.commands.cli import command, guarded, json_error
 from megatron_env.errors import UserError
 from megatron_env.profile import load as load_profile
@@ -52,8 +52,13 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
                                adopt=Path(adopt).absolute() if adopt else None,
                                no_builds=no_builds, deep=verify_deep, bundle=b,
                                jobs=_jobs(jobs))
+        if not dry_run:
+            places.announce(prefix=ctx.prefix, cache=ctx.cache)
         t0 = time.monotonic()
-        rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
+        with places.saying_what_is_kept(ctx.cache):
+            rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
+    if ctx.jobs is not None:
+        _jobs_unused(ctx.jobs, rows)
     if json:
         return _setup_json(ctx, rows, ok, dry_run, time.monotonic() - t0)
     if ctx.findings and not only:
@@ -68,6 +73,20 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
                    + ", ".join(f"{n} {s}" for s, n in counts.items())
                    + f"; {time.monotonic() - t0:.1f} s", status=verdict)
     return 0 if ok else 1
+
+
+def _jobs_unused(jobs: int, rows: list[pipeline.Row]) -> None:
+    """--jobs caps the kernels' compile jobs: where no kernel compiles in this run (the builds
+    step skipped on a host without a GPU toolkit, up to date, left out or not in the run), the
+    option did nothing, and that is said rather than left for the user to wonder."""
+    from megatron_env.setup.state import Outcome
+
+    row = next((r for r in rows if r.step == "builds"), None)
+    if row is not None and row.status in (Outcome.DONE, Outcome.FAILED, Outcome.WOULD_RUN):
+        return
+    why = (f"the builds step {row.status.value}: {row.detail.splitlines()[0]}" if row
+           else "the builds step is not part of this run")
+    output.warning(f"--jobs {jobs} changed nothing: no kernel compiles here ({why})")
 
 
 def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_run: bool,
@@ -85,7 +104,8 @@ def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_r
         "profile": ctx.profile.name, "prefix": str(ctx.prefix),
         "verdict": "dry run" if dry_run else "ready" if ok else "stopped", "seconds": seconds,
         "steps": [{"step": r.step, "status": r.status.value, "digest": stamped(r.step),
-                   "seconds": round(r.seconds, 3), "detail": r.detail} for r in rows],
+                   "seconds": round(r.seconds, 3), "detail": r.detail,
+                   **({"kind": r.kind} if r.kind else {})} for r in rows],
         "findings": [f.to_dict() for f in ctx.findings]}, indent=1) + "\n")
     return 0 if ok else 1
 
@@ -118,9 +138,11 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
     """One archive with everything `invoke setup --bundle` needs on a node without network."""
     from megatron_env.bundle import make
     from megatron_env.bundle import provenance as prov
+    from megatron_env.sources import repos
 
     with json_error(json, "bundle"):
         prof = load_profile(profile)
+        places.announce(cache=repos.cache_dir(), out=Path(out).absolute())
         made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
                          since=Path(since) if since else None,
                          without=[n for w in without or () for n in w.split(",") if n])

@@ -49,7 +49,7 @@ def evaluate(profile: Profile, snapshot_dir: Path | None = None) -> list[Finding
     if snapshot_dir is not None:
         return run_all(Snapshot.load(snapshot_dir), profile)
     with tempfile.TemporaryDirectory(prefix="megatron-env-snapshot-") as tmp:
-        return run_all(collect(Path(tmp), echo=lambda *_: None), profile)
+        return run_all(collect(Path(tmp), echo=lambda *_: None, complete=False), profile)
 
 
 class Unparsed(Finding):

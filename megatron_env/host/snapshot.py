@@ -56,6 +56,9 @@ ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "HOSTNAME")
 IN_PROGRESS = "collect-in-progress"
 # The files a snapshot is read from, as `collect` names them (a hand-made one uses these names).
 FILES = (*COMMANDS, "env.txt", "nvml.json")
+# Read by a check only when NVML reports no driver version (`checks._driver`'s fallback):
+# the live check's throw-away snapshot runs them only then (collect(complete=False)).
+FALLBACKS = ("nvidia-smi.txt",)
 
 
 @dataclass
@@ -255,17 +258,42 @@ def reseal(path: Path, names: list[str]) -> None:
     files.write_text(path / "meta.json", redact.text(json.dumps(meta, indent=2) + "\n"))
 
 
-def _write(out: Path, name: str, text: str) -> str:
-    """Write one file of the snapshot through the redaction; its sha256 for meta.json."""
+def _write(out: Path, name: str, text: str, durable: bool = True) -> str:
+    """Write one file of the snapshot through the redaction; its sha256 for meta.json. Not
+    `durable`: a plain write (a throw-away snapshot read back at once needs no fsync)."""
     text = redact.text(text)
-    files.write_text(out / name, text)
+    if durable:
+        files.write_text(out / name, text)
+    else:
+        (out / name).write_text(text)
     return _sha256(text)
 
 
-def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False) -> Snapshot:
+def _gather(argvs: dict[str, list[str]], nvml: bool) -> tuple[dict[str, proc.Result],
+                                                               dict[str, Any] | None]:
+    """Every command (and NVML) at once, each in a thread: the commands wait on the driver or
+    the disk, not on this process, so a collect takes its slowest command's time, not their
+    sum (each nvidia-smi may spend 50-300 ms initialising the driver)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(argvs) + 1) as pool:
+        facts = pool.submit(nvml_facts) if nvml else None
+        runs = {name: pool.submit(proc.run, argv, timeout=120) for name, argv in argvs.items()}
+        return ({name: f.result() for name, f in runs.items()},
+                facts.result() if facts is not None else None)
+
+
+def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False,
+            complete: bool = True) -> Snapshot:
     """Record this host into `out` (created). A snapshot already there is replaced only with
     `force`: it may be the only record of a node as it was. Every file is written through
-    megatron_env.redact (command outputs can hold a token in a URL or a variable)."""
+    megatron_env.redact (command outputs can hold a token in a URL or a variable).
+
+    complete=False is the live check's throw-away snapshot (`checks.evaluate`, read back at
+    once and removed): its files are not synced, and plain `nvidia-smi` runs only when NVML
+    reports no driver version, since that is the only case any check reads its output (the
+    driver's version comes from NVML first; the file is the fallback and the failure's
+    evidence). `invoke collect` records everything, for any reader."""
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file, not a directory",
                         fix="pass --out a directory (new or existing) for the snapshot",
@@ -283,30 +311,39 @@ def collect(out: Path, *, echo: output.Echo = output.status, force: bool = False
                         fix="pass --out a directory you can write",
                         kind="path.cannot-create") from None
     record: dict[str, dict[str, Any]] = {}
-    for name, argv in COMMANDS.items():
-        if name == "nvcc-version.txt":
-            argv = _nvcc_argv()
-        r = proc.run(argv, timeout=120)
+    argvs = {name: _nvcc_argv() if name == "nvcc-version.txt" else argv
+             for name, argv in COMMANDS.items()}
+    later = {} if complete else {n: argvs.pop(n) for n in FALLBACKS}
+    results, nvml = _gather(argvs, nvml=True)
+    assert nvml is not None
+    if later and not nvml.get("driver_version"):
+        results |= _gather(later, nvml=False)[0]
+    for name in COMMANDS:
+        if name not in results:  # a fallback not needed: not collected (never read as missing)
+            continue
+        r, argv = results[name], list(results[name].argv)
         if r.missing:
             record[name] = {"argv": argv, "status": "missing"}
             (out / name).unlink(missing_ok=True)
         else:
             record[name] = {"argv": argv, "status": "ok" if r.ok else "failed",
-                           "returncode": r.returncode, "sha256": _write(out, name, r.output)}
+                           "returncode": r.returncode,
+                           "sha256": _write(out, name, r.output, complete)}
         echo(f"  {name:<24} {record[name]['status']}")
     env = redact.variables({k: v for k, v in os.environ.items()
                             if k in ENV_NAMES or k.startswith(ENV_PREFIXES)})
     record["env.txt"] = {"status": "ok", "source": "environment (GPU-related variables only)",
                          "sha256": _write(out, "env.txt", "".join(
-                             f"{k}={v}\n" for k, v in env.items()))}
+                             f"{k}={v}\n" for k, v in env.items()), complete)}
     record["nvml.json"] = {"status": "ok", "source": "nvidia-ml-py", "sha256": _write(
-        out, "nvml.json", json.dumps(nvml_facts(), indent=2) + "\n")}
+        out, "nvml.json", json.dumps(nvml, indent=2) + "\n", complete)}
     meta = {
         "hostname": socket.gethostname(),
         "collected_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "platform": platform.platform(),
+        # platform.platform() runs `uname -p`: the throw-away snapshot names the kernel only
+        "platform": platform.platform() if complete else "-".join(os.uname()[::2]),
         "files": record,
     }
-    files.write_text(out / "meta.json", redact.text(json.dumps(meta, indent=2) + "\n"))
+    _write(out, "meta.json", json.dumps(meta, indent=2) + "\n", complete)
     (out / IN_PROGRESS).unlink()  # last: the snapshot is complete
     return Snapshot(out)

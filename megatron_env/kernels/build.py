@@ -326,6 +326,7 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
         echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
         r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
                       wheel], env=uv.env(**(child_env or {})), timeout=1800)
+        uv.raise_for_cache(r)
         if not r.ok:
             raise UserError(f"installing {wheel.name} failed: {r.tail(5)}",
                             kind="build.install-failed")
@@ -352,6 +353,7 @@ def _install_requires(pkg: Package, python: Path, child_env: Mapping[str, str] |
         return
     r = proc.run([uv.exe(), "pip", "install", "--python", python, *pkg.requires],
                  env=uv.env(**(child_env or {})), timeout=1800)
+    uv.raise_for_cache(r)
     if not r.ok:
         raise UserError(f"{pkg.name} needs {', '.join(pkg.requires)} at run time; installing "
                         f"them failed: {r.tail(5)}",

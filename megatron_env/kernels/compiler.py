@@ -85,6 +85,7 @@ def compile_wheel(name: str, python: Path, env: dict[str, str], build_options: t
                   *options, "--out-dir", out, work], env={**env, "UV_PYTHON_DOWNLOADS": "never"},
                  timeout=None, log=log, stream=True, on_line=progress)
     wheels = list(out.glob("*.whl"))
+    uv.raise_for_cache(r)
     if not r.ok or not wheels:
         raise UserError(f"building {name} failed after {time.monotonic() - t0:.0f} s:"
                         f"\n{r.tail(15)}", fix=f"full log: {log}", kind="build.failed")

@@ -196,7 +196,10 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
         try:
             shim = jobserver.shim(Path(tmp), path, width(size.slots))
         except UserError as e:  # no ninja: each kernel with its own jobs, in turn
-            output.warning(f"{e.message}; the kernels build one after another")
+            output.warning(f"{e.message}: so the {len(pkgs)} kernels build one after another, "
+                           "each with its own compile jobs, instead of side by side from one "
+                           f"pool of {size.slots}; the builds are the same, only slower")
+            output.hint(e.fix)
             return _in_turn(pkgs, python, archs, echo, given, cache, child_env, builder)
         wrappers = slots.bin_dir(Path(tmp), path)
         compilers = slots.env_compilers(Path(tmp), os.environ, path)

@@ -85,6 +85,7 @@ def install(profile: Profile, python: Path, src: Path, echo: output.Echo = outpu
     r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps",
                   "--no-build-isolation", "-e", src], env=run_env, timeout=3600,
                  log=src.parent / f"{src.name}.install.log")
+    uv.raise_for_cache(r)
     if not r.ok:
         raise UserError(f"installing Megatron for {python} failed: {r.tail(8)}",
                         fix="the dataset helpers need a C++ compiler, Python headers and "
@@ -112,8 +113,7 @@ def not_installed(python: Path, profile: Profile) -> str | None:
     src = source_dir(profile)
     if not (src / STAMP).exists():
         return f"the checkout {src} is gone"
-    facts = probe.probe(python, torch=False)
-    dists = manifest.scan(facts["sites"], {MEGATRON_DIST})["dists"]
+    dists = manifest.scan(probe.sites(python), {MEGATRON_DIST})["dists"]
     if not dists:
         return f"{MEGATRON_DIST} is not installed for {python}"
     d = next(iter(dists.values()))

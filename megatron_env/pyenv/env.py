@@ -49,9 +49,9 @@ def default_prefix(profile: Profile) -> Path:
 
 
 def env_root() -> Path:
-    """Where environments live by default (.megatron-env under the project, or under the
-    working directory for the wheel's read-only copy); read when asked, never at import."""
-    return project.state_root() / ".megatron-env"
+    """Where environments live by default (project.env_root); read when asked, never at
+    import."""
+    return project.env_root()
 
 
 def python_of(prefix: Path) -> Path:
@@ -99,14 +99,12 @@ def min_free_gb() -> float:
 
 
 def check_free_space(where: Path, echo: output.Echo = output.status) -> None:
-    need_gb = min_free_gb()
-    free_gb = shutil.disk_usage(where).free / GIB
-    if free_gb < need_gb:
-        raise UserError(
-            f"only {free_gb:.1f} GiB free under {where}; building an environment needs about "
-            f"{need_gb:.1f} GiB (wheels unpacked beside the previous environment)",
-            fix=f"free disk space or choose another --prefix ({MIN_FREE_ENV} sets the need)",
-            kind="disk.full")
+    need = int(min_free_gb() * GIB)
+    if files.free_bytes(where) < need:
+        raise files.full(where, need, "a new environment (its wheels unpacked beside the "
+                                      "previous one)",
+                         fix=f"free space there or choose another --prefix ({MIN_FREE_ENV} "
+                             "sets the need)")
 
 
 def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
@@ -123,6 +121,7 @@ def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
     if sources.no_index:
         argv.append("--no-index")
     r = proc.run(argv, env=uv.env(**sources.child_env), timeout=None, log=log, stream=True)
+    uv.raise_for_cache(r)
     if not r.ok:
         text = r.output
         cause = ("a downloaded file does not match the hash in the lock"
@@ -227,7 +226,7 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
           sources: Sources, t0: float, echo: output.Echo, *, python: str | None,
           conda: str | None, use_conda: bool | None, conda_lock: Path | None) -> Summary:
     keep = prefix.resolve() if prefix.is_symlink() else None
-    _clear(store, keep)
+    _clear(store, keep, echo)
     files.sweep(prefix.parent, prefix.name)  # a switch's link a killed run left
     target = store / f"{digest.hexpart(wanted, 16)}-{time.strftime('%Y%m%d%H%M%S')}"
     claim = files.temp_for(target)  # this run's, until the environment is whole
@@ -235,18 +234,39 @@ def _cold(profile: Profile, prefix: Path, store: Path, lockfile: Path, wanted: s
     try:
         return _make(profile, prefix, target, keep, lockfile, wanted, sources, t0, echo,
                      python=python, conda=conda, use_conda=use_conda, conda_lock=conda_lock)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the unfinished environment goes now
+        _unfinished(prefix, target, keep, echo)
+        raise
     finally:
         claim.unlink(missing_ok=True)
 
 
-def _clear(store: Path, keep: Path | None) -> None:
+def _unfinished(prefix: Path, target: Path, keep: Path | None, echo: output.Echo) -> None:
+    """An interrupted build's environment removed (unless the switch to it had happened), and
+    what the prefix is now said."""
+    if not target.exists() or (prefix.is_symlink() and prefix.resolve() == target):
+        return
+    files.discard(target)
+    target.with_suffix(".log").unlink(missing_ok=True)
+    now = ("still the previous environment" if keep and prefix.is_symlink()
+           else "not made (there was no environment before)")
+    echo(f"interrupted: the unfinished environment {target.name} removed; {prefix} is {now}")
+
+
+def _clear(store: Path, keep: Path | None, echo: output.Echo = output.status) -> None:
     """What interrupted runs left in `store`, removed: a claimed environment (a file
     `<name>.tmp-<host>-<pid>-<random>` beside it) only once its claim is provably dead (another
-    node's run on a shared filesystem keeps its work), an unclaimed one (older versions) at once."""
+    node's run on a shared filesystem keeps its work), an unclaimed one (older versions) at once.
+    Each one removed is said (what was found, its size): its downloads stay in uv's cache,
+    where this run finds them again."""
     claims = [c for c in store.glob("*.tmp-*") if c.is_file()]
     claimed = {c.name.split(".tmp-")[0] for c in claims if not files.dead(c)}
     for d in [*(d for d in store.iterdir() if d.is_dir()), *claims]:  # not the lock file
         if d != keep and d.name.split(".tmp-")[0] not in claimed and d.exists():
+            if d.is_dir():
+                echo(f"found {d}, an environment an interrupted run left unfinished "
+                     f"({files.size_of(d, 3.0)[0] / GIB:.2f} GiB): removing it; the downloads it "
+                     "used are reused from uv's cache")
             files.remove(d)
 
 
@@ -408,8 +428,10 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | Non
         r = proc.run([uv.exe(), "venv", "--python", exe, "--no-project", target],
                      env=uv.env(**sources.child_env), timeout=300)
         if not r.ok:
-            raise UserError(f"uv venv failed: {r.tail(5)}", fix="check the interpreter",
-                            kind="env.venv-failed")
+            shutil.rmtree(target, ignore_errors=True)
+            raise uv.cache_problem(r.output) or UserError(
+                f"uv venv failed: {r.tail(5)}", fix="check the interpreter",
+                kind="env.venv-failed")
         mode = "uv"
     echo(f"installing {lockfile} with hashes required")
     try:

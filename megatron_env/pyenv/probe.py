@@ -151,6 +151,29 @@ def probe(python: Path | str, *imports: str, torch: bool = True) -> dict[str, An
     return _last_json(python, r)
 
 
+_SITES = r"""
+import json, os, site, sysconfig
+sites = set(site.getsitepackages()) | {sysconfig.get_path(k) for k in ("purelib", "platlib")}
+print(json.dumps({"sites": sorted(p for p in sites if os.path.isdir(p))}))
+"""
+
+
+def sites(python: Path | str) -> list[str]:
+    """`python`'s site-packages directories, as `probe` reports them, without reading every
+    distribution's metadata (a few hundred files in a full image): a warm setup's Megatron
+    re-check needs only where to look for one RECORD."""
+    r = proc.run([str(python), "-c", _SITES], timeout=600, cwd=tempfile.gettempdir())
+    if not r.ok:
+        raise UserError(f"{python} does not run: {r.tail(5)}", fix="rebuild with `invoke env`",
+                        kind="python.broken")
+    found = _last_json(python, r).get("sites")
+    if not isinstance(found, list) or not all(isinstance(x, str) for x in found):
+        raise UserError(f"{python} ran the probe but printed no list of site directories",
+                        fix="check the interpreter's site hooks (sitecustomize, .pth files)",
+                        kind="python.probe-output")
+    return found
+
+
 def missing_modules(python: Path | str,
                     modules: tuple[str, ...] | list[str]) -> tuple[list[str], dict[str, Any]]:
     """(the modules that do not import, in the given order; the probe's facts)."""

@@ -155,7 +155,7 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
             state.remove(ctx.stamps, name)
             failed = True
             rows.append(Row(name, Outcome.FAILED, time.monotonic() - t0,
-                            e.message + (f"\nhint: {e.fix}" if e.fix else "")))
+                            e.message + (f"\nhint: {e.fix}" if e.fix else ""), e.kind or ""))
         except BaseException:
             state.remove(ctx.stamps, name)  # what it left is unknown: it runs next time
             raise

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from megatron_env import digest, findings, output
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding
-from megatron_env.kernels import build, imports, together
+from megatron_env.kernels import build, imports
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, env, lock, manifest
@@ -71,6 +71,7 @@ class Row:
     status: Outcome
     seconds: float
     detail: str
+    kind: str = ""  # a failed step's error kind (disk.full, lock.stale ...): what a program reads
 
 
 def _digest(*parts: str) -> str:
@@ -221,6 +222,8 @@ def _patches_run(ctx: Context) -> str:
 def _builds_run(ctx: Context) -> str:
     """Every kernel from one pool of compile jobs (kernels.together); a failure stops the
     others and keeps what finished in the cache."""
+    from megatron_env.kernels import together  # the pool's scheduler: only when building
+
     outcomes = together.build_together(_kernel_packages(ctx), ctx.python, ctx.profile.archs,
                                        echo=ctx.echo, given=ctx.given, cache=ctx.cache,
                                        child_env=ctx.child_env, jobs=ctx.jobs)

@@ -20,11 +20,11 @@ from megatron_env import digest, files, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.sources.given import Given
 
-CACHE_ENV = "MEGATRON_ENV_CACHE"
+CACHE_ENV = project.CACHE_ENV
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV, project.state_root() / ".cache"))
+    return project.cache_root()
 
 
 def mirror_var(name: str) -> str:

@@ -123,4 +123,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # py-rattler's runtime threads can outlive the interpreter's finalisation and abort it
+    # ("Fatal Python error: PyGILState_Release ... finalizing": one CI run in a few), turning a
+    # finished solve into a failed one: flush what was printed and leave without finalising
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)

@@ -1,0 +1,110 @@
+"""Every writer on a full disk (issue 41): `env`, `setup` (its env step, and under --json),
+an unpack of a bundle and `collect` say `no space on <fs> for <what>: N needed, M free` with
+kind disk.full, checked before the first byte where the size is known, and leave nothing
+half-written. Real small tmpfs mounts (root only, as CI runs), real processes; `check`'s and
+the other commands' errors under --json are one JSON object on stdout."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_env.bundle import offline
+
+from .conftest import user_error
+from .test_bundle_unpack import write_bundle
+from .tmpfs import mounted
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = "core_v0.19.0-cu130"  # Python 3.12
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """mount(size_mib, leave_kib=None): a tmpfs of that size, nearly filled when asked."""
+    made: list[Path] = []
+    with contextlib.ExitStack() as stack:
+        def mount(size_mib: int, leave_kib: int | None = None) -> Path:
+            mnt = stack.enter_context(mounted(tmp_path / f"fs{len(made)}", f"{size_mib}m"))
+            made.append(mnt)
+            if leave_kib is not None:
+                (mnt / "fill").write_bytes(b"\0" * (size_mib * 2**20 - leave_kib * 2**10))
+            return mnt
+
+        yield mount
+
+
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "megatron_env", *args], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **env},
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_env_on_a_full_disk_is_refused_before_anything_is_written(small_fs):
+    """Before: `only 0.0 GiB free under ...`, another wording than every other writer's."""
+    mnt = small_fs(1, leave_kib=64)
+    r = _run("env", "--profile", PROFILE, "--prefix", str(mnt / "e"), "--python",
+             sys.executable)
+    assert r.returncode == 2, r.stderr
+    (err,) = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert err.startswith(f"error: no space on {mnt} for a new environment")
+    assert ": 8.0 GiB needed, " in err and err.endswith(" KiB free")
+    assert sorted(p.name for p in mnt.iterdir()) == ["fill"]  # nothing made
+
+
+def test_setup_on_a_full_disk_gives_the_kind_under_json(small_fs):
+    """Before: the failed step's row carried no kind: a program reading --json could only parse
+    the message's words."""
+    mnt = small_fs(1, leave_kib=64)
+    r = _run("setup", "--profile", PROFILE, "--prefix", str(mnt / "e"), "--only", "env",
+             "--json")
+    assert r.returncode == 1, r.stderr
+    (step,) = json.loads(r.stdout)["steps"]
+    assert step["status"] == "failed" and step["kind"] == "disk.full", step
+    assert step["detail"].startswith(f"no space on {mnt} for a new environment (")
+    assert "8.0 GiB needed" in step["detail"]
+
+
+def test_an_unpack_on_a_small_disk_is_refused_up_front(small_fs, tmp_path, monkeypatch):
+    """The manifest gives the unpacked size: refused before the first byte, naming what it
+    needs. Before: the write failed part way and was said as `cannot unpack` (another kind)."""
+    mnt = small_fs(2)
+    monkeypatch.setenv("MEGATRON_ENV_CACHE", str(mnt / "cache"))
+    bundle = write_bundle(tmp_path / "b.tar", {"source/README.md": b"x\n",
+                                                "wheels/w-1.0-py3-none-any.whl":
+                                                    os.urandom(3 * 2**20)})
+    with user_error("disk.full") as e:
+        offline.unpacked([bundle], lambda *_: None)
+    assert e.value.message.startswith(f"no space on {mnt} for unpacking b.tar: 3 MiB needed, ")
+    assert not [p for p in (mnt / "cache" / "bundles").rglob("*") if p.is_file()
+                and p.suffix != ".lock"]
+
+
+def test_collect_on_a_full_disk_names_the_filesystem(small_fs):
+    mnt = small_fs(1, leave_kib=8)
+    r = _run("collect", "--out", str(mnt / "s"))
+    assert r.returncode == 2
+    assert f"error: no space on {mnt}" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv, kind", [
+    (["check", "--json", "--profile", "nope"], "profile.unknown"),
+    (["check", "--json", "--snapshot", "/nonexistent/snap"], None),
+    (["report", "--json", "--profile", "nope"], "profile.unknown"),
+    (["lock-diff", "--json", "--markdown"], "input.conflict"),
+    (["preflight", "--json", "--fleet", "/nonexistent/fleet"], "fleet.not-a-directory"),
+])
+def test_errors_under_json_are_one_object_on_stdout(argv, kind):
+    """Before: `check --json` with a bad profile printed nothing on stdout."""
+    r = _run(*argv)
+    assert r.returncode == 2, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is False and doc["command"] == argv[0]
+    assert doc["error"]["message"] and (kind is None or doc["error"]["kind"] == kind), doc
+    assert r.stderr.startswith("error: ")
