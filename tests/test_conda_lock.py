@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from megatron_env import profile
-from megatron_env.pyenv import lock
+from megatron_env.pyenv import lock_conda
 
 from .conda_channel import lock_offline, solver
 from .test_lock import copy_repo, invoke
@@ -30,7 +30,7 @@ def test_conda_lock_and_install_from_a_local_channel(tmp_path, monkeypatch):
     assert "python-3.10.13-0.tar.bz2" in text
     assert len(re.findall(r"sha256: [0-9a-f]{64}", text)) == 6
     prefix = tmp_path / "prefix"
-    res = lock.conda_install(conda_lock, prefix, str(stub))
+    res = lock_conda.conda_install(conda_lock, prefix, str(stub))
     assert res.ok, res.output
     nvcc = subprocess.run([prefix / "bin" / "nvcc"], capture_output=True, text=True)
     assert "release 12.1" in nvcc.stdout

@@ -5,7 +5,7 @@ port of A) must not send its Authorization to B; a redirect within A keeps it; a
 https down to http is refused before anything reaches the http server. The servers are real
 http.server threads on 127.0.0.1 and 127.0.0.2 (two loopback addresses: two hosts), the TLS one
 with a self-signed certificate made by the openssl command line and trusted through PIP_CERT's
-setting (index.Config.cert), as a user would."""
+setting (index_config.Config.cert), as a user would."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import pytest
 from megatron_env.kernels import build
 from megatron_env.recipes import recipe
 from megatron_env.sources import http as http_mod
-from megatron_env.sources import index
+from megatron_env.sources import index, index_config
 
 from .conftest import user_error
 
@@ -100,7 +100,7 @@ def servers() -> Iterator[dict[str, Server]]:
 
 
 def _fetch(index_url: str, dest: Path, cert: str | None = None) -> index.Fetched:
-    return index.fetch("tinyk", NAME, SHA, dest, index.Config([index_url], cert=cert),
+    return index.fetch("tinyk", NAME, SHA, dest, index_config.Config([index_url], cert=cert),
                        echo=lambda _s: None)
 
 

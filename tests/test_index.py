@@ -18,7 +18,7 @@ from megatron_env.errors import UserError
 from megatron_env.kernels import build
 from megatron_env.recipes import recipe
 from megatron_env.redact import mask_urls
-from megatron_env.sources import index
+from megatron_env.sources import index, index_config
 
 FIX = Path(__file__).parent / "fixtures" / "index"
 PYPI = "https://pypi.org/simple/"
@@ -48,25 +48,25 @@ def test_yanked_files_and_their_reasons_in_both_forms():
 def test_the_configured_indexes_come_from_pip_and_uv_settings():
     conf = "[global]\nindex-url = https://mirror.example/simple/\nfind-links = /srv/wheels\n" \
            "extra-index-url = file:///srv/a/simple file:///srv/b/simple\n"
-    s = index.settings({}, [conf])
+    s = index_config.settings({}, [conf])
     assert s.indexes == ["https://mirror.example/simple", "file:///srv/a/simple",
                          "file:///srv/b/simple"]
     assert s.find_links == ["/srv/wheels"] and not s.no_index
-    s = index.settings({"PIP_INDEX_URL": "https://env.example/simple",
+    s = index_config.settings({"PIP_INDEX_URL": "https://env.example/simple",
                         "UV_INDEX": "internal=https://uv.example/simple"}, [conf])
     assert s.indexes == ["https://env.example/simple", "file:///srv/a/simple",
                          "file:///srv/b/simple", "https://uv.example/simple"]
-    assert index.settings({}, []).indexes == [index.DEFAULT_INDEX]
-    assert index.settings({"UV_DEFAULT_INDEX": "https://u/simple"}, []).indexes == [
+    assert index_config.settings({}, []).indexes == [index_config.DEFAULT_INDEX]
+    assert index_config.settings({"UV_DEFAULT_INDEX": "https://u/simple"}, []).indexes == [
         "https://u/simple"]
-    s = index.settings({"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/a /b"}, [conf])
+    s = index_config.settings({"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/a /b"}, [conf])
     assert s.no_index and s.indexes == [] and s.find_links == ["/a", "/b"]
-    assert index.settings({"UV_NO_INDEX": "1"}, [conf]).no_index
-    s = index.settings({"UV_NO_INDEX": "1", "PIP_INDEX_URL": "https://p/simple"}, [])
+    assert index_config.settings({"UV_NO_INDEX": "1"}, [conf]).no_index
+    s = index_config.settings({"UV_NO_INDEX": "1", "PIP_INDEX_URL": "https://p/simple"}, [])
     assert not s.no_index and s.indexes == ["https://p/simple"]  # pip's own word wins for pip
     user = "[global]\nindex-url = https://user.example/simple\n"
-    assert index.settings({}, [conf, user]).indexes[0] == "https://user.example/simple"
-    assert index.pip_config_files({"PIP_CONFIG_FILE": "/dev/null"}) == []
+    assert index_config.settings({}, [conf, user]).indexes[0] == "https://user.example/simple"
+    assert index_config.pip_config_files({"PIP_CONFIG_FILE": "/dev/null"}) == []
 
 
 def test_the_installer_index_is_uv_s_then_pip_s_and_shown_without_credentials(tmp_path):
@@ -76,26 +76,26 @@ def test_the_installer_index_is_uv_s_then_pip_s_and_shown_without_credentials(tm
     conf.write_text("[global]\nindex-url = https://mirror.example/simple\n")
     env = {"UV_NO_CONFIG": "1", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
            "PIP_CONFIG_FILE": str(conf)}
-    assert index.installer_index(env) == "https://mirror.example/simple"
+    assert index_config.installer_index(env) == "https://mirror.example/simple"
     env["PIP_INDEX_URL"] = "https://pip.example/simple"
-    assert index.installer_index(env) == "https://pip.example/simple"
+    assert index_config.installer_index(env) == "https://pip.example/simple"
     env["UV_DEFAULT_INDEX"] = "https://u:secret@uv.example/simple"
-    assert index.installer_index(env) == "https://u:secret@uv.example/simple"
-    assert mask_urls(index.installer_index(env)) == "https://***@uv.example/simple"
+    assert index_config.installer_index(env) == "https://u:secret@uv.example/simple"
+    assert mask_urls(index_config.installer_index(env)) == "https://***@uv.example/simple"
     # uv.toml (unless UV_NO_CONFIG) comes before pip's word, after uv's variables
     uv = tmp_path / "cfg" / "uv" / "uv.toml"
     uv.parent.mkdir(parents=True)
     uv.write_text('[[index]]\nname = "other"\nurl = "https://other.example/simple"\n\n'
                   '[[index]]\nurl = "https://uvtoml.example/simple"\ndefault = true\n')
     del env["UV_DEFAULT_INDEX"]
-    assert index.installer_index(env) == "https://pip.example/simple"  # UV_NO_CONFIG
+    assert index_config.installer_index(env) == "https://pip.example/simple"  # UV_NO_CONFIG
     del env["UV_NO_CONFIG"]
-    assert index.installer_index(env) == "https://uvtoml.example/simple"
-    assert index.uv_default_index('index-url = "https://old.example/simple"\n') == \
+    assert index_config.installer_index(env) == "https://uvtoml.example/simple"
+    assert index_config.uv_default_index('index-url = "https://old.example/simple"\n') == \
         "https://old.example/simple"
-    assert index.uv_default_index("not toml [") is None
-    assert index.installer_index({"PIP_CONFIG_FILE": "/dev/null", "UV_NO_CONFIG": "1",
-                                  "HOME": str(tmp_path)}) == index.DEFAULT_INDEX
+    assert index_config.uv_default_index("not toml [") is None
+    assert index_config.installer_index({"PIP_CONFIG_FILE": "/dev/null", "UV_NO_CONFIG": "1",
+                                  "HOME": str(tmp_path)}) == index_config.DEFAULT_INDEX
 
 
 RAISES = """import pathlib
@@ -215,7 +215,7 @@ def test_a_yanked_sdist_is_named_and_another_file_under_its_name_refused(
         served, tmp_path, capsys):
     sdist = tiny_sdist(tmp_path)
     Index.files, Index.yanked = {sdist.name: sdist}, {sdist.name: "broken metadata"}
-    cfg = index.Config([served])
+    cfg = index_config.Config([served])
     got = index.fetch("tinyk", sdist.name, hashlib.sha256(sdist.read_bytes()).hexdigest(),
                       tmp_path / "out.tar.gz", cfg, echo=lambda *_: None)
     assert got.yanked and got.yanked.reason == "broken metadata"
@@ -252,10 +252,10 @@ def test_credentials_in_the_index_url_go_in_a_header_and_never_in_messages(serve
     with_cred = served.replace("http://", "http://me:s3cret@")
     said = []
     index.fetch("tinyk", sdist.name, hashlib.sha256(sdist.read_bytes()).hexdigest(),
-                tmp_path / "a", index.Config([with_cred]), echo=said.append)
+                tmp_path / "a", index_config.Config([with_cred]), echo=said.append)
     assert "s3cret" not in " ".join(said) and "***@127.0.0.1" in said[0]
     with pytest.raises(UserError) as e:
-        index.files("tinyk", served.replace("http://", "http://me:wrong@"), index.Config())
+        index.files("tinyk", served.replace("http://", "http://me:wrong@"), index_config.Config())
     assert "HTTP 401" in e.value.message and "wrong" not in e.value.message
 
 
@@ -266,7 +266,7 @@ def test_a_file_index_and_a_find_links_directory(tmp_path):
     page.mkdir(parents=True)
     (page / "index.html").write_text(f'<a href="../../../{sdist.name}#sha256={sha}">'
                                      f"{sdist.name}</a>")
-    cfg = index.Config([(tmp_path / "idx" / "simple").as_uri()])
+    cfg = index_config.Config([(tmp_path / "idx" / "simple").as_uri()])
     got = index.fetch("TinyK", sdist.name, sha, tmp_path / "a", cfg, echo=lambda *_: None)
     listed = index.files("tinyk", cfg.indexes[0])
     assert [f.name for f in listed] == [sdist.name] and listed[0].size is None
@@ -274,7 +274,7 @@ def test_a_file_index_and_a_find_links_directory(tmp_path):
     assert index.files("nothere", cfg.indexes[0]) == []
     assert got.source == sdist.as_uri() and (tmp_path / "a").read_bytes() == sdist.read_bytes()
     got = index.fetch("tinyk", sdist.name, sha, tmp_path / "b",
-                      index.Config([], [str(tmp_path)], True), echo=lambda *_: None)
+                      index_config.Config([], [str(tmp_path)], True), echo=lambda *_: None)
     assert got.source == str(sdist)
 
 
@@ -308,6 +308,6 @@ def test_a_page_that_is_not_the_simple_api_is_one_line(served, tmp_path):
     sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
     (page / "index.html").write_text(f'<a href="../../{sdist.name}#sha256={sha}">x</a>')
     got = index.fetch("tinyk", "x", sha, tmp_path / "a",
-                      index.Config([with_cred, (tmp_path / "idx").as_uri()]),
+                      index_config.Config([with_cred, (tmp_path / "idx").as_uri()]),
                       echo=lambda *_: None)
     assert got.source == sdist.as_uri()

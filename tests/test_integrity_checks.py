@@ -30,7 +30,7 @@ from megatron_env.host.snapshot import Snapshot
 from megatron_env.kernels import build, compiler, jobserver
 from megatron_env.pyenv import env, manifest
 from megatron_env.recipes import recipe
-from megatron_env.sources import index, repos
+from megatron_env.sources import index, index_config, repos
 
 from .conftest import H200, user_error
 from .gitrepo import git, repo_with
@@ -58,7 +58,7 @@ def test_a_find_links_file_with_another_hash_is_refused_and_not_published(tmp_pa
     links = tmp_path / "links"
     swapped = sdist_in(links)
     swapped.write_bytes(swapped.read_bytes() + b"\0")  # another file under the pinned name
-    cfg = index.Config([], [str(links)], True)
+    cfg = index_config.Config([], [str(links)], True)
     with pytest.raises(UserError) as e:
         index.fetch("tinyk", good.name, sha(good.read_bytes()), tmp_path / "out.tar.gz", cfg,
                     echo=lambda *_: None)
@@ -77,7 +77,7 @@ def test_an_index_serving_other_bytes_than_it_lists_is_refused(tmp_path):
     page.mkdir(parents=True)
     (page / "index.html").write_text(f'<a href="../../../tinyk-1.0.tar.gz#sha256={pin}">'
                                      "tinyk-1.0.tar.gz</a>")
-    cfg = index.Config([(tmp_path / "idx" / "simple").as_uri()])
+    cfg = index_config.Config([(tmp_path / "idx" / "simple").as_uri()])
     with pytest.raises(UserError) as e:
         index.fetch("tinyk", good.name, pin, tmp_path / "out.tar.gz", cfg, echo=lambda *_: None)
     assert "no copy with the pinned sha256" in e.value.message
@@ -88,7 +88,7 @@ def test_a_listed_hash_other_than_the_pin_is_not_downloaded(served, tmp_path):  
     sdist = tiny_sdist(tmp_path)
     Index.files = {sdist.name: sdist}
     with pytest.raises(UserError):
-        index.fetch("tinyk", sdist.name, "0" * 64, tmp_path / "x", index.Config([served]),
+        index.fetch("tinyk", sdist.name, "0" * 64, tmp_path / "x", index_config.Config([served]),
                     echo=lambda *_: None)
     assert [p for p, _accept in Index.seen] == ["/simple/tinyk/"]  # never /files/...
 

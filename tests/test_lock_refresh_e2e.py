@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from megatron_env.errors import UserError
-from megatron_env.pyenv import lockdiff
+from megatron_env.pyenv import lockdiff, lockdiff_markdown
 from megatron_env.sources import index as sources_index
 
 from .gitrepo import project_files
@@ -444,7 +444,7 @@ def test_pick_ranks_the_nodes_platforms_not_this_machines():
 def test_cut_keeps_a_row_that_fills_the_budget_exactly():
     """Four 3-byte rows into 9 bytes with a 1-byte note: the note and its two newlines take 3,
     two rows fill the other 6 exactly and are kept."""
-    assert lockdiff.cut("aa\nbb\ncc\ndd\n", 9, "N") == "aa\nbb\n\nN\n"
+    assert lockdiff_markdown.cut("aa\nbb\ncc\ndd\n", 9, "N") == "aa\nbb\n\nN\n"
 
 
 def test_added_profile_is_one_line_and_shallow_or_no_git_say_what_to_do(tmp_path, index):
@@ -521,7 +521,7 @@ def test_a_long_diff_is_cut_at_a_row_never_inside_a_character():
     text = "### p\n\n| package | change |\n|---|---|\n" + "\n".join(rows) + "\n"
     note = "_(truncated)_"
     for limit in (120, 1001, 5003, len(text.encode()) - 1):
-        short = lockdiff.cut(text, limit, note)
+        short = lockdiff_markdown.cut(text, limit, note)
         raw = short.encode()
         assert len(raw) <= limit
         body = raw.decode().removesuffix("\n" + note + "\n")  # decodes: no character cut
@@ -530,4 +530,4 @@ def test_a_long_diff_is_cut_at_a_row_never_inside_a_character():
                                           body.endswith("\n"))
         assert all(line.endswith("|") or not line.startswith("|")
                    for line in body.splitlines())
-    assert lockdiff.cut(text, len(text.encode()), note) == text
+    assert lockdiff_markdown.cut(text, len(text.encode()), note) == text

@@ -31,7 +31,7 @@ from megatron_env.bundle.manifest import FORMAT, Manifest
 from megatron_env.errors import UserError
 from megatron_env.kernels import build, compiler
 from megatron_env.profile import Profile
-from megatron_env.pyenv import lock
+from megatron_env.pyenv import lock, lock_conda
 from megatron_env.recipes.recipe import Package
 from megatron_env.redact import mask_urls
 from megatron_env.sources import http, patches, repos, resources
@@ -179,7 +179,7 @@ def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo, *,
                     raise UserError(f"cannot download {mask_urls(p['url'])}: "
                                     f"{getattr(e, 'reason', e)}",
                                     fix="lock the conda layer against a reachable channel "
-                                        f"({lock.CHANNELS_ENV}=MIRROR invoke lock)",
+                                        f"({lock_conda.CHANNELS_ENV}=MIRROR invoke lock)",
                                     kind="source.unreachable") from None
                 if digest.file_hex(part, algo) != want:
                     raise UserError(f"{mask_urls(p['url'])} does not match the {algo} in "

@@ -36,7 +36,7 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
          pypi_to_conda_lookup_file: str | None = None, resolve: bool = False,
          refresh: bool = False) -> int:
     """Resolve a profile into hashed locks (requirements.lock, environment.yml, conda-lock.yml)."""
-    from megatron_env.pyenv import lock
+    from megatron_env.pyenv import lock, lock_conda
 
     if check:
         profs = [load_profile(profile)] if profile else load_all()
@@ -62,9 +62,9 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
     profs = [load_profile(profile)] if profile or not refresh else load_all()
     lookup = Path(pypi_to_conda_lookup_file) if pypi_to_conda_lookup_file else None
     for prof in profs:
-        lock.write_environment_yml(prof)
+        lock_conda.write_environment_yml(prof)
         res = lock.compile_lock(prof, python=python, upgrade=upgrade_package, refresh=refresh)
-        lock.conda_lock(prof, solver=conda, lookup=lookup, channels=channel)
+        lock_conda.conda_lock(prof, solver=conda, lookup=lookup, channels=channel)
         output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
                        f"{res.path.relative_to(REPO_ROOT)}" + " (unchanged)" * (not res.changed))
     return 0
@@ -84,8 +84,8 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
               index_url: str | None = None, max_bytes: int = 0) -> int:
     """What the lock changes do: packages moved, download size, yanked files, kernel rebuilds."""
     from megatron_env.kernels import build
-    from megatron_env.pyenv import lockdiff
-    from megatron_env.sources import index
+    from megatron_env.pyenv import lockdiff, lockdiff_markdown
+    from megatron_env.sources import index_config
 
     with json_error(json, "lock-diff"):
         if markdown and json:
@@ -93,13 +93,12 @@ def lock_diff(base: str | None = None, markdown: bool = False, json: bool = Fals
                             kind="input.conflict")
         if profile:
             load_profile(profile)  # an unknown name: one clear line
-        report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs,
-                                 index_url=None if offline else
-                                 index_url or index.installer_index())
-    text = lockdiff.render(report, json)
+        url = None if offline else index_url or index_config.installer_index()
+        report = lockdiff.report(base, profile, kernel_keys=build.static_key_docs, index_url=url)
+    text = lockdiff_markdown.render(report, json)
     if max_bytes and not json:
-        text = lockdiff.cut(text, max_bytes, "_(truncated at a table row: the full diff is in "
-                                             "the job summary)_")
+        text = lockdiff_markdown.cut(text, max_bytes, "_(truncated at a table row: the full diff "
+                                                      "is in the job summary)_")
     output.result(text)
     return 0
 

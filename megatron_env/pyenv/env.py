@@ -32,7 +32,7 @@ from typing import Any
 from megatron_env import digest, files, mutex, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
-from megatron_env.pyenv import audit, lock, manifest, uv
+from megatron_env.pyenv import audit, lock, lock_conda, manifest, uv
 from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
 from megatron_env.pyenv.probe import probe
 from megatron_env.units import GIB
@@ -406,8 +406,8 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | Non
             conda: str | None, use_conda: bool | None,
             sources: Sources, echo: output.Echo, conda_lock: Path | None = None) -> str:
     log = target.with_suffix(".log")
-    conda_lock_file = lock.conda_lockfile(profile, conda_lock)
-    solver = conda or lock.conda_solver()
+    conda_lock_file = lock_conda.conda_lockfile(profile, conda_lock)
+    solver = conda or lock_conda.conda_solver()
     if use_conda is None:
         use_conda = bool(solver and conda_lock_file.exists())
     if use_conda:
@@ -416,7 +416,7 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | Non
                             fix="install micromamba and run `invoke lock`",
                             kind="env.conda-unavailable")
         echo(f"conda: installing {conda_lock_file.name} into {target} with {solver}")
-        r = lock.conda_install(conda_lock_file, target, solver)
+        r = lock_conda.conda_install(conda_lock_file, target, solver)
         if not r.ok:
             shutil.rmtree(target, ignore_errors=True)
             raise UserError(f"conda-lock install failed: {r.tail(6)}",
