@@ -440,21 +440,23 @@ def _store(rng: random.Random) -> str:
         f"cache hit {r(rng, NIX32, 32)}.narinfo"])
 
 
+def _b64(rng: random.Random, n: int) -> str:
+    """Base64 of `n` random bytes (a digest's or a request id's body)."""
+    return base64.b64encode(bytes(rng.getrandbits(8) for _ in range(n))).decode()
+
+
 def _digest(rng: random.Random) -> str:
-    def b64(n: int) -> str:
-        return base64.b64encode(bytes(rng.getrandbits(8) for _ in range(n))).decode()
     return rng.choice([
-        f'"integrity": "sha512-{b64(64)}"', f"sha256-{b64(32)}", f"sha384-{b64(48)}",
-        f"golang.org/x/net v0.{rng.randint(1, 40)}.0 h1:{b64(32)}",
-        f'<script src="/app.js" integrity="sha384-{b64(48)}"></script>'])
+        f'"integrity": "sha512-{_b64(rng, 64)}"', f"sha256-{_b64(rng, 32)}",
+        f"sha384-{_b64(rng, 48)}", f"golang.org/x/net v0.{rng.randint(1, 40)}.0 h1:{_b64(rng, 32)}",
+        f'<script src="/app.js" integrity="sha384-{_b64(rng, 48)}"></script>'])
 
 
 def _s3(rng: random.Random) -> str:
     return rng.choice([
         f"x-amz-request-id: {r(rng, HEX.upper(), 16)}",
-        f"(Request ID: {r(rng, HEX.upper(), 16)}, S3 Extended Request ID: "
-        f"{base64.b64encode(bytes(rng.getrandbits(8) for _ in range(56))).decode()})",
-        f"x-amz-id-2: {base64.b64encode(bytes(rng.getrandbits(8) for _ in range(56))).decode()}"])
+        f"(Request ID: {r(rng, HEX.upper(), 16)}, S3 Extended Request ID: {_b64(rng, 56)})",
+        f"x-amz-id-2: {_b64(rng, 56)}"])
 
 
 def _conda(rng: random.Random) -> str:
