@@ -19,6 +19,7 @@ from pathlib import Path
 
 from megatron_env import proc
 from megatron_env.errors import UserError
+from megatron_env.kernels.slots import sh_quote
 
 GIB = 2**30
 
@@ -50,14 +51,6 @@ def driver_env(recipe_says: Mapping[str, str], width: int) -> dict[str, str]:
     return {"MAX_JOBS": str(width), **recipe_says}
 
 
-def ninja_version(ninja: str) -> tuple[int, ...]:
-    r = proc.run([ninja, "--version"], timeout=30)
-    try:
-        return tuple(int(x) for x in r.stdout.strip().split(".")[:2])
-    except ValueError:
-        return ()
-
-
 SHIM = """#!/bin/sh
 # ninja at the pool's width: its jobs wait for a slot of the pool (written by megatron-env)
 n=$#
@@ -86,10 +79,6 @@ def shim(where: Path, path: str, width: int) -> Path:
     d = where / "bin"
     d.mkdir(parents=True, exist_ok=True)
     f = d / "ninja"
-    f.write_text(SHIM.replace("{real}", _quote(real)).replace("{width}", str(width)))
+    f.write_text(SHIM.replace("{real}", sh_quote(real)).replace("{width}", str(width)))
     f.chmod(f.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return d
-
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "'\\''") + "'"

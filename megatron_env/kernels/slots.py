@@ -221,12 +221,12 @@ def bin_dir(where: Path, path: str, python: str = sys.executable) -> Path:
     PYTORCH_NVCC and CMAKE_<LANG>_COMPILER_LAUNCHER)."""
     d = where / "slot-bin"
     d.mkdir(parents=True, exist_ok=True)
-    _script(d / "slot", f'exec {_quote(python)} -S {_quote(str(CLIENT))} "$@"\n')
+    _script(d / "slot", f'exec {sh_quote(python)} -S {sh_quote(str(CLIENT))} "$@"\n')
     for name in WRAPPED:
         real = proc.which(name, path=path)
         if real:
-            _script(d / name, f'exec {_quote(python)} -S {_quote(str(CLIENT))} '
-                              f'{_quote(real)} "$@"\n')
+            _script(d / name, f'exec {sh_quote(python)} -S {sh_quote(str(CLIENT))} '
+                              f'{sh_quote(real)} "$@"\n')
     return d
 
 
@@ -246,8 +246,8 @@ def env_compilers(where: Path, environ: Mapping[str, str], path: str,
         d = where / "slot-env" / var.lower()
         d.mkdir(parents=True, exist_ok=True)
         f = d / Path(real).name
-        _script(f, f'exec {_quote(python)} -S {_quote(str(CLIENT))} '
-                   + " ".join(_quote(w) for w in [real, *words[1:]]) + ' "$@"\n')
+        _script(f, f'exec {sh_quote(python)} -S {sh_quote(str(CLIENT))} '
+                   + " ".join(sh_quote(w) for w in [real, *words[1:]]) + ' "$@"\n')
         out[var] = str(f)
     return out
 
@@ -258,5 +258,6 @@ def _script(f: Path, body: str) -> None:
     f.chmod(f.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _quote(s: str) -> str:
+def sh_quote(s: str) -> str:
+    """`s` as one word of a POSIX shell script, always in single quotes."""
     return "'" + s.replace("'", "'\\''") + "'"
