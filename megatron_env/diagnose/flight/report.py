@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from megatron_env.diagnose import launch
 from megatron_env.diagnose.flight import analysis, dump
 from megatron_env.diagnose.flight.analysis import Hang, Wait
+from megatron_env.diagnose.model import Events
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding, Status
 
 ranks = launch.ranks
-Timeout = tuple[int, int, str]  # (rank, SeqNum, op) of a watchdog timeout line
+Timeout = tuple[int, int | None, str | None]  # (rank, SeqNum, op) of a watchdog timeout line
 _FRAMES = 4  # the stuck rank's frames shown
 _INTERNAL = ("/torch/distributed/", "/torch/multiprocessing/", "/multiprocessing/",
              "<string>", "/threading.py", "/runpy.py")
@@ -47,26 +47,22 @@ def file_hosts(dumps: list[dump.Dump]) -> dict[int, str]:
     return dirs if len(set(dirs.values())) > 1 else {}
 
 
-def log_facts(evs: Iterable[Any]) -> tuple[list[Timeout], dict[int, str]]:
+def log_facts(evs: Iterable[Events]) -> tuple[list[Timeout], dict[int, str]]:
     """What the logs' events say that the dumps need: the watchdog's timeouts and the host of
-    each rank (events as dicts or typed, read by field name)."""
+    each rank."""
     timeouts: list[Timeout] = []
     hosts: dict[int, str] = {}
     for ev in evs:
         for t in ev.timeouts:
-            rank, host = _field(t, "rank"), _field(t, "host")
+            rank, host = t.get("rank"), t.get("host")
             if rank is not None:
-                timeouts.append((rank, _field(t, "seq"), _field(t, "op")))
+                timeouts.append((rank, t.get("seq"), t.get("op")))
                 if host:
                     hosts.setdefault(rank, host)
         for r, p in ev.job.by_rank.items():
-            if _field(p, "host"):
-                hosts.setdefault(r, _field(p, "host"))
+            if p.get("host"):
+                hosts.setdefault(r, p["host"])
     return timeouts, hosts
-
-
-def _field(x: Any, name: str) -> Any:
-    return x.get(name) if isinstance(x, dict) else getattr(x, name, None)
 
 
 def _group(pg: str, desc: str) -> str:
@@ -160,8 +156,8 @@ def evidence(h: Hang, dumps: list[dump.Dump], timeouts: list[Timeout],
     return out
 
 
-def _norm(op: str) -> str:
-    return op.replace("_", "").lower()
+def _norm(op: str | None) -> str:
+    return (op or "").replace("_", "").lower()
 
 
 def agreement(h: Hang, timeouts: list[Timeout], dumped: set[int]) -> list[str]:
