@@ -208,10 +208,10 @@ class Record:
     # phases: each returns its facts; rc is the first failing command's, else 0
     def versions(self) -> dict[str, Any]:
         log = self.results / "versions.txt"
-        probe = ("import sys, torch\ntry: nccl = torch.cuda.nccl.version()\n"
-                 "except Exception as e: nccl = type(e).__name__\n"
-                 "print(sys.version.split()[0], torch.__version__, torch.version.cuda, nccl, "
-                 "torch.cuda.get_device_name() if torch.cuda.is_available() else 'no-gpu')")
+        probe = ("import sys, torch; g = torch.cuda.is_available(); print('python', "
+                 "sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,"
+                 " 'nccl', torch.cuda.nccl.version() if g else '-', 'gpu', "
+                 "torch.cuda.get_device_name() if g else 'none')")
         cmds = [["date"], ["uname", "-r"],
                 ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                  "--format=csv,noheader"], ["nproc"], ["free", "-g"],
