@@ -36,6 +36,7 @@ Standard library only: it runs before the tool is installed on the node.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -62,6 +63,7 @@ DEFAULT_CONVERGE = "--out {out} -- --bundle {bundle} --adopt {adopt}"
 STEP_ROW = re.compile(r"^(check|lock|env|sources|patches|builds|megatron|verify)\s+"
                       r"(done|up to date|skipped|skip|failed|fail)\s+([0-9.]+)\s", re.M)
 SETUP_END = re.compile(r"^setup (\w+)\b.*?([0-9.]+) s$", re.M)
+KERNEL_BUILT = re.compile(r"([\w.-]+) built in ([0-9.]+) s")
 TIMED = re.compile(r"^real ([0-9.]+) s, user ([0-9.]+) s, sys ([0-9.]+) s$", re.M)
 
 
@@ -85,6 +87,10 @@ def setup_facts(text: str) -> dict[str, Any]:
     steps = {name: float(s) for name, _, s in STEP_ROW.findall(text)}
     if steps:
         facts["steps_s"] = steps
+    builds = re.findall(r"^builds\s.*$", text, re.M)
+    kernels = dict(KERNEL_BUILT.findall(builds[-1])) if builds else {}
+    if kernels:
+        facts["kernels_s"] = {k: float(v) for k, v in kernels.items()}
     timed = TIMED.findall(text)
     if timed:
         real, user, sys_ = (float(x) for x in timed[-1])
@@ -96,14 +102,20 @@ def setup_facts(text: str) -> dict[str, Any]:
 
 
 def load_facts(text: str) -> dict[str, Any]:
-    """Mean and peak compilers and peak memory of a load-sampler file (its header skipped)."""
-    rows = [line.split() for line in text.splitlines()[1:]]
-    rows = [r for r in rows if len(r) == 5 and r[3].isdigit() and r[4].isdigit()]
+    """Mean and peak compilers and peak memory of a load-sampler file, its columns named by its
+    header (an older record's has a `waiting` column too)."""
+    lines = text.splitlines()
+    head = lines[0].split() if lines else []
+    if "compilers" not in head or "mem_used_mib" not in head:
+        return {"samples": 0}
+    c, m = head.index("compilers"), head.index("mem_used_mib")
+    rows = [r for r in (line.split() for line in lines[1:])
+            if len(r) == len(head) and r[c].isdigit() and r[m].isdigit()]
     if not rows:
         return {"samples": 0}
-    compilers = [int(r[3]) for r in rows]
-    return {"samples": len(rows), "mean_compilers": round(sum(compilers) / len(rows), 2),
-            "peak_compilers": max(compilers), "peak_mem_used_mib": max(int(r[4]) for r in rows)}
+    comp = [int(r[c]) for r in rows]
+    return {"samples": len(rows), "mean_compilers": round(sum(comp) / len(rows), 2),
+            "peak_compilers": max(comp), "peak_mem_used_mib": max(int(r[m]) for r in rows)}
 
 
 # --- the node's facts ------------------------------------------------------------------------
@@ -131,10 +143,8 @@ def compilers() -> int:
     n = 0
     for pid in os.listdir("/proc"):
         if pid.isdigit():
-            try:
+            with contextlib.suppress(OSError):
                 n += Path(f"/proc/{pid}/comm").read_text().strip() in COMPILERS
-            except OSError:
-                pass
     return n
 
 
@@ -244,14 +254,14 @@ class Record:
             for m in tar:  # manifest.json comes first in a bundle
                 if m.name.removeprefix("./") == "manifest.json" and m.isfile():
                     f = tar.extractfile(m)
-                    want = json.loads(f.read())["python"] if f else ""
+                    want = str(json.loads(f.read())["python"]) if f else ""
                     break
         check = (f"import sys, venv, ensurepip; "
                  f"sys.exit(f'{{sys.version_info[0]}}.{{sys.version_info[1]}}' != {want!r})")
-        for c in filter(None, (self.cfg.get("tool_python"), shutil.which(f"python{want}"),
-                               f"/usr/bin/python{want}", self.adopt)):
-            if run([c, "-c", check], log, 60)["rc"] == 0:
-                return c
+        for c in (self.cfg.get("tool_python"), shutil.which(f"python{want}"),
+                  f"/usr/bin/python{want}", self.adopt):
+            if c and run([str(c), "-c", check], log, 60)["rc"] == 0:
+                return str(c)
         return None
 
     def cold(self, n: int) -> dict[str, Any]:
@@ -376,6 +386,18 @@ def finished(work: Path) -> bool:
         return False
 
 
+def join(parts: list[Path], dest: Path) -> str:
+    """`parts` written one after the other into `dest`; -> the sha256 of what was written."""
+    h = hashlib.sha256()
+    with open(dest, "wb") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                    out.write(chunk)
+    return h.hexdigest()
+
+
 def start(a: argparse.Namespace) -> int:
     work: Path = a.work
     if running(work):
@@ -392,14 +414,7 @@ def start(a: argparse.Namespace) -> int:
                       "carry every part to the node again (a node given back keeps nothing)")
     work.mkdir(parents=True)
     (work / MARK).touch()
-    h = hashlib.sha256()
-    with open(work / "b.tar", "wb") as out:
-        for part in a.bundle:
-            with open(part, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
-                    out.write(chunk)
-    got = h.hexdigest()
+    got = join(a.bundle, work / "b.tar")
     if a.sha256:
         want = (Path(a.sha256).read_text().split() or [""])[0] if Path(a.sha256).is_file() \
             else a.sha256
@@ -436,21 +451,17 @@ def summary(work: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         doc["phases"] = []
     res = work / "results"
-    try:
+    with contextlib.suppress(OSError):
         doc["versions"] = [ln for ln in (res / "versions.txt").read_text().splitlines()
                            if ln and not ln.startswith(("$", "real ", "exit "))][:12]
-    except OSError:
-        pass
     setups = {}
     for log in sorted(res.glob("*/setup-*.txt")) + sorted(res.glob("warm/warm-*.txt")):
         setups[f"{log.parent.name}/{log.stem}"] = setup_facts(log.read_text(errors="replace"))
     doc["setups"] = setups
     doc["load"] = {f"{p.parent.name}/{p.stem}": load_facts(p.read_text())
                    for p in sorted(res.glob("*/load-*.txt"))}
-    try:
+    with contextlib.suppress(OSError):
         doc["progress_tail"] = (work / "progress.txt").read_text().splitlines()[-3:]
-    except OSError:
-        pass
     return doc
 
 
