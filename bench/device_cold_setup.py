@@ -342,9 +342,13 @@ class Record:
                  "cold1": lambda: self.cold(1), "converge": self.converge, "warm": self.warm,
                  "cold2": self.cold2}
         done: list[dict[str, Any]] = []
+        chosen = self.cfg.get("phases") or list(PHASES)
+        tool = self.tool / "bin" / "invoke"
         for phase in PHASES:
-            if phase not in ("versions", "unpack") and not (self.tool / "bin" / "invoke").exists():
-                facts: dict[str, Any] = {"rc": 2, "note": "not run: the tool is not installed"}
+            if phase not in chosen:
+                facts: dict[str, Any] = {"rc": 0, "note": "skipped: not in --phases"}
+            elif phase not in ("versions", "unpack") and not tool.exists():
+                facts = {"rc": 2, "note": "not run: the tool is not installed"}
             else:
                 self.progress(f"{phase} start")
                 t0 = time.monotonic()
@@ -408,6 +412,9 @@ def start(a: argparse.Namespace) -> int:
             raise Refused(f"{work} exists", "pass --fresh to replace an earlier record's work "
                           "directory, or another --work")
         shutil.rmtree(work)
+    phases = [p for p in a.phases.split(",") if p]
+    if unknown := sorted(set(phases) - set(PHASES)):
+        raise Refused(f"--phases: unknown {', '.join(unknown)}", f"choose from {','.join(PHASES)}")
     missing = [str(p) for p in a.bundle if not p.is_file()]
     if missing:
         raise Refused(f"bundle part(s) missing: {', '.join(missing)}",
@@ -428,7 +435,7 @@ def start(a: argparse.Namespace) -> int:
         shutil.copy2(here.parent / "converge.py", work / "converge.py")
     write_json(work / "config.json", {
         "adopt": a.adopt, "profile": a.profile, "label": a.label, "tool_python": a.tool_python,
-        "converge_args": a.converge_args, "bundle_sha256": got,
+        "converge_args": a.converge_args, "phases": phases, "bundle_sha256": got,
         "bundle_bytes": (work / "b.tar").stat().st_size, "started": time.time()})
     with open(work / "driver.log", "w") as log:
         p = subprocess.Popen([sys.executable, str(work / "driver.py"), "run", "--work", str(work)],
@@ -544,6 +551,8 @@ def main(argv: list[str]) -> int:
     s.add_argument("--converge-args", default=DEFAULT_CONVERGE,
                    help="bench/converge.py's arguments; {out} {bundle} {adopt} {work} filled in")
     s.add_argument("--fresh", action="store_true", help="replace an earlier record's directory")
+    s.add_argument("--phases", default=",".join(PHASES),
+                   help="the phases to run, comma-separated (unpack is needed by the later ones)")
     c = sub.choices["collect"]
     c.add_argument("--wait", type=float, default=0, help="seconds to wait for the record")
     c.add_argument("--out", type=Path, required=True, help="where the tar.gz and summary go")
