@@ -64,6 +64,7 @@ STEP_ROW = re.compile(r"^(check|lock|env|sources|patches|builds|megatron|verify)
                       r"(done|up to date|skipped|skip|failed|fail)\s+([0-9.]+)\s", re.M)
 SETUP_END = re.compile(r"^setup (\w+)\b.*?([0-9.]+) s$", re.M)
 KERNEL_BUILT = re.compile(r"([\w.-]+) built in ([0-9.]+) s")
+BOILERPLATE = ("Copyright", "This is free software", "warranty", "CMake suite")
 TIMED = re.compile(r"^real ([0-9.]+) s, user ([0-9.]+) s, sys ([0-9.]+) s$", re.M)
 
 
@@ -116,6 +117,15 @@ def load_facts(text: str) -> dict[str, Any]:
     comp = [int(r[c]) for r in rows]
     return {"samples": len(rows), "mean_compilers": round(sum(comp) / len(rows), 2),
             "peak_compilers": max(comp), "peak_mem_used_mib": max(int(r[m]) for r in rows)}
+
+
+def probe_output(logged: str) -> str:
+    """What one probe printed, as run() logged it (its `$ command` line and trailer dropped,
+    licence boilerplate too), in one line."""
+    lines = [ln.strip() for ln in logged.splitlines()[1:] if ln.strip()
+             and not TIMED.match(ln) and not re.match(r"exit -?\d+$", ln)
+             and not ln.startswith(BOILERPLATE)]
+    return " | ".join(lines[:4])
 
 
 # --- the node's facts ------------------------------------------------------------------------
@@ -222,15 +232,26 @@ class Record:
                  "sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,"
                  " 'nccl', torch.cuda.nccl.version() if g else '-', 'gpu', "
                  "torch.cuda.get_device_name() if g else 'none')")
-        cmds = [["date"], ["uname", "-r"],
-                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                 "--format=csv,noheader"], ["nproc"], ["free", "-g"],
-                [self.adopt, "-c", probe], ["sh", "-c", "env | grep -E '^(CC|CXX|CUDAHOSTCXX|"
-                                            "CUDA_HOME|MAX_JOBS|TMPDIR)=' || true"],
-                ["nvcc", "--version"], ["ninja", "--version"], ["sh", "-c", "command -v ninja"],
-                ["cmake", "--version"], ["gcc", "--version"], ["g++", "--version"],
-                ["sh", "-c", '"${CXX:-c++}" --version'], ["df", "-h", str(self.work)]]
-        rcs = [run(c, log, 60)["rc"] for c in cmds]
+        cmds = {"date": ["date"], "kernel": ["uname", "-r"],
+                "gpu": ["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                        "--format=csv,noheader"],
+                "cores": ["nproc"], "memory": ["free", "-g"], "python": [self.adopt, "-c", probe],
+                "compilers_env": ["sh", "-c", "env | grep -E '^(CC|CXX|CUDAHOSTCXX|CUDA_HOME|"
+                                  "MAX_JOBS|TMPDIR)=' || true"],
+                "nvcc": ["nvcc", "--version"], "ninja": ["ninja", "--version"],
+                "ninja_path": ["sh", "-c", "command -v ninja"], "cmake": ["cmake", "--version"],
+                "gcc": ["gcc", "--version"], "g++": ["g++", "--version"],
+                "cxx": ["sh", "-c", '"${CXX:-c++}" --version'],
+                "disk": ["df", "-h", str(self.work)]}
+        facts: dict[str, str] = {}
+        rcs: list[int] = []
+        for name, cmd in cmds.items():
+            at = log.stat().st_size if log.exists() else 0
+            rcs.append(run(cmd, log, 60)["rc"])
+            with open(log, errors="replace") as f:
+                f.seek(at)
+                facts[name] = probe_output(f.read())
+        write_json(self.results / "versions.json", facts)
         return {"rc": 0, "failed_probes": sum(1 for r in rcs if r)}
 
     def unpack(self) -> dict[str, Any]:
@@ -291,7 +312,7 @@ class Record:
                 self.source / ".megatron-env" / f"{self.cfg['profile']}.setup"]
         with open(dest / "0-uninstall.txt", "a") as f:
             for path in gone:
-                f.write(f"removed {path}: {path.exists()}\n")
+                f.write(f"{'removed' if path.exists() else 'absent:'} {path}\n")
                 shutil.rmtree(self.inside(path), ignore_errors=True)
             costs = sorted(p.name for p in (self.cache / "object-costs").glob("*.json"))
             f.write(f"kept object-costs: {', '.join(costs) or 'none'}\n")
@@ -458,9 +479,8 @@ def summary(work: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         doc["phases"] = []
     res = work / "results"
-    with contextlib.suppress(OSError):
-        doc["versions"] = [ln for ln in (res / "versions.txt").read_text().splitlines()
-                           if ln and not ln.startswith(("$", "real ", "exit "))][:12]
+    with contextlib.suppress(OSError, ValueError):
+        doc["versions"] = json.loads((res / "versions.json").read_text())
     setups = {}
     for log in sorted(res.glob("*/setup-*.txt")) + sorted(res.glob("warm/warm-*.txt")):
         setups[f"{log.parent.name}/{log.stem}"] = setup_facts(log.read_text(errors="replace"))

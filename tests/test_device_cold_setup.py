@@ -193,3 +193,17 @@ def test_collect_of_a_record_whose_driver_is_gone(tmp_path: Path,
     assert "record stopped" in capsys.readouterr().err
     with tarfile.open(out / "device-run.tar.gz") as tar:
         assert "device-run/results/cold1/setup-cold1.txt" in tar.getnames()
+
+
+def test_probe_output_is_what_the_probe_printed(tmp_path: Path) -> None:
+    """A version probe's line in versions.json: the program's own words, without run()'s
+    command line and trailer or a licence line."""
+    log = tmp_path / "versions.txt"
+    log.write_text("earlier probes\n")
+    at = log.stat().st_size
+    dcs.run([sys.executable, "-c", "import sys; print('Python', sys.version.split()[0]); "
+             "print('Copyright (c) someone'); print(); print('second line')"], log, timeout=60)
+    with open(log) as f:
+        f.seek(at)
+        got = dcs.probe_output(f.read())
+    assert got == f"Python {sys.version.split()[0]} | second line"
