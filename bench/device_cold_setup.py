@@ -346,8 +346,10 @@ class Record:
         out = self.results / "converge"
         args = [a.format(out=out, bundle=self.bundle, adopt=self.adopt, work=self.work)
                 for a in shlex.split(self.cfg["converge_args"])]
+        # the tool's bin first on PATH for it alone: what it starts finds this `invoke`
+        env = {**self.env, "PATH": f"{self.tool / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
         return run([str(self.tool / "bin" / "python"), str(script), *args],
-                   self.results / "converge.txt", 1200, cwd=self.source, env=self.env)
+                   self.results / "converge.txt", 1200, cwd=self.source, env=env)
 
     def warm(self) -> dict[str, Any]:
         rcs = []
@@ -398,10 +400,10 @@ def running(work: Path) -> int | None:
     """The pid of a record still running in `work`, else None."""
     try:
         pid = int((work / "driver.pid").read_text())
-        os.kill(pid, 0)
-    except (OSError, ValueError):
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, ValueError, IndexError):
         return None
-    return None if finished(work) else pid
+    return None if state == "Z" or finished(work) else pid  # a zombie has ended
 
 
 def finished(work: Path) -> bool:
