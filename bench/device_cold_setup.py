@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -495,27 +496,35 @@ def summary(work: Path) -> dict[str, Any]:
 
 
 def pack(work: Path, out: Path, doc: dict[str, Any]) -> Path:
-    """results/, progress, phases and the driver's log as out/device-run.tar.gz (its build logs
-    cut to their last MiB when the whole would not come back)."""
+    """results/, progress, phases and the driver's log as out/device-run.tar.gz; when the whole
+    would not come back (one file: 16 MiB), each build log over 1 MiB goes as its last MiB
+    (`<name>.last-MiB`)."""
     out.mkdir(parents=True, exist_ok=True)
     target = out / "device-run.tar.gz"
     write_json(work / "summary.json", doc)
+    files = []
+    for name in ("summary.json", "progress.txt", "phases.json", "config.json", "driver.log",
+                 "results"):
+        path = work / name
+        files += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     for cut in (False, True):
         tmp = out / "device-run.tar.gz.part"
         with tarfile.open(tmp, "w:gz") as tar:
-            for name in ("summary.json", "progress.txt", "phases.json", "config.json",
-                         "driver.log", "results"):
-                if (work / name).exists():
-                    tar.add(work / name, arcname=f"device-run/{name}",
-                            filter=(lambda ti: _cut(ti, work)) if cut else None)
+            for f in files:
+                arc = f"device-run/{f.relative_to(work).as_posix()}"
+                if cut and "build-logs" in f.parts and f.stat().st_size > 2**20:
+                    with open(f, "rb") as fh:
+                        fh.seek(-(2**20), os.SEEK_END)
+                        data = fh.read()
+                    info = tarfile.TarInfo(f"{arc}.last-MiB")
+                    info.size, info.mtime = len(data), int(f.stat().st_mtime)
+                    tar.addfile(info, io.BytesIO(data))
+                else:
+                    tar.add(f, arcname=arc)
         tmp.replace(target)
         if target.stat().st_size <= PACK_LIMIT:
             break
     return target
-
-
-def _cut(ti: tarfile.TarInfo, work: Path) -> tarfile.TarInfo | None:
-    return None if "/build-logs/" in ti.name and ti.size > 2**20 else ti
 
 
 def collect(a: argparse.Namespace) -> int:

@@ -160,12 +160,13 @@ def _record(work: Path, finished: bool) -> None:
 
 
 def test_collect_packs_what_comes_back_in_one_file(tmp_path: Path) -> None:
-    """Build logs that would take the archive past what one file may carry back are cut to
-    their last MiB; the transcripts stay whole; summary.json says what was measured."""
+    """Build logs that would take the archive past what one file may carry back go as their
+    last MiB; the transcripts stay whole; summary.json says what was measured."""
     work, out = tmp_path / "work", tmp_path / "out"
     _record(work, finished=True)
     for i in range(6):  # incompressible, 18 MiB together
         (work / "results" / "cold1" / "build-logs" / f"k{i}.log").write_bytes(os.urandom(3 << 20))
+    k0 = (work / "results" / "cold1" / "build-logs" / "k0.log").read_bytes()
     (work / "results" / "cold1" / "build-logs" / "small.log").write_text("built\n")
     rc = dcs.main(["collect", "--work", str(work), "--out", str(out), "--wait", "0"])
     assert rc == 0
@@ -173,6 +174,8 @@ def test_collect_packs_what_comes_back_in_one_file(tmp_path: Path) -> None:
     assert target.stat().st_size <= dcs.PACK_LIMIT
     with tarfile.open(target) as tar:
         names = set(tar.getnames())
+        tail = tar.extractfile("device-run/results/cold1/build-logs/k0.log.last-MiB")
+        assert tail is not None and tail.read() == k0[-(1 << 20):]
     assert "device-run/results/cold1/setup-cold1.txt" in names
     assert "device-run/results/cold1/build-logs/small.log" in names
     assert not any(n.endswith("k0.log") for n in names)
