@@ -262,15 +262,19 @@ class Record:
                 log, 300)
         if r["rc"]:
             return r
-        python = self.tool_python(log)
-        if not python:
-            return {"rc": 2, "note": "no Python of the bundle's version with venv (unpack.txt)"}
-        return run([python, str(self.source / "scripts" / "install_tool.py"), str(self.bundle),
-                    str(self.tool)], log, 600)
+        for python in self.tool_pythons(log):  # the next one where a venv cannot be made
+            shutil.rmtree(self.inside(self.tool), ignore_errors=True)
+            r = run([python, str(self.source / "scripts" / "install_tool.py"),
+                     str(self.bundle), str(self.tool)], log, 600)
+            if r["rc"] == 0:
+                return {**r, "tool_python": python}
+        return {"rc": 2, "note": "the tool could not be installed with any Python of the "
+                                 "bundle's version (unpack.txt)"}
 
-    def tool_python(self, log: Path) -> str | None:
-        """The bundle's Python with venv and ensurepip: the given one, python3.X on PATH, or the
-        adopted interpreter (a venv's python makes a venv of its base)."""
+    def tool_pythons(self, log: Path) -> list[str]:
+        """The bundle's Python, with venv and ensurepip, in this order: the given one,
+        python3.X on PATH, /usr/bin's, the adopted interpreter (a venv's python makes a venv of
+        its base)."""
         want = ""
         with tarfile.open(self.bundle) as tar:
             for m in tar:  # manifest.json comes first in a bundle
@@ -280,11 +284,12 @@ class Record:
                     break
         check = (f"import sys, venv, ensurepip; "
                  f"sys.exit(f'{{sys.version_info[0]}}.{{sys.version_info[1]}}' != {want!r})")
+        found: list[str] = []
         for c in (self.cfg.get("tool_python"), shutil.which(f"python{want}"),
                   f"/usr/bin/python{want}", self.adopt):
-            if c and run([str(c), "-c", check], log, 60)["rc"] == 0:
-                return str(c)
-        return None
+            if c and str(c) not in found and run([str(c), "-c", check], log, 60)["rc"] == 0:
+                found.append(str(c))
+        return found
 
     def cold(self, n: int) -> dict[str, Any]:
         dest = self.results / f"cold{n}"
