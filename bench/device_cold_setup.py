@@ -28,7 +28,8 @@ progress.txt:
             pool's object-costs kept; a second cold `invoke setup`, timed, load sampled
 Every command has a timeout (its process group is ended when it runs out), a phase that fails
 does not stop the later ones, and nothing outside the work directory is written or removed
-except the kernels that `invoke setup` installs into the adopted interpreter.
+but what the record is about: the packages `invoke setup` installs into the adopted interpreter
+(kernels, Megatron, their run-time requirements) and the kernels cold2 and converge.py uninstall.
 
 Standard library only: it runs before the tool is installed on the node.
 """
