@@ -291,10 +291,10 @@ def test_unknown_step_is_refused_with_a_kind():
     from .conftest import user_error
 
     with user_error("input.value"):
-        pipeline._chosen("nope", None)
-    assert pipeline._chosen(None, "megatron") == ["megatron", "verify"]
-    assert pipeline._chosen("env", None) == ["env"]
-    assert pipeline._chosen(None, None) == NAMES
+        pipeline.chosen_steps("nope", None)
+    assert pipeline.chosen_steps(None, "megatron") == ["megatron", "verify"]
+    assert pipeline.chosen_steps("env", None) == ["env"]
+    assert pipeline.chosen_steps(None, None) == NAMES
 
 
 def test_one_step_writes_the_stamp_the_chain_would(world, monkeypatch):

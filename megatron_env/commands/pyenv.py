@@ -160,8 +160,8 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
 def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
     from megatron_env.pyenv import env
 
-    py = Path(python).absolute() if python else env.python_of(
-        Path(prefix) if prefix else env.default_prefix(prof))
+    py = env.interpreter(Path(prefix).absolute() if prefix else env.default_prefix(prof),
+                         python)
     if not py.exists():
         raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)",
                         kind="env.missing")

@@ -55,7 +55,49 @@ def env_root() -> Path:
 
 
 def python_of(prefix: Path) -> Path:
+    """The interpreter of an environment this tool built at `prefix` (not an adopted one: ask
+    `interpreter` which one an environment's commands run)."""
     return prefix / "bin" / "python"
+
+
+ADOPTED = "adopted.json"  # in setup_dir(prefix): the interpreter the setup adopted for it
+
+
+def setup_dir(prefix: Path) -> Path:
+    """Where the setup of `prefix` keeps its state (its steps' stamps, what it adopted): beside
+    the prefix, so that an adopted environment, which has no directory of its own, has one."""
+    return prefix.with_name(prefix.name + ".setup")
+
+
+def record_adopted(prefix: Path, python: Path) -> None:
+    """Remember that `prefix` is served by the adopted interpreter `python` (the setup's env
+    step, once it has checked it): every command that runs the environment's interpreter then
+    runs this one (`interpreter`)."""
+    files.write_text(setup_dir(prefix) / ADOPTED,
+                     json.dumps({"python": str(Path(python).absolute())}) + "\n")
+
+
+def forget_adopted(prefix: Path) -> None:
+    """`prefix` is built by this tool again: its own bin/python serves it."""
+    (setup_dir(prefix) / ADOPTED).unlink(missing_ok=True)
+
+
+def adopted(prefix: Path) -> Path | None:
+    """The interpreter recorded as adopted for `prefix` (None: none, or a record that names
+    none; then the environment's own bin/python is its interpreter)."""
+    doc, _why = files.read_json(setup_dir(prefix) / ADOPTED)
+    py = doc.get("python") if isinstance(doc, dict) else None
+    return Path(py) if isinstance(py, str) and os.path.isabs(py) else None
+
+
+def interpreter(prefix: Path, python: str | Path | None = None) -> Path:
+    """The one answer to "which interpreter runs this environment's code": `python` when the
+    caller names one (made absolute: a command may run it from another directory), else the
+    one the setup adopted for `prefix`, else the environment's own bin/python. Whether it
+    exists is the caller's to say (with its own hint)."""
+    if python:
+        return Path(python).absolute()
+    return adopted(prefix) or python_of(prefix)
 
 
 def read_stamp(prefix: Path) -> dict[str, Any] | None:
