@@ -47,9 +47,9 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
         b = pyenv.use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
                         provenance=(expect_sha256, trust))
         prof = b.profile if b else load_profile(profile)
-        ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix
-                               else env.default_prefix(prof),
-                               adopt=Path(adopt).absolute() if adopt else None,
+        where = Path(prefix).absolute() if prefix else env.default_prefix(prof)
+        ctx = pipeline.Context(prof, where,
+                               adopt=env.interpreter(where, adopt) if adopt else None,
                                no_builds=no_builds, deep=verify_deep, bundle=b,
                                jobs=_jobs(jobs))
         if not dry_run:
@@ -78,8 +78,8 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
 
 
 def _verdict(ok: bool, dry_run: bool, only: str | None, from_: str | None) -> str:
-    """The verdict word: "ready" only for a run of the whole chain that ended well: a part of it (--only check,
-    --from megatron) proves nothing about the steps it left out, so it says "done"."""
+    """The verdict's word: "ready" only for a run of the whole chain that ended well; a part of
+    it (--only check, --from megatron) proves nothing about the steps it left out: "done"."""
     if dry_run:
         return "dry run"
     if not ok:

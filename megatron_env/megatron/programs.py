@@ -64,7 +64,7 @@ def interpreter(o: Options) -> str:
     """--python (made absolute), --current, else the profile's environment's interpreter,
     built or adopted (env.interpreter)."""
     if o.python:
-        return str(Path(o.python).absolute())
+        return os.path.abspath(o.python)
     if o.current:
         return sys.executable
     from megatron_env import profile

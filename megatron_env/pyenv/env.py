@@ -74,7 +74,7 @@ def record_adopted(prefix: Path, python: Path) -> None:
     step, once it has checked it): every command that runs the environment's interpreter then
     runs this one (`interpreter`)."""
     files.write_text(setup_dir(prefix) / ADOPTED,
-                     json.dumps({"python": str(Path(python).absolute())}) + "\n")
+                     json.dumps({"python": os.path.abspath(python)}) + "\n")
 
 
 def forget_adopted(prefix: Path) -> None:
@@ -92,11 +92,12 @@ def adopted(prefix: Path) -> Path | None:
 
 def interpreter(prefix: Path, python: str | Path | None = None) -> Path:
     """The one answer to "which interpreter runs this environment's code": `python` when the
-    caller names one (made absolute: a command may run it from another directory), else the
+    caller names one (made absolute, `..` folded, links kept: a venv's python is one; a command
+    may run it from another directory), else the
     one the setup adopted for `prefix`, else the environment's own bin/python. Whether it
     exists is the caller's to say (with its own hint)."""
     if python:
-        return Path(python).absolute()
+        return Path(os.path.abspath(python))
     return adopted(prefix) or python_of(prefix)
 
 

@@ -144,7 +144,7 @@ def _env_verify(ctx: Context) -> str | None:
     """The manifest's stat check: why the env step must run again (it then repairs what changed
     from the lock), or None when every installed file is as the build left it."""
     if ctx.adopt:
-        if env.adopted(ctx.prefix) != ctx.adopt.absolute():
+        if env.adopted(ctx.prefix) != env.interpreter(ctx.prefix, ctx.adopt):
             return f"{ctx.prefix} does not record {ctx.adopt} as its interpreter"
         return None
     if ctx.deep:
