@@ -32,8 +32,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    rule,
+    run_state_machine_as_test,
+)
 
 from megatron_env.pyenv import uv
 
@@ -86,7 +90,7 @@ class Node(Chain):
                              capture_output=True, text=True, check=True)
         return Path(out.stdout.strip())
 
-    def proven(self) -> list[str]:
+    def proven(self, answer: int = 42) -> list[str]:
         """What does not work of what the profile declares, asked of the interpreter from
         outside the tool (empty: all of it works)."""
         probe = ("import importlib, json, sys\n"
@@ -98,7 +102,7 @@ class Node(Chain):
                  "    except Exception as e:\n"
                  "        bad.append(f'{m}: {e}')\n"
                  "import tinykern._C as k\n"
-                 "assert k.answer() == 42\n"
+                 f"assert k.answer() == {answer}, k.answer()\n"
                  "import megatron.core as c\n"
                  "print(json.dumps({'bad': bad, 'core': c.__file__, 'patched': c.PATCHED,\n"
                  "    'dists': sorted(d.metadata['Name'] for d in metadata.distributions())}))\n")
@@ -203,3 +207,145 @@ def fresh_node(world, name: str, adopt: Path | None = None) -> Node:
     shutil.copytree(work, dest, ignore=shutil.ignore_patterns(".megatron-env", ".cache"),
                     symlinks=True)
     return Node(dest, {**env, "PYTHONPATH": str(dest)}, adopt)
+
+
+KERNEL_PATCH = """Subject: the answer is 43
+
+Why: a changed patch series is a changed pin: the builds step must build and install it.
+
+diff --git a/csrc/k.c b/csrc/k.c
+--- a/csrc/k.c
++++ b/csrc/k.c
+@@ -1,5 +1,5 @@
+ #include <Python.h>
+-static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
++static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(43); }
+ static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, "42"}, {0}};
+ static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_C", 0, -1, methods};
+ PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&mod); }
+"""
+
+EXAMPLES = int(os.environ.get("MEGATRON_ENV_READY_EXAMPLES", "3"))
+SETUPS: list[tuple[str, int]] = []  # (args, exit) of every full setup the machine checked
+
+
+class ReadyMeansProven(RuleBasedStateMachine):
+    """Invariant: a full `invoke setup` that exits 0 (says "ready") leaves every declared part
+    working, whatever was done to the node before; and from any state one setup gets there."""
+
+    world: tuple[Path, dict] | None = None
+    image: Path | None = None  # the interpreter an adopting node adopts
+
+    @initialize(adopt=st.booleans())
+    def start(self, adopt):
+        assert self.world is not None and self.image is not None
+        self.n = fresh_node(self.world, "machine", adopt=self.image if adopt else None)
+        if adopt:  # every sequence starts from the image as it was made
+            shutil.rmtree(self.image.parent.parent, ignore_errors=True)
+            adoptable(self.image.parent.parent, self.n.env)
+        self.answer = 42
+        self.n.log.append(f"-- {'adopted' if adopt else 'built'} node")
+
+    def check_ready(self, r: subprocess.CompletedProcess, what: str) -> None:
+        SETUPS.append((what, r.returncode))
+        if r.returncode == 0:
+            broken = self.n.proven(self.answer)
+            assert broken == [], ("\n".join(self.n.log) + f"\nsetup {what} said ready, but: "
+                                  f"{broken}\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
+
+    @rule(args=st.sampled_from([(), (), ("--verify-deep",), ("--dry-run",),
+                                ("--only", "builds"), ("--from", "megatron")]))
+    def setup(self, args):
+        r = self.n.setup(*args)
+        if not args or args == ("--verify-deep",):
+            self.check_ready(r, " ".join(args))
+
+    @rule(how=st.sampled_from(["uninstall", "so", "record"]))
+    def break_kernel(self, how):
+        self.n.log.append(f"kernel: {how}")
+        py = self.n.python()
+        if not py.exists():
+            return
+        if how == "uninstall":
+            subprocess.run([uv.exe(), "pip", "uninstall", "-q", "--python", py,
+                            kernelstandin.NAME], env=self.n.env, capture_output=True)
+            return
+        pkg = self.n.site() / "tinykern"
+        for f in pkg.glob("_C*.so") if how == "so" else pkg.parent.glob("tinykern-*/RECORD"):
+            f.unlink()
+
+    @rule(what=st.sampled_from(["megatron-pth", "checkout", "lock-package", "interpreter"]))
+    def remove(self, what):
+        self.n.log.append(f"removed {what}")
+        py = self.n.python()
+        if what == "megatron-pth" and py.exists():
+            (self.n.site() / "megatron_core.pth").unlink(missing_ok=True)
+        elif what == "checkout":
+            shutil.rmtree(self.n.work / ".megatron-env" / "tiny.megatron", ignore_errors=True)
+        elif what == "lock-package" and py.exists():
+            subprocess.run([uv.exe(), "pip", "uninstall", "-q", "--python", py, "tinytop"],
+                           env=self.n.env, capture_output=True)
+        elif what == "interpreter":  # a new image at the same path, or the venv made anew
+            where = py.parent.parent.resolve()
+            if py.exists() or self.n.adopt:
+                shutil.rmtree(where, ignore_errors=True)
+                subprocess.run([uv.exe(), "venv", "-q", "--python", sys.executable, where],
+                               env=self.n.env, capture_output=True, check=True)
+                if self.n.adopt:
+                    subprocess.run([uv.exe(), "pip", "install", "-q", "--python", py, "torch",
+                                    "tinytop"], env=self.n.env, capture_output=True, check=True)
+
+    @rule(sig=st.sampled_from([signal.SIGINT, signal.SIGTERM, signal.SIGKILL]),
+          after=st.floats(0.2, 4.0))
+    def interrupt(self, sig, after):
+        self.n.log.append(f"setup interrupted by {sig.name} after {after:.2f} s")
+        p = subprocess.Popen([sys.executable, "-m", "invoke", "setup", *self.n.args,
+                              "--profile", "tiny"], cwd=self.n.work, env=self.n.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        time.sleep(after)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, sig)
+        p.wait(timeout=120)
+
+    @rule()
+    def clean(self):
+        self.n.run("clean")
+
+    @rule()
+    def change_pin(self):
+        """The kernel's patch series toggled: another build, another answer."""
+        d = self.n.work / "patches" / kernelstandin.NAME / kernelstandin.VERSION
+        patch = d / "0001-answer-43.patch"
+        if patch.exists():
+            patch.unlink()
+            self.answer = 42
+        else:
+            d.mkdir(parents=True, exist_ok=True)
+            patch.write_text(KERNEL_PATCH)
+            self.answer = 43
+        self.n.log.append(f"kernel pin changed: answer {self.answer}")
+
+    def teardown(self):
+        if getattr(self, "n", None) is None:
+            return
+        try:
+            r = self.n.setup()
+            assert r.returncode == 0, ("\n".join(self.n.log) + "\nno convergence:\n"
+                                       + r.stdout[-3000:] + r.stderr[-3000:])
+            self.check_ready(r, "(last)")
+        finally:
+            shutil.rmtree(self.n.work, ignore_errors=True)
+
+
+def test_setup_exit_0_means_every_declared_part_works(world, tmp_path):
+    ReadyMeansProven.world = world
+    ReadyMeansProven.image = tmp_path / "image" / "bin" / "python"
+    SETUPS.clear()
+    t0 = time.monotonic()
+    run_state_machine_as_test(ReadyMeansProven, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=6, deadline=None, derandomize=False,
+        suppress_health_check=list(HealthCheck)))
+    ready = sum(code == 0 for _what, code in SETUPS)
+    print(f"\n{len(SETUPS)} full setups checked ({ready} said ready) in "
+          f"{time.monotonic() - t0:.0f} s (max_examples={EXAMPLES})")
