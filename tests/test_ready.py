@@ -349,3 +349,35 @@ def test_setup_exit_0_means_every_declared_part_works(world, tmp_path):
     ready = sum(code == 0 for _what, code in SETUPS)
     print(f"\n{len(SETUPS)} full setups checked ({ready} said ready) in "
           f"{time.monotonic() - t0:.0f} s (max_examples={EXAMPLES})")
+
+
+def test_bench_converge_records_a_node_that_converges(world, tmp_path):
+    """bench/converge.py on an adopted node with the kernel stand-in: the kernel really is
+    uninstalled, setup puts it back, its module imports, preflight --local runs the adopted
+    interpreter (gpu.health skips: no GPU here); with --no-builds it says the kernels were
+    skipped and removes nothing."""
+    work, env = world
+    n = fresh_node(world, "bench", adopt=adoptable(tmp_path / "image", env))
+    assert n.setup().returncode == 0
+    bench = Path(__file__).resolve().parent.parent / "bench" / "converge.py"
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, bench, "--out", out, "--", *n.args, "--profile", "tiny"],
+                       cwd=n.work, env=n.env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((out / "converge.json").read_text())
+    assert {k: doc[k] for k in ("kernels_removed", "setup_exit", "imports_after",
+                                "preflight_local_adopted")} == {
+        "kernels_removed": True, "setup_exit": 0, "imports_after": True,
+        "preflight_local_adopted": "skip"}, doc
+    assert doc["python"] == str(n.adopt) and doc["seconds"] > 0
+    assert "tinykern is not installed" in (out / "2-setup.txt").read_text()
+    assert "Uninstalled 1 package" in (out / "1-uninstall.txt").read_text()
+    assert n.proven() == []
+    skipped = tmp_path / "skipped"
+    r = subprocess.run([sys.executable, bench, "--out", skipped, "--", *n.args, "--profile",
+                        "tiny", "--no-builds"], cwd=n.work, env=n.env, capture_output=True,
+                       text=True, timeout=600)
+    doc = json.loads((skipped / "converge.json").read_text())
+    assert r.returncode == 0 and doc["kernels_removed"] is False, r.stdout + r.stderr
+    assert doc["kernels_skipped"] == "--no-builds given" and doc["imports_after"] is None
+    assert n.proven() == []  # nothing was removed
