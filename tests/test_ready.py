@@ -109,7 +109,10 @@ class Node(Chain):
         py = self.python()
         if not py.exists():
             return [f"no interpreter at {py}"]
-        r = subprocess.run([py, "-c", probe, "torch", "tinytop", kernelstandin.MODULE,
+        # an adopted image may lack packages of the lock (the env step lists them: an NGC
+        # container has its own set); a built environment has every one
+        lock = [] if self.adopt else ["tinytop"]
+        r = subprocess.run([py, "-c", probe, "torch", *lock, kernelstandin.MODULE,
                             "megatron.core.datasets.helpers"], capture_output=True, text=True,
                            cwd="/")
         if r.returncode != 0:

@@ -32,7 +32,7 @@ from typing import Any
 from megatron_env import digest, files, mutex, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
-from megatron_env.pyenv import audit, lock, lock_conda, manifest, uv
+from megatron_env.pyenv import aside, audit, lock, lock_conda, manifest, uv
 from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
 from megatron_env.pyenv.probe import probe
 from megatron_env.units import GIB
@@ -433,11 +433,14 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     echo(f"repairing {', '.join(names)}: reinstalling from {lockfile.name}, uv's cache entry "
          "refreshed")
     extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
-    with tempfile.TemporaryDirectory() as tmp:
+    sites = probe(python, torch=False)["sites"]
+    # all or nothing: an interrupt or a failure puts the files of `names` back as they were
+    with aside.reinstalling(Path(python).parent.parent, sites, set(names), echo), \
+            tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
         subset.write_text(lock.subset(lockfile.read_text(), set(names)))
         _uv_install(python, subset, sources, Path(tmp) / "uv.log", extra, temporary_log=True)
-    bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
+    bad = manifest.hash_check(manifest.scan(sites), set(names))
     if bad:
         raise UserError("reinstalling from the lock still gives files that differ from their "
                         "wheel's RECORD: " + "; ".join(manifest.summarize(bad)),
