@@ -85,8 +85,25 @@ def decide(ctx: Context, chosen: list[str], chain: list[Step] | None = None) -> 
                                     upstream))
         here = out[-1]
         upstream = chain_digest(upstream, (here.digest or "") if here.action in (
-            Action.RUN, Action.VERIFY) else stamped)
+            Action.RUN, Action.VERIFY) else _passed_on(ctx, here, stamped))
     return out
+
+
+def _passed_on(ctx: Context, d: Decision, stamped: str) -> str:
+    """What a step that does not run now passes on to the chain: its stamp's digest; an
+    unchosen step without a stamp (never run, or its last run failed) passes on the digest it
+    would be stamped with, so that `invoke megatron` and a later `invoke setup`, whose lock step
+    then runs with the same inputs, agree on the megatron step's digest (it was installed twice).
+    A skipped step passes on its stamp only (nothing when it has none), and so does an
+    unchosen one that this machine would skip: as it does in the full chain."""
+    if stamped or d.action is not Action.UNCHOSEN or d.step.inputs is None:
+        return stamped
+    if d.step.skip and d.step.skip(ctx):
+        return stamped
+    try:
+        return chain_digest(d.upstream, d.step.inputs(ctx))
+    except UserError:
+        return ""  # its inputs cannot be read now: as a step that never ran
 
 
 def _again(ctx: Context, d: Decision, now: str | None, ran: list[str]) -> str | None:
@@ -129,7 +146,9 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
             continue
         if d.action in (Action.UNCHOSEN, Action.SKIP):
             stamp, _ = state.read(ctx.stamps, name)
-            upstream = chain_digest(upstream, stamp.digest if stamp else "")
+            upstream = chain_digest(upstream, _passed_on(
+                ctx, Decision(d.step, d.action, None, d.why, upstream),
+                stamp.digest if stamp else ""))
             if d.action is Action.SKIP:
                 rows.append(Row(name, Outcome.SKIPPED, 0.0, d.why))
             continue
