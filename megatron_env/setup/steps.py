@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from megatron_env import digest, findings, output
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding
-from megatron_env.kernels import build, imports
+from megatron_env.kernels import build, gpu_proof, imports
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, env, lock, manifest, probe
@@ -364,6 +364,7 @@ def verify_stack(ctx: Context) -> str:
                                 fix="reinstall those packages in the adopted environment",
                                 kind="env.changed")
         manifest.save(manifest.scan(facts["sites"]), ctx.stamps / ADOPTED_MANIFEST)
+    proof = _gpu_proof(ctx, [k.name for k in kernels])
     core = Path(facts["imported"]["megatron.core"])
     built = {m for k in kernels for m in k.modules}
     if kernels and (gone := imports.not_built(
@@ -376,7 +377,30 @@ def verify_stack(ctx: Context) -> str:
     return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
            f"megatron.core from {where} and its dataset helpers" + (
                f", {len(wanted)} compiled module(s) of {len(kernels)} kernel(s)"
-               if kernels else "") + ": ok"
+               if kernels else "") + proof + ": ok"
+
+
+def _has_gpu(ctx: Context) -> bool:
+    """The check step found a driver and GPUs (an absent driver is no GPU)."""
+    drv = next((f for f in ctx.findings if f.id == "driver.version"), None)
+    return drv is not None and drv.kind != "absent" and drv.status != "skip"
+
+
+def _gpu_proof(ctx: Context, kernels: list[str]) -> str:
+    """On a GPU, one small call of each built kernel that has a GPU check (gpu_proof); a kernel
+    that computes wrong, or cannot run, stops the chain. -> what the verify row says of it."""
+    wanted = gpu_proof.checks(kernels)
+    if not wanted or not _has_gpu(ctx):
+        return ""
+    got = gpu_proof.run(ctx.python, wanted)
+    if bad := {k: v for k, v in got.items() if v[0] not in ("pass", "skip")}:
+        raise UserError("kernels do not compute what PyTorch computes on this GPU: "
+                        + "; ".join(f"{k}: {summary}" for k, (_s, summary) in sorted(
+                            bad.items())),
+                        fix="rebuild them for this GPU's arch (`invoke build all`), then run "
+                            "`invoke setup` again", kind="verify.kernel-gpu-check")
+    passed = [k for k, (status, _s) in got.items() if status == "pass"]
+    return f", {len(passed)} of {len(wanted)} kernel(s) checked on the GPU"
 
 
 @dataclass
