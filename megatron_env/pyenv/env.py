@@ -69,12 +69,19 @@ def setup_dir(prefix: Path) -> Path:
     return prefix.with_name(prefix.name + ".setup")
 
 
-def record_adopted(prefix: Path, python: Path) -> None:
+def record_adopted(prefix: Path, python: Path, torch_stamp: Any = None) -> None:
     """Remember that `prefix` is served by the adopted interpreter `python` (the setup's env
     step, once it has checked it): every command that runs the environment's interpreter then
-    runs this one (`interpreter`)."""
-    files.write_text(setup_dir(prefix) / ADOPTED,
-                     json.dumps({"python": os.path.abspath(python)}) + "\n")
+    runs this one (`interpreter`). `torch_stamp`: what probe.torch_stamp said of its torch then
+    (a torch replaced since is checked again: `adopted_torch_stamp`)."""
+    files.write_text(setup_dir(prefix) / ADOPTED, json.dumps(
+        {"python": os.path.abspath(python), "torch_stamp": torch_stamp}) + "\n")
+
+
+def adopted_torch_stamp(prefix: Path) -> Any:
+    """The torch stamp recorded with the adoption of `prefix`'s interpreter (None: none)."""
+    doc, _why = files.read_json(setup_dir(prefix) / ADOPTED)
+    return doc.get("torch_stamp") if isinstance(doc, dict) else None
 
 
 def forget_adopted(prefix: Path) -> None:

@@ -130,7 +130,7 @@ def adopt_checked(ctx: Context) -> str:
                         fix="adopt an environment with the profile's Python, torch and CUDA, "
                             "or build one (without --adopt)", kind="env.stack-mismatch")
     others = v.text() or "none"
-    env.record_adopted(ctx.prefix, ctx.adopt)
+    env.record_adopted(ctx.prefix, ctx.adopt, probe.torch_stamp(ctx.adopt).get("stamp"))
     return (f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, CUDA "
             f"{f.get('torch_cuda')}, NCCL {f.get('nccl')}, cuDNN {f.get('cudnn')}; "
             f"other differences from the lock: {others}")
@@ -146,6 +146,10 @@ def _env_verify(ctx: Context) -> str | None:
     if ctx.adopt:
         if env.adopted(ctx.prefix) != env.interpreter(ctx.prefix, ctx.adopt):
             return f"{ctx.prefix} does not record {ctx.adopt} as its interpreter"
+        # torch's compiled core by path, size and mtime (read from files, ~50 ms): a torch
+        # replaced since the adoption is checked against the profile again
+        if probe.torch_stamp(ctx.adopt).get("stamp") != env.adopted_torch_stamp(ctx.prefix):
+            return f"the torch of {ctx.adopt} changed since it was adopted"
         return None
     if ctx.deep:
         return "--verify-deep given"
