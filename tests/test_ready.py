@@ -189,6 +189,8 @@ def test_a_relative_python_is_the_one_named(world, tmp_path):
     rel = os.path.relpath(py, n.work)
     bc = invoke(n.work, n.env, "build-check", "--profile", "tiny", "--python", rel)
     assert bc.returncode == 0, bc.stdout + bc.stderr
+    ad = invoke(n.work, n.env, "env", "--profile", "tiny", "--adopt", "--python", rel)
+    assert ad.returncode == 0 and f"adopted {py}" in ad.stdout, ad.stdout + ad.stderr
     run_dir = tmp_path / "run"
     invoke(n.work, n.env, "preflight", "--local", "--profile", "tiny", "--python", rel,
            "--run-dir", str(run_dir))
