@@ -207,7 +207,7 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
     """This interpreter's torch, with a profile that pins the same torch for another CUDA: the
     difference is of kind torch-cuda, and adopt refuses it (it used to pass by message text)."""
     torch = pytest.importorskip("torch")
-    from megatron_env.setup import pipeline
+    from megatron_env.setup import pipeline, steps
 
     base = profile.load(DEFAULT)
     d = tmp_path / "other"
@@ -222,7 +222,7 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
     prof = profile.load_file(d / "profile.toml")
     ctx = pipeline.Context(prof, tmp_path / "env", adopt=Path(sys.executable))
     with pytest.raises(UserError) as e:
-        pipeline._adopt(ctx)
+        steps.adopt_checked(ctx)
     assert f"torch.version.cuda is {torch.version.cuda}, profile wants {want}" in e.value.message
 
 

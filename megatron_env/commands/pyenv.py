@@ -117,10 +117,12 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
         bundle: list[str] | None = None, expect_sha256: list[str] | None = None,
         trust: str | None = None) -> int:
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
+    import os
     import sys
 
     from megatron_env.pyenv import env
 
+    python = os.path.abspath(python) if python else None  # probes run in another directory
     b = use_bundle(bundle, profile, (python or sys.executable) if adopt else python,
                     None, "--adopt --python PYTHON", provenance=(expect_sha256, trust))
     prof = b.profile if b else load_profile(profile)
@@ -160,8 +162,8 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
 def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
     from megatron_env.pyenv import env
 
-    py = Path(python).absolute() if python else env.python_of(
-        Path(prefix) if prefix else env.default_prefix(prof))
+    py = env.interpreter(Path(prefix).absolute() if prefix else env.default_prefix(prof),
+                         python)
     if not py.exists():
         raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)",
                         kind="env.missing")

@@ -32,7 +32,7 @@ from typing import Any
 from megatron_env import digest, files, mutex, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
-from megatron_env.pyenv import audit, lock, lock_conda, manifest, uv
+from megatron_env.pyenv import aside, audit, lock, lock_conda, manifest, uv
 from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
 from megatron_env.pyenv.probe import probe
 from megatron_env.units import GIB
@@ -55,7 +55,57 @@ def env_root() -> Path:
 
 
 def python_of(prefix: Path) -> Path:
+    """The interpreter of an environment this tool built at `prefix` (not an adopted one: ask
+    `interpreter` which one an environment's commands run)."""
     return prefix / "bin" / "python"
+
+
+ADOPTED = "adopted.json"  # in setup_dir(prefix): the interpreter the setup adopted for it
+
+
+def setup_dir(prefix: Path) -> Path:
+    """Where the setup of `prefix` keeps its state (its steps' stamps, what it adopted): beside
+    the prefix, so that an adopted environment, which has no directory of its own, has one."""
+    return prefix.with_name(prefix.name + ".setup")
+
+
+def record_adopted(prefix: Path, python: Path, torch_stamp: Any = None) -> None:
+    """Remember that `prefix` is served by the adopted interpreter `python` (the setup's env
+    step, once it has checked it): every command that runs the environment's interpreter then
+    runs this one (`interpreter`). `torch_stamp`: what probe.torch_stamp said of its torch then
+    (a torch replaced since is checked again: `adopted_torch_stamp`)."""
+    files.write_text(setup_dir(prefix) / ADOPTED, json.dumps(
+        {"python": os.path.abspath(python), "torch_stamp": torch_stamp}) + "\n")
+
+
+def adopted_torch_stamp(prefix: Path) -> Any:
+    """The torch stamp recorded with the adoption of `prefix`'s interpreter (None: none)."""
+    doc, _why = files.read_json(setup_dir(prefix) / ADOPTED)
+    return doc.get("torch_stamp") if isinstance(doc, dict) else None
+
+
+def forget_adopted(prefix: Path) -> None:
+    """`prefix` is built by this tool again: its own bin/python serves it."""
+    (setup_dir(prefix) / ADOPTED).unlink(missing_ok=True)
+
+
+def adopted(prefix: Path) -> Path | None:
+    """The interpreter recorded as adopted for `prefix` (None: none, or a record that names
+    none; then the environment's own bin/python is its interpreter)."""
+    doc, _why = files.read_json(setup_dir(prefix) / ADOPTED)
+    py = doc.get("python") if isinstance(doc, dict) else None
+    return Path(py) if isinstance(py, str) and os.path.isabs(py) else None
+
+
+def interpreter(prefix: Path, python: str | Path | None = None) -> Path:
+    """The one answer to "which interpreter runs this environment's code": `python` when the
+    caller names one (made absolute, `..` folded, links kept: a venv's python is one; a command
+    may run it from another directory), else the
+    one the setup adopted for `prefix`, else the environment's own bin/python. Whether it
+    exists is the caller's to say (with its own hint)."""
+    if python:
+        return Path(os.path.abspath(python))
+    return adopted(prefix) or python_of(prefix)
 
 
 def read_stamp(prefix: Path) -> dict[str, Any] | None:
@@ -390,11 +440,14 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     echo(f"repairing {', '.join(names)}: reinstalling from {lockfile.name}, uv's cache entry "
          "refreshed")
     extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
-    with tempfile.TemporaryDirectory() as tmp:
+    sites = probe(python, torch=False)["sites"]
+    # all or nothing: an interrupt or a failure puts the files of `names` back as they were
+    with aside.reinstalling(Path(python).parent.parent, sites, set(names), echo), \
+            tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
         subset.write_text(lock.subset(lockfile.read_text(), set(names)))
         _uv_install(python, subset, sources, Path(tmp) / "uv.log", extra, temporary_log=True)
-    bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
+    bad = manifest.hash_check(manifest.scan(sites), set(names))
     if bad:
         raise UserError("reinstalling from the lock still gives files that differ from their "
                         "wheel's RECORD: " + "; ".join(manifest.summarize(bad)),
