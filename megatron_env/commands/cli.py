@@ -145,6 +145,9 @@ def _bug(e: Exception) -> int:
     return 70
 
 
+#: The words that ask for a command's help, wherever a front door reads them.
+HELP_WORDS = ("--help", "-h")
+
 #: Short flags fixed by name, the same in both front doors (others: a letter of the name not
 #: yet taken): -j is a number of jobs, as in make and ninja, never --json (which has none).
 SHORTS: dict[str, str | None] = {"jobs": "j", "json": None}
