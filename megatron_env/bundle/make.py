@@ -79,7 +79,7 @@ def _source_tree(prof: Profile, dest: Path) -> None:
 def _env_wheels(prof: Profile, echo: output.Echo, *, cache: Path | None = None) -> list[Path]:
     """The lock's files, downloaded once into the cache and each checked against the lock."""
     lockfile = prof.lock_file
-    text = lockfile.read_text()
+    text = lock.read(lockfile)
     allowed = lock.parse_hashes(text)
     total = len(allowed)
     house = (cache or repos.cache_dir()) / "bundle-wheels"

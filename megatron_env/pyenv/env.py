@@ -379,7 +379,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     """Reinstall `names` from the lock, with uv's cache entries of them refreshed from the
     package source (an entry edited in place would otherwise be installed again), then prove
     every reinstalled file against its wheel's RECORD."""
-    pins = lock.parse_lock(lockfile.read_text())
+    pins = lock.parse_lock(lock.read(lockfile))
     outside = [n for n in names if n not in pins]
     if outside:
         raise UserError(f"{', '.join(outside)} changed, and the lock does not install "
@@ -392,7 +392,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
     with tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
-        subset.write_text(lock.subset(lockfile.read_text(), set(names)))
+        subset.write_text(lock.subset(lock.read(lockfile), set(names)))
         _uv_install(python, subset, sources, Path(tmp) / "uv.log", extra, temporary_log=True)
     bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
     if bad:
@@ -463,7 +463,7 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
     if install_missing and v.missing:
         with tempfile.TemporaryDirectory() as tmp:
             subset = Path(tmp) / "missing.txt"
-            subset.write_text(lock.subset(lockfile.read_text(), set(v.missing)))
+            subset.write_text(lock.subset(lock.read(lockfile), set(v.missing)))
             how = Sources(find_links or [], no_index, dict(child_env or {}))
             _uv_install(Path(exe), subset, how, Path(tmp) / "uv.log", temporary_log=True)
         v = verify(exe, profile, lockfile)
