@@ -43,7 +43,7 @@ def _task(cmd: cli.Command) -> Task:
     body.__doc__ = cmd.fn.__doc__
     # invoke's help shows no value for a repeatable option: its help line names it
     helps = {k: f"{k.upper()} (repeatable): {v}" if k in cmd.iterable else v
-             for k, v in cmd.help.items()}
+             for k, v in ((k, cli.shown_help(v)) for k, v in cmd.help.items())}
     return _Task(body, name=cmd.name, help=helps, iterable=list(cmd.iterable))
 
 

@@ -94,7 +94,8 @@ def parser() -> argparse.ArgumentParser:
         sub = subs.add_parser(cmd.name, help=cmd.summary, description=cmd.summary)
         shorts = {"-h"}
         for p in inspect.signature(cmd.fn).parameters.values():
-            _add_option(sub, p, cmd.help[p.name], cmd.iterable, shorts, cmd.rest)
+            _add_option(sub, p, cli.shown_help(cmd.help[p.name]), cmd.iterable, shorts,
+                        cmd.rest)
         sub.set_defaults(_cmd=cmd)
     comp = subs.add_parser("completion", help="print a shell completion script",
                            description="print a shell completion script: "
