@@ -134,3 +134,30 @@ def test_a_bundle_too_big_for_its_disk_is_refused_before_any_download(small_fs, 
     assert list(mnt.iterdir()) == []
     assert sorted(p.name for p in house.iterdir()) == sorted(
         w.name for w in wheelhouse.glob("*.whl"))
+
+
+def test_env_filling_its_disk_is_said_once_as_a_full_disk(small_fs, wheelhouse):
+    """Before, `invoke env` on a disk that filled while uv installed: uv's error printed twice
+    (as it came, then again in the message), the hint blamed the index, the "full log" it
+    named was already deleted with the failed environment, and uv's temporary file name (Rust
+    tempfile's `.tmpXXXXXX`) was masked as a secret. Now: one `no space` line with the free
+    space as it is after the failed install is gone, a log that exists, nothing masked."""
+    mnt = small_fs(300)
+    r = _run("env", "--profile", "core_v0.4.0-cu121", "--prefix", str(mnt / "env"),
+             "--find-links", str(wheelhouse), "--no-index", MEGATRON_ENV_MIN_FREE_GB="0")
+    assert r.returncode == 2, r.stderr[-3000:]
+    (err,) = [x for x in r.stderr.splitlines() if x.startswith("error: no space")]
+    assert err.startswith(f"error: no space on {mnt} for the packages of requirements.lock: ")
+    assert err.endswith(" free") and int(err.split(": ")[-1].split()[0]) > 250, err  # ~300 MiB
+    (hint,) = [x for x in r.stderr.splitlines() if x.startswith("hint: ")]
+    assert "index" not in hint, hint
+    log = Path(hint.rsplit("full log: ", 1)[1].rstrip(")"))
+    try:
+        assert log.is_file() and os.strerror(28) in log.read_text()
+        assert not log.is_relative_to(mnt)
+    finally:
+        log.unlink(missing_ok=True)
+    uv_error = [x for x in r.stderr.splitlines() if "Failed to install" in x]
+    assert len(uv_error) == 1, r.stderr  # as uv printed it, not again in the message
+    assert "<redacted>" not in r.stderr, r.stderr
+    assert list(mnt.iterdir()) == []
