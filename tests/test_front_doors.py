@@ -79,7 +79,7 @@ def test_help_prints_help_and_writes_nothing(name, door, word, empty):
 
 def _said_as_usage(r: subprocess.CompletedProcess[str], as_json: bool) -> None:
     """One `error:` line and its `hint:` on stderr, exit 2; with --json one JSON object on
-    stdout (kind usage, a fix), else nothing on stdout."""
+    stdout (kind input.usage, a fix), else nothing on stdout."""
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 2 and lines[0].startswith("error: "), r.stderr
@@ -88,7 +88,7 @@ def _said_as_usage(r: subprocess.CompletedProcess[str], as_json: bool) -> None:
         assert r.stdout == "", r.stdout
         return
     doc = json.loads(r.stdout)
-    assert doc["ok"] is False and doc["error"]["kind"] == "usage", doc
+    assert doc["ok"] is False and doc["error"]["kind"] == "input.usage", doc
     assert doc["error"]["fix"] and doc["error"]["message"] == lines[0][len("error: "):], doc
 
 

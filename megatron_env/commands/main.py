@@ -73,7 +73,7 @@ def _usage(message: str, prog: str) -> UserError:
     return UserError(f"{prog}: {message}",
                      fix=f"`{_PROG} {sub} --help` lists its options" if sub else
                      f"`{_PROG} --help` lists the commands, `{_PROG} COMMAND --help` their "
-                     "options", kind="usage")
+                     "options", kind="input.usage")
 
 
 def parser() -> argparse.ArgumentParser:

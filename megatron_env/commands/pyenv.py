@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megatron_env import REPO_ROOT, output, project
+from megatron_env import output, project
 from megatron_env.commands import cli, places
 from megatron_env.commands.cli import command, json_error
 from megatron_env.errors import UserError
@@ -66,7 +66,8 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
         res = lock.compile_lock(prof, python=python, upgrade=upgrade_package, refresh=refresh)
         lock_conda.conda_lock(prof, solver=conda, lookup=lookup, channels=channel)
         output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
-                       f"{res.path.relative_to(REPO_ROOT)}" + " (unchanged)" * (not res.changed))
+                       f"{res.path.relative_to(project.root())}"
+                       + " (unchanged)" * (not res.changed))
     return 0
 
 
