@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megatron_env import REPO_ROOT, output, project
-from megatron_env.commands import places
+from megatron_env import output, project
+from megatron_env.commands import cli, places
 from megatron_env.commands.cli import command, json_error
 from megatron_env.errors import UserError
 from megatron_env.findings import Status
@@ -66,7 +66,8 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
         res = lock.compile_lock(prof, python=python, upgrade=upgrade_package, refresh=refresh)
         lock_conda.conda_lock(prof, solver=conda, lookup=lookup, channels=channel)
         output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
-                       f"{res.path.relative_to(REPO_ROOT)}" + " (unchanged)" * (not res.changed))
+                       f"{res.path.relative_to(project.root())}"
+                       + " (unchanged)" * (not res.changed))
     return 0
 
 
@@ -172,7 +173,7 @@ def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
 
 @command(iterable=("bundle", "expect_sha256"),
          what="a kernel recipe (`invoke kernels` lists them) or all the profile pins",
-         prefix="the environment to build for (default .megatron-env/<profile>)",
+         prefix=f"the environment to build for (default {cli.ENVS}/<profile>)",
          python="build for this interpreter instead (an adopted environment)",
          arch="compute capabilities, e.g. 9.0 or 8.0,9.0, or native (default: profile)",
          dry_run="print the build plan (sources, patches, flags, cache key) and stop",

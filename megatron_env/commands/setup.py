@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import findings, output
-from megatron_env.commands import places, pyenv
+from megatron_env.commands import cli, places, pyenv
 from megatron_env.commands.cli import command, guarded, json_error
 from megatron_env.errors import UserError
 from megatron_env.profile import load as load_profile
@@ -122,7 +122,7 @@ def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], verdict: str, o
     return 0 if ok else 1
 
 
-@command(prefix="the environment to install into (default .megatron-env/<profile>)")
+@command(prefix=f"the environment to install into (default {cli.ENVS}/<profile>)")
 def megatron(profile: str | None = None, prefix: str | None = None) -> int:
     """Check out Megatron-LM at the profile's tag (pinned commit), patch it, install it."""
     return setup(profile, prefix, only="megatron")

@@ -157,11 +157,15 @@ def check_free_space(where: Path, echo: output.Echo = output.status) -> None:
                              "sets the need)")
 
 
+_PACKAGES = "the packages of {}"  # what a full disk had no room for
+
+
 def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
-                extra: tuple[str, ...] | list[str] = (), temporary_log: bool = False) -> None:
+                extra: tuple[str, ...] | list[str] = ()) -> None:
     """uv installs `lockfile` into `python`; on failure the hint names the full log, which
-    must still exist when it is read: a log in a temporary directory (`temporary_log`) is
-    copied out to a file of its own first."""
+    must still exist when it is read: the log (in a temporary directory, or beside the
+    environment a failed install removes) is copied out to a file of its own first. A disk
+    that filled is said as one `no space` line, not as uv's lines again under an index hint."""
     # --link-mode copy: an environment never shares an inode with uv's cache, so a file edited
     # in place in one environment cannot change the cache and, through it, the next environment
     argv = [uv.exe(), "pip", "install", "--python", python, "--require-hashes",
@@ -174,21 +178,38 @@ def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
     uv.raise_for_cache(r)
     if not r.ok:
         text = r.output
+        # the log lies beside (or in) what a failed install removes: a copy that outlives it
+        kept = _kept(log)
+        said = f"full log: {kept}" if kept else "uv's output is above"
+        if files.said_full(text):  # the disk, not the index: said as every writer says it
+            where = python.parent.parent
+            mount = files.mount_of(where)
+            raise files.full(where, what=_PACKAGES.format(lockfile.name),
+                             fix=f"free space on {mount} or choose another --prefix "
+                                 f"(nothing was changed; {said})")
         cause = ("a downloaded file does not match the hash in the lock"
                  if "hash" in text.lower() and "mismatch" in text.lower()
                  else "uv could not install the lock")
-        if temporary_log:
-            log = _kept(log)
-        raise UserError(f"{cause}; nothing was changed. uv said:\n{r.tail(8)}",
+        # uv's lines were shown as they came: its first error line, not all of them again
+        first = next((line.strip() for line in r.tail(40).splitlines()
+                      if line.lstrip().startswith("error:")), r.tail(1).strip())
+        raise UserError(f"{cause}; nothing was changed ({first})",
                         fix="check the index/mirror (UV_INDEX_URL, --find-links) serves the "
-                            f"original files; full log: {log}", kind="env.install-failed")
+                            f"original files; {said}", kind="env.install-failed")
 
 
-def _kept(log: Path) -> Path:
-    """A copy of `log` that outlives the temporary directory it was written in."""
-    fd, name = tempfile.mkstemp(prefix="megatron-env-uv-", suffix=".log")
-    with os.fdopen(fd, "wb") as out:
-        out.write(log.read_bytes() if log.exists() else b"")
+def _kept(log: Path) -> Path | None:
+    """A copy of `log` in the temporary directory, where it outlives the failed environment
+    (or temporary directory) it was written in; None where even that cannot be written."""
+    name = None
+    try:
+        fd, name = tempfile.mkstemp(prefix="megatron-env-uv-", suffix=".log")
+        with os.fdopen(fd, "wb") as out:
+            out.write(log.read_bytes() if log.exists() else b"")
+    except OSError:  # a full temporary directory too: no copy, not half of one
+        if name:
+            Path(name).unlink(missing_ok=True)
+        return None
     return Path(name)
 
 
@@ -429,7 +450,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     """Reinstall `names` from the lock, with uv's cache entries of them refreshed from the
     package source (an entry edited in place would otherwise be installed again), then prove
     every reinstalled file against its wheel's RECORD."""
-    pins = lock.parse_lock(lockfile.read_text())
+    pins = lock.parse_lock(lock.read(lockfile))
     outside = [n for n in names if n not in pins]
     if outside:
         raise UserError(f"{', '.join(outside)} changed, and the lock does not install "
@@ -445,8 +466,8 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     with aside.reinstalling(Path(python).parent.parent, sites, set(names), echo), \
             tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
-        subset.write_text(lock.subset(lockfile.read_text(), set(names)))
-        _uv_install(python, subset, sources, Path(tmp) / "uv.log", extra, temporary_log=True)
+        subset.write_text(lock.subset(lock.read(lockfile), set(names)))
+        _uv_install(python, subset, sources, Path(tmp) / "uv.log", extra)
     bad = manifest.hash_check(manifest.scan(sites), set(names))
     if bad:
         raise UserError("reinstalling from the lock still gives files that differ from their "
@@ -489,8 +510,10 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | Non
     echo(f"installing {lockfile} with hashes required")
     try:
         _uv_install(python_of(target), lockfile, sources, log)
-    except UserError:
+    except UserError as e:
         shutil.rmtree(target, ignore_errors=True)
+        if e.kind == "disk.full":  # the free space said as it is with the failed install gone
+            raise files.full(target, what=_PACKAGES.format(lockfile.name), fix=e.fix) from None
         raise
     log.unlink(missing_ok=True)
     return mode
@@ -516,8 +539,8 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
     if install_missing and v.missing:
         with tempfile.TemporaryDirectory() as tmp:
             subset = Path(tmp) / "missing.txt"
-            subset.write_text(lock.subset(lockfile.read_text(), set(v.missing)))
+            subset.write_text(lock.subset(lock.read(lockfile), set(v.missing)))
             how = Sources(find_links or [], no_index, dict(child_env or {}))
-            _uv_install(Path(exe), subset, how, Path(tmp) / "uv.log", temporary_log=True)
+            _uv_install(Path(exe), subset, how, Path(tmp) / "uv.log")
         v = verify(exe, profile, lockfile)
     return v

@@ -199,7 +199,9 @@ def predict(ctx: Context, decisions: list[Decision]) -> list[Row]:
 def chosen_steps(only: str | None, start: str | None) -> list[str]:
     for name in (only, start):
         if name and name not in STEPS:
-            raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}", kind="input.value")
+            raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}",
+                            fix="pass --only or --from one of those steps (`setup --dry-run` "
+                                "shows the plan)", kind="input.value")
     return [only] if only else STEPS[STEPS.index(start):] if start else STEPS
 
 

@@ -355,7 +355,7 @@ def verify_stack(ctx: Context) -> str:
             # The lock's packages are what training imports: a change there stops the chain.
             # The rest is the site's own (an image's replaced CA bundle, its other tools): named.
             pinned = {manifest.normalize(n) for n in
-                      lock.parse_lock((ctx.profile.lock_file).read_text())}
+                      lock.parse_lock(lock.read(ctx.profile.lock_file))}
             diffs = manifest.hash_check(m)
             bad = [d for d in diffs if d.package in pinned]
             if others := [d for d in diffs if d.package not in pinned]:
