@@ -273,7 +273,8 @@ def test_a_pooled_plan_hands_the_pool_to_every_compiler(tmp_path):
     assert "PYTORCH_NVCC" not in alone.env or alone.env["PYTORCH_NVCC"] == os.environ.get(
         "PYTORCH_NVCC")
     te = build.packages(profile.load("core_v0.19.0-cu130"))["transformer-engine"]
-    assert te.pool_env == {"NVTE_BUILD_MAX_JOBS": "0"}  # a bare `cmake --build --parallel`
+    # empty: TE's build_tools skips it and gives CMake `--parallel <MAX_JOBS>`, the pool's width
+    assert te.pool_env == {"NVTE_BUILD_MAX_JOBS": ""}
     assert pooled.key == alone.key
     assert not any("MEGATRON_ENV_" in line or "/slots" in line for line in pooled.lines())
 
@@ -350,7 +351,7 @@ def test_nvcc_asks_for_its_split_compile_threads_and_runs_on_those_granted():
 def test_a_wide_job_gets_what_is_free_and_the_longest_goes_first():
     from megatron_env.kernels import schedule
 
-    s = schedule.Scheduler(16, widest=8)
+    s = schedule.Scheduler(16, widest=8, spare_only=False)
     s.want(1, "a", 50.0)
     s.want(2, "b", 200.0, width=8)
     s.want(3, "b", 190.0, width=8)
@@ -365,7 +366,30 @@ def test_a_wide_job_gets_what_is_free_and_the_longest_goes_first():
     two.want(1, "b", 200.0, width=8)
     two.want(2, "b", 190.0, width=8)
     assert two.grants(0.0) == [(1, 2), (2, 1)]
+    spare = schedule.Scheduler(4)  # more than one slot only where no other job waits for it
+    for r in range(1, 4):
+        spare.want(r, "b", 200.0 - r, width=8)
+    assert spare.grants(0.0) == [(1, 2), (2, 1), (3, 1)]
+    spare.done(1)
+    spare.want(4, "a", 10.0)
+    spare.want(5, "a", 9.0)
+    assert spare.grants(1.0) == [(4, 1), (5, 1)]  # one slot each: the other waits
 
+
+def test_probes_try_compiles_and_links_start_at_once_and_hold_no_slot():
+    from megatron_env.kernels import schedule
+
+    assert schedule.at_once("") and schedule.at_once("build/lib/x.so")
+    assert schedule.at_once("CMakeFiles/cmTC_918dc.dir/CMakeCUDACompilerABI.cu.o")
+    assert not schedule.at_once("CMakeFiles/transformer_engine.dir/gemm/g.cu.o")
+    s = schedule.Scheduler(1)
+    s.want(1, "a", 300.0)
+    s.want(2, "a", 200.0)
+    assert s.grants(0.0) == [(1, 1)]
+    s.want(3, "b", 0.0, at_once=True)
+    assert s.grants(0.1) == [(3, 0)]  # the pool is full, the probe runs
+    s.done(3)
+    assert s.busy() == 1 and s.waiting() == 1
 
 def test_slots_are_held_for_known_long_objects_not_yet_asked_for():
     """A kernel whose costs are known and that has not asked yet: slots stay free for its
@@ -382,7 +406,7 @@ def test_slots_are_held_for_known_long_objects_not_yet_asked_for():
     assert [r for r, _n in s.grants(2.0)] == [4]  # one still held for its second
     assert [r for r, _n in s.grants(29.0)] == []
     assert [r for r, _n in s.grants(31.0)] == [3]  # the hold is over
-    u = schedule.Scheduler(4, {"unknown": None})
+    u = schedule.Scheduler(4, {"unknown": None}, hold_s=30)
     u.want(1, "short", 10.0)
     assert u.grants(1.0) == []
     u.want(2, "unknown", 5.0)

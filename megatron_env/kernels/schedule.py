@@ -144,12 +144,12 @@ class Scheduler:
     `spare_only`: a job gets more than one slot only where no other job waits for it (a slot
     would otherwise idle); the device's second build gave flash-attn's six objects two each
     while others waited, and their uneven split parts left 3-5 of 16 cores idle for ~350 s.
-    The pool runs with hold_s=0 and spare_only; the replay (bench/setup_replay.py) gives
+    The pool runs with spare_only; the replay (bench/setup_replay.py) gives
     ac60c25's hold_s=30 and spare_only=False to replay the records it made."""
 
     def __init__(self, slots: int,
                  expected: Mapping[str, Iterable[float] | None] | None = None,
-                 opened: float = 0.0, hold_s: float = 0.0, widest: int = WIDEST,
+                 opened: float = 0.0, hold_s: float = 30.0, widest: int = WIDEST,
                  spare_only: bool = True) -> None:
         self.slots = slots
         self.widest = widest

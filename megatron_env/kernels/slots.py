@@ -195,7 +195,7 @@ class Broker:
             c.granted = Grant(c.kernel, c.output, c.priority, c.asked, self.now(), n)
             self.grants.append(c.granted)
             try:
-                c.sock.sendall(f"go {n}\n".encode())
+                c.sock.sendall(f"go {max(1, n)}\n".encode())  # one thread for a slotless job
             except OSError:
                 self._drop(c)
 

@@ -68,9 +68,12 @@ RECIPE = Recipe(
     # --split-compile: its longest objects (fused attention, casts) each hold many kernels
     env={"NVTE_FRAMEWORK": "pytorch", "NVTE_WITH_NCCL_EP": "0", "NVTE_NO_LOCAL_VERSION": "1",
          "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1", "NVCC_APPEND_FLAGS": "--split-compile=4"},
-    # build_tools reads NVTE_BUILD_MAX_JOBS before MAX_JOBS (int() of it): 0 gives CMake a bare
-    # `--parallel`, so its ninja runs without -j and joins the jobserver
-    pool_env={"NVTE_BUILD_MAX_JOBS": "0"},
+    # build_tools (v2.17.1 utils.get_max_jobs_for_parallel_build) reads NVTE_BUILD_MAX_JOBS
+    # before MAX_JOBS, skipping an empty one: empty, CMake gets `--parallel <MAX_JOBS>` (the
+    # pool's width), and its ninja shows the pool every object. (0 gave a bare `--parallel`:
+    # ninja's own default, 18 on 16 cores, since the isolated build's ninja comes before the
+    # pool's shim on PATH; its longest objects reached the pool at 193-274 s.)
+    pool_env={"NVTE_BUILD_MAX_JOBS": ""},
     site_paths={"CPATH": ("nvidia/cudnn/include", "nvidia/nccl/include"),
                 "CUDNN_PATH": ("nvidia/cudnn",)},
     archs_var="NVTE_CUDA_ARCHS",
