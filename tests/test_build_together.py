@@ -40,7 +40,9 @@ def project(root: Path, name: str, objects: int, depth: int = 150, broken: int |
     d = root / name
     d.mkdir(parents=True)
     rules = ["rule cxx\n  command = g++ -O1 -c $in -o $out\n",
-             f"rule nvcc\n  command = {NVCC} -O1 -c $in -o $out "
+             # nvcc through the pool's client, as torch (PYTORCH_NVCC) and CMake (its launcher)
+             # run it in a pooled build: its host compiler's steps hold no slot of their own
+             f"rule nvcc\n  command = $$MEGATRON_ENV_SLOT_CLIENT {NVCC} -O1 -c $in -o $out "
              "-gencode arch=compute_90,code=sm_90\n"]
     builds = []
     for i in range(objects):

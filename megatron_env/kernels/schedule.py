@@ -75,13 +75,15 @@ class Costs:
 
 
 def at_once(output: str) -> bool:
-    """A job that starts without waiting for a slot and holds none: what is not an object (a
-    compiler probe, a link: no `-o X.o`) and a CMake configure's try-compile (cmTC_*). Each
-    takes well under a second of one core, and the step after it (the build's ninja, the next
-    check, the wheel) waits on it: queued behind the objects, flash-attn's probe held its
-    ninja back 35.7 s (bench/results/2026-12-06-h100-ac60c25), and recorded at 0.05-1.1 s
-    transformer-engine's try-compiles ranked last and held its CMake build back."""
-    return not output.endswith(".o") or "/cmTC_" in output or output.startswith("cmTC_")
+    """A job that starts without waiting for a slot and holds none: a compiler probe (no
+    output named: `c++ -v`, torch's compiler check), a CMake configure's try-compile (cmTC_*)
+    and a link (a .so). Each takes well under a second or two of one core, and the step after
+    it (the build's ninja, the next check, the wheel) waits on it: queued behind the objects,
+    flash-attn's probe held its ninja back 35.7 s (bench/results/2026-12-06-h100-ac60c25), and
+    recorded at 0.05-1.1 s transformer-engine's try-compiles ranked last and held its CMake
+    build back. A host compiler's preprocessing for an nvcc outside the pool (-o x.ii) is
+    compile work: it waits like an object."""
+    return not output or "cmTC_" in output or output.endswith(".so")
 
 
 def stage(log_name: str) -> int:

@@ -172,8 +172,9 @@ class Broker:
         costs = self.costs.get(c.kernel)
         c.priority = costs.of(c.output) if costs else 0.0
         c.asked = self.now()
-        with self._lock:
-            self._sched.want(c.rid, c.kernel, c.priority, c.width)
+        with self._lock:  # a probe, a try-compile, a link: at once (schedule.at_once)
+            self._sched.want(c.rid, c.kernel, c.priority, c.width,
+                             at_once=schedule.at_once(c.output))
 
     def _drop(self, c: _Conn) -> None:
         self._sel.unregister(c.sock)
