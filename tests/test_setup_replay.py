@@ -41,3 +41,20 @@ def test_the_pool_now_builds_a_second_time_no_slower_and_nearer_its_bound() -> N
     assert first["builds_s"] < out["run1_ac60c25_declared"]["builds_s"]
     assert second["builds_s"] < out["run2_ac60c25_recorded"]["builds_s"]
     assert second["two_slot_grants"] == 0
+
+
+def test_declared_costs_rank_the_recorded_long_objects_without_ties() -> None:
+    """A first build's order (each recipe's object_seconds): the record's objects of a minute
+    or more each get a priority of their own, and the longest the highest of its kernel."""
+    from megatron_env import recipes
+    from megatron_env.kernels import schedule
+
+    rec = _replay().load(RECORD / "cold1")
+    for k, kern in rec.kernels.items():
+        costs = schedule.Costs(k, {}, recipes.get(k).object_seconds, "declared")
+        objs = [o for g in kern.steps for s in g if s.kind == "ninja" for o in s.objs]
+        long = [o for o in objs if o.seconds >= 60]
+        prios = [costs.of(o.output) for o in long]
+        assert len(set(prios)) == len(prios), (k, sorted(zip(prios, [o.key for o in long])))
+        longest = max(objs, key=lambda o: o.seconds)
+        assert costs.of(longest.output) == max(costs.of(o.output) for o in objs), k

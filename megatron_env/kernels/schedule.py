@@ -79,8 +79,8 @@ def at_once(output: str) -> bool:
     output named: `c++ -v`, torch's compiler check), a CMake configure's try-compile (cmTC_*)
     and a link (a .so). Each takes well under a second or two of one core, and the step after
     it (the build's ninja, the next check, the wheel) waits on it: queued behind the objects,
-    flash-attn's probe held its ninja back 35.7 s (bench/results/2026-12-06-h100-ac60c25), and
-    recorded at 0.05-1.1 s transformer-engine's try-compiles ranked last and held its CMake
+    one kernel's probe held its ninja back 35.7 s (bench/results/2026-12-06-h100-ac60c25), and
+    recorded at 0.05-1.1 s a CMake kernel's try-compiles ranked last and held its CMake
     build back. A host compiler's preprocessing for an nvcc outside the pool (-o x.ii) is
     compile work: it waits like an object."""
     return not output or "cmTC_" in output or output.endswith(".so")
@@ -144,7 +144,7 @@ class Scheduler:
     so that the kernel whose setup.py starts a second earlier does not take every core.
 
     `spare_only`: a job gets more than one slot only where no other job waits for it (a slot
-    would otherwise idle); the device's second build gave flash-attn's six objects two each
+    would otherwise idle); the device's second build gave one kernel's six objects two each
     while others waited, and their uneven split parts left 3-5 of 16 cores idle for ~350 s.
     The pool runs with spare_only; the replay (bench/setup_replay.py) gives
     ac60c25's hold_s=30 and spare_only=False to replay the records it made."""
@@ -170,7 +170,9 @@ class Scheduler:
         """A compile job asks for a slot, or up to `width` (it can use that many threads; it is
         given between 1 and `width`, as many as are free). `at_once`: it starts at the next
         grants() and holds no slot (a probe, a try-compile, a link: schedule.at_once)."""
-        if at_once:
+        if at_once:  # it asked: an unknown kernel's hold ends (its setup.py is running)
+            if kernel in self._expected and self._expected[kernel] is None:
+                del self._expected[kernel]
             self._now.append(_Wait(rid, kernel, priority, 0, True))
             return
         exp = self._expected.get(kernel, [])
