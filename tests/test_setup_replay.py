@@ -55,6 +55,6 @@ def test_declared_costs_rank_the_recorded_long_objects_without_ties() -> None:
         objs = [o for g in kern.steps for s in g if s.kind == "ninja" for o in s.objs]
         long = [o for o in objs if o.seconds >= 60]
         prios = [costs.of(o.output) for o in long]
-        assert len(set(prios)) == len(prios), (k, sorted(zip(prios, [o.key for o in long])))
+        assert len(set(prios)) == len(prios), (k, sorted(zip(prios, [o.key for o in long], strict=True)))
         longest = max(objs, key=lambda o: o.seconds)
         assert costs.of(longest.output) == max(costs.of(o.output) for o in objs), k
