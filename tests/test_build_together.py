@@ -56,15 +56,23 @@ def project(root: Path, name: str, objects: int, depth: int = 150, broken: int |
     return d
 
 
-def ninja_builder(projects: dict[str, Path], started: list[str]):
+def ninja_builder(projects: dict[str, Path], started: list[str],
+                  after: dict[str, Path] | None = None):
     """A kernel build of the same shape, with both kinds of driver seen on an H200 node:
     - torch's cpp_extension: the real ninja first on PATH (`uv build` puts the environment's
       bin/ before the shim) and `-j MAX_JOBS` only when MAX_JOBS is a number;
     - a driver calling `ninja -j8` by name (its own number; the shim drops it).
-    The cache entry is written only when the build finished."""
+    The cache entry is written only when the build finished. `after`: a build starts its ninja
+    only once that file exists (an order between builds that no scheduling can change)."""
 
     def builder(pkg, python, archs, *, echo, given, cache, child_env, pool):
         started.append(pkg.name)
+        wait_for = (after or {}).get(pkg.name)
+        deadline = time.monotonic() + 300
+        while wait_for is not None and not wait_for.exists():
+            if time.monotonic() > deadline:
+                raise UserError(f"{pkg.name}: {wait_for} never appeared", kind="build.failed")
+            time.sleep(0.05)
         env = {**os.environ, **pool,
                **jobserver.driver_env({}, int(pool["MEGATRON_ENV_POOL_WIDTH"]))}
         if pkg.name.startswith("t"):  # torch-like
@@ -168,10 +176,14 @@ def test_a_failure_stops_the_others_and_keeps_what_finished(tmp_path):
                 "long": project(tmp_path / "src", "long", 40)}
     started: list[str] = []
     cache = tmp_path / "cache"
+    # ordered, not raced: `broken` and `long` start once `quick` is cached (on a busy machine
+    # `broken` failed before `quick` finished, and `quick` was stopped)
+    quick_done = cache / "wheels" / "quick-key" / "meta.json"
     t0 = time.monotonic()
     outcomes = together.build_together(
         [pkg("quick"), pkg("broken"), pkg("long")], Path(os.sys.executable), ["9.0"],
-        echo=lambda *a: None, cache=cache, jobs=2, builder=ninja_builder(projects, started))
+        echo=lambda *a: None, cache=cache, jobs=2,
+        builder=ninja_builder(projects, started, {"broken": quick_done, "long": quick_done}))
     took = time.monotonic() - t0
     by = {o.name: o for o in outcomes}
     assert by["quick"].result is not None  # finished: its cache entry stays
