@@ -47,7 +47,6 @@ from megatron_env.sources import patches, repos
 from megatron_env.sources.given import Given
 
 CACHE_DIR_ENV = repos.CACHE_ENV
-GIB = 2**30
 
 
 def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Package]:

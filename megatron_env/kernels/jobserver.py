@@ -20,8 +20,7 @@ from pathlib import Path
 from megatron_env import proc
 from megatron_env.errors import UserError
 from megatron_env.kernels.slots import sh_quote
-
-GIB = 2**30
+from megatron_env.units import GIB
 
 
 @dataclass(frozen=True)
