@@ -16,7 +16,8 @@ import pytest
 
 from megatron_env import proc
 from megatron_env.errors import UserError
-from megatron_env.kernels import build, jobserver, together
+from megatron_env.kernels import build, together
+from megatron_env.kernels import pool as pools
 from megatron_env.recipes.recipe import Package, Source
 
 NINJA = proc.which("ninja", path=f"{Path(os.sys.executable).parent}{os.pathsep}"
@@ -73,8 +74,7 @@ def ninja_builder(projects: dict[str, Path], started: list[str],
             if time.monotonic() > deadline:
                 raise UserError(f"{pkg.name}: {wait_for} never appeared", kind="build.failed")
             time.sleep(0.05)
-        env = {**os.environ, **pool,
-               **jobserver.driver_env({}, int(pool["MEGATRON_ENV_POOL_WIDTH"]))}
+        env = {**os.environ, **pool.env, **pools.driver_env({}, pool.width)}
         if pkg.name.startswith("t"):  # torch-like
             env["PATH"] = f"{Path(NINJA).parent}{os.pathsep}{env['PATH']}"
             jobs = env["MAX_JOBS"]
@@ -200,7 +200,7 @@ def test_a_failure_stops_the_others_and_keeps_what_finished(tmp_path):
 
 
 def test_the_shim_sets_the_width_and_keeps_the_rest(tmp_path):
-    d = jobserver.shim(tmp_path, str(Path(NINJA).parent), 72)
+    d = pools.shim(tmp_path, str(Path(NINJA).parent), 72)
     text = (d / "ninja").read_text()
     assert f"exec '{NINJA}'" in text
     out = tmp_path / "args"
@@ -216,7 +216,7 @@ def test_the_shim_sets_the_width_and_keeps_the_rest(tmp_path):
 def test_no_ninja_is_refused_with_the_fix(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError) as e:
-        jobserver.shim(tmp_path, str(tmp_path / "empty"), 8)
+        pools.shim(tmp_path, str(tmp_path / "empty"), 8)
     assert e.value.kind == "build.no-ninja"
 
 
@@ -248,10 +248,10 @@ def test_the_no_ninja_warning_says_what_it_means(tmp_path, monkeypatch, capsys):
 
 def test_pool_width_from_cores_memory_and_cap():
     gib = 2**30
-    assert jobserver.size(16, 125 * gib, "free", 5.0).slots == 16
-    assert jobserver.size(16, 40 * gib, "free", 5.0).slots == 8
-    assert jobserver.size(16, 125 * gib, "free", 5.0, cap=6).slots == 6
-    assert jobserver.size(2, 1 * gib, "free", 5.0).slots == 1
+    assert pools.size(16, 125 * gib, "free", 5.0).slots == 16
+    assert pools.size(16, 40 * gib, "free", 5.0).slots == 8
+    assert pools.size(16, 125 * gib, "free", 5.0, cap=6).slots == 6
+    assert pools.size(2, 1 * gib, "free", 5.0).slots == 1
     # apex's extensions wait in the pool holding no slot: as many at once as it has, to 16
     assert together.extensions_at_once(16) == 16
     assert together.extensions_at_once(64) == 16
@@ -270,11 +270,10 @@ def test_a_pooled_plan_hands_the_pool_to_every_compiler(tmp_path):
              "platlib": None}
     if not NVCC.exists():
         pytest.skip("needs a CUDA 13 toolkit")
-    pool = {"PATH": f"/slots{os.pathsep}/shim{os.pathsep}/bin", "MEGATRON_ENV_SLOTS": "/s",
-            "MEGATRON_ENV_SLOTS_KERNEL": "flash-attn", "MEGATRON_ENV_SLOT_CLIENT": "/slots/slot",
-            "MEGATRON_ENV_POOL_SLOTS": "4", "MEGATRON_ENV_POOL_WIDTH": "24",
-            "MEGATRON_ENV_POOL_WHY": "one pool", "MEGATRON_ENV_POOL_CLIENTS": "4",
-            together.MARK: "m"}
+    pool = pools.Pool({"PATH": f"/slots{os.pathsep}/shim{os.pathsep}/bin",
+                       "MEGATRON_ENV_SLOTS": "/s", "MEGATRON_ENV_SLOTS_KERNEL": "flash-attn",
+                       "MEGATRON_ENV_SLOT_CLIENT": "/slots/slot", together.MARK: "m"},
+                      slots=4, width=24, why="one pool", clients=4, client="/slots/slot")
     py = Path(os.sys.executable)
     pooled = build.plan(pk, py, ["9.0"], facts=facts, cache=tmp_path, pool=pool)
     alone = build.plan(pk, py, ["9.0"], facts=facts, cache=tmp_path)
@@ -325,7 +324,7 @@ def test_the_longest_waiting_object_starts_first_through_the_real_pool(tmp_path)
     def builder(p, python, archs, *, echo, given, cache, child_env, pool):
         if p.name == "long":
             time.sleep(0.5)
-        env = {**os.environ, **pool}
+        env = {**os.environ, **pool.env}
         r = proc.run(["ninja", "-j8", "-C", projects[p.name]], env=env, timeout=120)
         assert r.ok, r.tail(5)
         return build.Result(p.name, projects[p.name], False, 0.0, 1.0, None, {})
