@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from megatron_env import files, units
-from megatron_env.kernels import build, progress, toolkit
+from megatron_env.kernels import build, progress, source_trees, toolkit
 from megatron_env.pyenv import uv
 from megatron_env.recipes import recipe
 
@@ -271,10 +271,10 @@ def test_git_source_with_a_moved_tag_is_refused(tmp_path, monkeypatch):
     subprocess.run([*git, "tag", "25.09"], cwd=work, check=True)
     pkg = recipe.Package("apex", pinned, recipe.Source(repo=str(work), commit=pinned, tag="25.09"))
     with user_error("source.tag-moved") as e:
-        build.fetch(pkg, echo=lambda *_: None)
+        source_trees.fetch(pkg, echo=lambda *_: None)
     assert "25.09" in e.value.message and pinned in e.value.message  # the tag and the pin
     ok = recipe.Package("apex", pinned, recipe.Source(repo=str(work), commit=pinned))
-    tree = build.fetch(ok, echo=lambda *_: None)
+    tree = source_trees.fetch(ok, echo=lambda *_: None)
     assert (tree / "setup.py").read_text() == ""
 
 

@@ -27,7 +27,7 @@ from megatron_env.bundle.manifest import Manifest
 from megatron_env.errors import UserError
 from megatron_env.host import checks
 from megatron_env.host.snapshot import Snapshot
-from megatron_env.kernels import build, compiler, pool
+from megatron_env.kernels import build, compiler, pool, source_trees
 from megatron_env.pyenv import env, manifest
 from megatron_env.recipes import recipe
 from megatron_env.sources import index, index_config, repos
@@ -104,9 +104,9 @@ def test_a_local_sdist_with_another_hash_is_refused_and_not_cached(tmp_path, mon
     pkg = recipe.Package("tinyk", "1.0", recipe.Source(sha256=sha(good.read_bytes()),
                                                        url=good.name), cuda=False)
     with user_error("source.sha256") as e:
-        build.fetch(pkg, lambda *_: None)
+        source_trees.fetch(pkg, lambda *_: None)
     assert sha(other.read_bytes()) in e.value.message
-    assert not build.sdist_archive(pkg).exists()
+    assert not source_trees.sdist_archive(pkg).exists()
 
 
 def test_a_tag_that_moved_from_the_pinned_commit_is_refused(tmp_path, monkeypatch):

@@ -27,18 +27,7 @@ from megatron_env.host import resources
 from megatron_env.kernels import compiler, libstdcxx
 from megatron_env.kernels.jobs import Jobs, derive
 from megatron_env.kernels.pool import Pool, driver_env
-from megatron_env.kernels.source_trees import (  # the build's sources, named from here too
-    PATCHED as PATCHED,
-)
-from megatron_env.kernels.source_trees import PRISTINE as PRISTINE
-from megatron_env.kernels.source_trees import _download as _download
-from megatron_env.kernels.source_trees import fetch as fetch
-from megatron_env.kernels.source_trees import git_sources as git_sources
-from megatron_env.kernels.source_trees import patched as patched
-from megatron_env.kernels.source_trees import patched_path as patched_path
-from megatron_env.kernels.source_trees import pristine_path as pristine_path
-from megatron_env.kernels.source_trees import sdist_archive as sdist_archive
-from megatron_env.kernels.source_trees import seal as seal
+from megatron_env.kernels.source_trees import patched
 from megatron_env.kernels.toolkit import cuda_home, site_paths
 from megatron_env.profile import Profile
 from megatron_env.pyenv import probe, uv

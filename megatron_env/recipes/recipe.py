@@ -221,7 +221,7 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
     if recipe.source == "sdist":
         version = pins["version"]
         # the file's name on the index; a bundle's copy or MEGATRON_ENV_SOURCE_<NAME> stands in
-        # for it where it is fetched (kernels.build.fetch)
+        # for it where it is fetched (kernels.source_trees.fetch)
         url = recipe.sdist.format(version=version)
         source, pin = Source(sha256=pins["sha256"], url=url), version
     else:
