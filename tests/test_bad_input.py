@@ -229,7 +229,7 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
 def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
     """A node without an index (the H200 node): the sdist fetch fails, and the fix names both
     ways on: a local copy of the sdist, or going on without the kernels."""
-    from megatron_env.kernels import build
+    from megatron_env.kernels import build, source_trees
     from megatron_env.recipes import recipe
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
@@ -239,7 +239,7 @@ def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
     monkeypatch.delenv(recipe.source_var("flash-attn"), raising=False)
     pkg = build.packages(profile.load(DEFAULT))["flash-attn"]
     with pytest.raises(UserError) as e:
-        build.fetch(pkg, echo=lambda *_: None)
+        source_trees.fetch(pkg, echo=lambda *_: None)
     assert "cannot fetch the flash-attn" in e.value.message
     assert "MEGATRON_ENV_SOURCE_FLASH_ATTN" in e.value.fix and "--no-builds" in e.value.fix
 

@@ -29,7 +29,7 @@ from megatron_env.bundle.layout import (
 )
 from megatron_env.bundle.manifest import FORMAT, Manifest
 from megatron_env.errors import UserError
-from megatron_env.kernels import build, compiler
+from megatron_env.kernels import build, compiler, source_trees
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock, lock_conda
 from megatron_env.recipes.recipe import Package
@@ -299,7 +299,7 @@ def git_pins(prof: Profile, without: Iterable[str] = (),
     return [("megatron", m["repo"], m["commit"], m["tag"]),
             *((name, url, commit, tag) for k in kernels.values()
               if k.name not in without
-              for name, url, commit, tag, _path in build.git_sources(k))]
+              for name, url, commit, tag, _path in source_trees.git_sources(k))]
 
 
 def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, Package]
@@ -370,9 +370,9 @@ def _sdists(kernels: Mapping[str, Package], without: Iterable[str], entries: lis
         if k.source.repo or k.name in without:  # a repository (git pins), or left out
             continue
         echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
-        build.fetch(k, echo, cache=cache)  # once by file name, sha256 checked, nothing run
+        source_trees.fetch(k, echo, cache=cache)  # once by file name, sha256 checked, nothing run
         name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
-        entries.append(Entry(name, build.sdist_archive(k, cache), ""))
+        entries.append(Entry(name, source_trees.sdist_archive(k, cache), ""))
         sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
     return sdists
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from megatron_env import digest, findings, output
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding
-from megatron_env.kernels import build, gpu_proof, imports
+from megatron_env.kernels import build, gpu_proof, imports, source_trees
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
 from megatron_env.pyenv import audit, env, lock, manifest, probe
@@ -231,13 +231,13 @@ def _sources_inputs(ctx: Context) -> str:
 def _sources_verify(ctx: Context) -> str | None:
     """A stamped fetch holds while each pristine tree is complete (its marker, written last)."""
     gone = [k.name for k in _kernel_packages(ctx)
-            if not (build.pristine_path(k, ctx.cache) / ".megatron-env-pristine").exists()]
+            if not (source_trees.pristine_path(k, ctx.cache) / ".megatron-env-pristine").exists()]
     return f"no complete source tree of {', '.join(gone)} in {ctx.cache}" if gone else None
 
 
 def _sources_run(ctx: Context) -> str:
     return "; ".join(f"{k.name} {k.source.digest[:19]} at "
-                     f"{build.fetch(k, ctx.echo, given=ctx.given, cache=ctx.cache)}"
+                     f"{source_trees.fetch(k, ctx.echo, given=ctx.given, cache=ctx.cache)}"
                      for k in _kernel_packages(ctx))
 
 
@@ -250,17 +250,17 @@ def _patches_inputs(ctx: Context) -> str:
 def _patches_verify(ctx: Context) -> str | None:
     """A stamped series holds while each patched tree is complete: nothing is applied again."""
     gone = [k.name for k in _kernel_packages(ctx)
-            if not (build.patched_path(k, patches.series(k.name, k.pin), ctx.cache)
+            if not (source_trees.patched_path(k, patches.series(k.name, k.pin), ctx.cache)
                     / ".megatron-env-patched").exists()]
     return f"no complete patched tree of {', '.join(gone)} in {ctx.cache}" if gone else None
 
 
 def _patches_run(ctx: Context) -> str:
-    """Each package's series applied once, into the tree its build copies (build.patched)."""
+    """Each package's series applied once, into the tree its build copies (source_trees.patched)."""
     done = []
     for k in _kernel_packages(ctx):
         series = patches.series(k.name, k.pin)
-        tree = build.patched(k, series, ctx.echo, given=ctx.given, cache=ctx.cache)
+        tree = source_trees.patched(k, series, ctx.echo, given=ctx.given, cache=ctx.cache)
         done.append(f"{k.name}: {len(series)} patch(es) applied in {tree}")
     return "; ".join(done)
 
