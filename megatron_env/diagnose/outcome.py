@@ -213,7 +213,7 @@ def _stopped(ev: Events) -> Finding:
         said.append(f"{launch.ranks(silent)} silent at the end")
     last = tail.get("last") or ""
     return Finding(
-        "job.stopped", Status.FAIL,
+        "job.stopped", Status.INCONCLUSIVE,
         "inconclusive: the log ends with neither an error nor a normal end (a hang, a kill "
         "from outside, or a log cut short)" + (": " + "; ".join(said) if said else ""),
         [f"last line: {last}"] if last else [], _STOPPED_NEXT, INCONCLUSIVE)
