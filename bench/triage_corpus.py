@@ -986,7 +986,8 @@ def holds(check: str, findings, text: str, lines: int | None = None) -> bool:
     if check.startswith("not:"):
         return not holds(check[4:], findings, text, lines)
     if check.startswith("id:"):
-        return any(f.id == check[3:] and f.status == "fail" for f in findings)
+        # a finding that did not pass: a failure, or (job.stopped) one that cannot tell
+        return any(f.id == check[3:] and f.status in ("fail", "inconclusive") for f in findings)
     if check.startswith("first:"):
         return bool(findings) and findings[0].id == check[6:]
     if check.startswith("re:"):

@@ -78,9 +78,13 @@ def test_issue42_tune_logs_give_what_expect_says(name):
 # once, after issue 35's families: 266/323 checks (82%), 72/109 logs whole, 0 failed logs exit 0;
 # issue 28's measurement before it: 141/193 checks, 32/59 logs). Listed, not fixed: tuning to
 # them would make the held-out score meaningless.
+FAIL_RE = corpus.FAIL
 HELDOUT_MISSES = {
     'collective-fingerprint-seq-mismatch-deepspeed4890.log': [
         'rank 0',
+        # met until issue 51 only because "cannot tell" was printed as `fail` (job.stopped's
+        # line holds the SeqNum); the mismatch itself was never read
+        FAIL_RE + r".*(?i:1277|1275|mismatch|desync)",
     ],
     'comm-nccl-socket-reset-k8s-timestamps-nccl1920.log': [
         'gpu-server320',
@@ -184,6 +188,8 @@ HELDOUT_MISSES = {
     ],
     'watchdog-lineno-prefix-pg1-llamafactory8261.log': [
         'rank 4',
+        # met until issue 51 only because "cannot tell" was printed as `fail`
+        r"re:(?m)^job\.\w+ fail ",
     ],
     'watchdog-old-format-no-seqnum-wrapped-accelerate157.log': [
         'id:job.timeout',

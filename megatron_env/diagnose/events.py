@@ -214,6 +214,7 @@ def events(lines: Iterable[Line]) -> Events:
         r.line(prev, line, ahead)
     r.end_entry()
     ev = r.ev
+    sig_table.cut_tracebacks(ev)
     ev.current = None
     ev.flush()
     ev.failures = [f for f in ev.failures if f.rank is not None or f.local_rank is not None

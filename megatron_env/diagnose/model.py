@@ -214,6 +214,8 @@ class Events:
     # failure-looking lines, no signature yet
     failing: list[Failing] = field(default_factory=list)
     ends: list[End] = field(default_factory=list)  # normal ends (launchers, trainers)
+    # rank -> its traceback no exception line has closed yet (its last frame)
+    tracebacks: dict[int | None, Failing] = field(default_factory=dict)
     prompts: list[str] = field(default_factory=list)  # hosts of shell prompts in the log
     pods: list[str] = field(default_factory=list)  # kubectl's pod rows: the pods named
     # the logs' last lines (jobs.read: `end_state`)
@@ -232,15 +234,20 @@ class Events:
             return
         if key is not None:
             self._seen.add((kind, *key))
-        if isinstance(item, Placed) and item.seq is None and self.current is not None:
-            for k, v in self.at(self.current).items():
-                if getattr(item, k) is None:
-                    setattr(item, k, v)
+        if isinstance(item, Placed):
+            self.place(item)
         elif isinstance(item, dict) and "seq" not in item and self.current is not None:
             for k, v in self.at(self.current).items():
                 if item.get(k) is None:
                     item[k] = v
         items.append(item)
+
+    def place(self, item: Placed) -> None:
+        """Fill where an event stands from the line being read, where it did not say."""
+        if item.seq is None and self.current is not None:
+            for k, v in self.at(self.current).items():
+                if getattr(item, k) is None:
+                    setattr(item, k, v)
 
     def keep(self, kind: str, item: str | Lagging) -> None:
         """Keep a fact that is no event (a line of a report, quoted): capped, never placed."""

@@ -137,10 +137,10 @@ def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
 
 
 def _failing_lines(items: list[Failing]) -> list[Failing]:
-    """The failure-looking lines to quote: exceptions first (first in time first), then exit
-    codes, then error lines."""
-    order = {"exception": 0, "exit": 1, "pod": 2, "error": 3}
-    return sorted(in_time_order(items), key=lambda x: order.get(x.kind, 3))
+    """The failure-looking lines to quote: exceptions first (first in time first), then
+    tracebacks cut before their exception line, exit codes, then error lines."""
+    order = {"exception": 0, "traceback": 1, "exit": 2, "pod": 3, "error": 4}
+    return sorted(in_time_order(items), key=lambda x: order.get(x.kind, 4))
 
 
 def outcome(ev: Events, failed: bool) -> list[Finding]:
@@ -180,6 +180,15 @@ def _unrecognised(ev: Events, fails: list[Failing]) -> Finding:
     shown = _failing_lines(fails)
     x0 = shown[0]
     who = _who(fails)
+    if x0.kind == "traceback":  # the rank's own failure, its exception line cut off
+        return Finding(
+            "job.unrecognised", Status.FAIL,
+            f"{_who([x0]) or 'a process'}'s traceback was cut before its exception line"
+            + (f" (innermost frame {x0.frame})" if x0.frame else "") + f": {x0.line}",
+            [x.line for x in shown[:6]],
+            "the log stops inside a traceback: the lines after it (the exception that ended "
+            "that process) are missing; find the full log of that rank (its own file, the "
+            "scheduler's output) or rerun to get them", "unrecognised")
     where = {"user": "raised in the training code", "framework": "raised inside an installed "
              "package"}.get(x0.where, "")
     what = (x0.name if x0.kind == "exception" else

@@ -12,8 +12,9 @@ not time out is the cause then.
 
 from __future__ import annotations
 
+from megatron_env.diagnose import exceptions, families
 from megatron_env.diagnose.launch import ranks
-from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, first
+from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, first, in_time_order
 from megatron_env.findings import Finding, Status
 
 # what the launcher raises about its child, not the child's own error
@@ -118,3 +119,30 @@ def _said(x: Failing) -> str:
 _EXCEPTION_FIX = ("the exception is that rank's own error, the first in the job; its traceback, "
                   "just above it in the log, says where. The other ranks failed after it (a "
                   "peer gone, a collective that timed out): fix this one first")
+
+
+def exception_findings(ev: Events, quoted: set[str]) -> list[Finding]:
+    """A rank's own exception (`Type: message`, the first in time that is a cause, not a
+    consequence of another process's failure) as a finding of the family its type and raising
+    package say (`exceptions`), unless another finding already quotes it (`quoted`: their
+    evidence lines)."""
+    own = []
+    for x in _exceptions(ev):
+        if "Caught " in x.line or any(x.line in q or q in x.line for q in quoted if q):
+            continue
+        kind = exceptions.classify(x.name, x.frame, x.line, x.where)
+        if not kind.consequence:
+            own.append((x, kind))
+    if not own:
+        return []
+    x = first([y for y, _ in own])
+    k = next(k for y, k in own if y is x)
+    who = (f"rank {x.rank}" if x.rank is not None else
+           f"local rank {x.local}" if x.local is not None else "a process")
+    others = list(dict.fromkeys(y.line for y in in_time_order([y for y, _ in own])
+                                if y.line != x.line))
+    return [Finding(
+        "job.exception", Status.FAIL, f"{who} raised {_said(x)}"
+        + (f"; also: {others[0]}" if others else ""),
+        [x.line, *others[:3]],
+        f"{_EXCEPTION_FIX}; {families.FAMILIES[k.family].advice}", k.family)]

@@ -359,38 +359,83 @@ def reader(sigs: list[Sig]) -> Callable[[Events, Line, str, deque[Line], dict[st
 # an exception as Python prints it last in a traceback ("pkg.mod.SomeError: text"), an error
 # line (logging's ERROR, glog's E, `error:`), a fatal message
 _EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?(?P<name>[A-Z]\w*(?:Error|Exception|Exit|Interrupt|"
-                        r"Failure|Fault))\b(?::\s*(?P<what>.*))?$")
+                        r"Failure|Fault|Failed))\b(?::\s*(?P<what>.*))?$")
 _ERROR_LINE = re.compile(r"(?:\bERROR\b|\berror:|^\[?E\d{4} |\bFATAL\b|\bfatal error\b|"
                          r"\bCRITICAL\b)", )
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)')
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in\b')
+# a logging library's record head before a traceback's line: vLLM's `ERROR 01-11 13:09:40
+# engine.py:366] `, glog's (torch's) `E0426 23:48:33.749000 5102 path/api.py:874] `, Python
+# logging's default `ERROR:name:`
+_RECORD_HEAD = re.compile(r"^(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] |"
+                          r"[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] (?:\[[\d/]+\] )?|"
+                          r"(?:ERROR|CRITICAL):[\w.]+:)")
 _PACKAGES = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def _body(t: str) -> str:
+    """The line without a logging library's record head (what Python printed)."""
+    m = _RECORD_HEAD.match(t)
+    return t[m.end():] if m else t
 
 
 def _failing(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
-    """A line that looks like a failure: kept (the first few) for `job.unrecognised`."""
-    if len(ev.failing) >= 64:
-        return
-    m = _EXCEPTION.match(t)
-    if sig_end.ignored(facts, line, m is not None):
+    """A line that looks like a failure: kept (the first few) for `job.unrecognised` and
+    `job.exception`; an exception line closes its rank's traceback."""
+    m = _EXCEPTION.match(_body(t))
+    rank = rank_of(line)
+    if m:
+        ev.tracebacks.pop(rank, None)
+    if len(ev.failing) >= 64 or sig_end.ignored(facts, line, m is not None):
         return
     if m:
         frame = facts.get("frame")
         where = ("framework" if frame and any(p in frame[0] for p in _PACKAGES) else "user"
                  if frame else "")
-        ev.add("failing", Failing(kind="exception", line=t.strip(), rank=rank_of(line),
+        ev.add("failing", Failing(kind="exception", line=t.strip(), rank=rank,
                                   host=line.host, name=m.group("name"), where=where,
                                   frame=f"{frame[0]}:{frame[1]}" if frame else ""),
-               key=("exception", t.strip()[:200], rank_of(line)))
+               key=("exception", t.strip()[:200], rank))
     elif _ERROR_LINE.search(t) and "WARN" not in t:
-        ev.add("failing", Failing(kind="error", line=t.strip(), rank=rank_of(line),
+        ev.add("failing", Failing(kind="error", line=t.strip(), rank=rank,
                                   host=line.host),
-               key=("error", t.strip()[:200], rank_of(line)))
+               key=("error", t.strip()[:200], rank))
 
 
 def _frame(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
-    """The innermost frame of a traceback so far: where its exception was raised."""
-    if m := _FRAME.match(t):
+    """The innermost frame of a traceback so far: where its exception was raised; the rank's
+    traceback stays open until an exception line closes it (`cut_tracebacks`)."""
+    if m := _FRAME.match(_body(t)):
         facts["frame"] = (m.group("file"), m.group("line"))
+        _open(ev, line, t, f"{m.group('file')}:{m.group('line')}")
+
+
+def _traceback(ev: Events, line: Line, t: str, ahead: deque[Line],
+               facts: dict[str, Any]) -> None:
+    """A traceback's heading (Python's, or rich's box title): its rank's traceback is open."""
+    facts["frame"] = None
+    _open(ev, line, t, "")
+
+
+def _open(ev: Events, line: Line, t: str, frame: str) -> None:
+    rank = rank_of(line)
+    if rank not in ev.tracebacks and len(ev.tracebacks) >= 64:
+        return
+    seen = ev.tracebacks.get(rank)
+    x = Failing(kind="traceback", line=t.strip(), rank=rank, host=line.host,
+                frame=frame or (seen.frame if seen else ""))
+    ev.current = line
+    ev.place(x)
+    ev.tracebacks[rank] = x
+
+
+def cut_tracebacks(ev: Events) -> None:
+    """The tracebacks no exception line closed by the end of the logs: each a failure whose
+    exception line was cut off (kept with the failure-looking lines)."""
+    for x in ev.tracebacks.values():
+        if len(ev.failing) < 64:
+            ev.failing.append(x)
+    ev.tracebacks.clear()
 
 
 FAILING_WORDS = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault", "ERROR",
@@ -398,5 +443,5 @@ FAILING_WORDS = ("Error", "Exception", "Exit", "Interrupt", "Failure", "Fault", 
 
 READERS = [
     *((trigger, reader(sigs)) for trigger, sigs in _TRIGGERS.items()),
-    *((w, _failing) for w in FAILING_WORDS), ('File "', _frame),
+    *((w, _failing) for w in FAILING_WORDS), ('File "', _frame), (TRACEBACK, _traceback),
 ]

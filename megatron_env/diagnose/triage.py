@@ -358,6 +358,7 @@ def _ibv(ev: Events) -> list[Finding]:
 ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_error",
          "job.device_assert", "job.kernel_abi", "job.script", "nccl.ib_completion", "nccl.cuda",
          "job.cuda_oom", "job.accelerator_oom", "job.compiler", "job.numerics", "job.data",
+         "job.exception",  # a rank's own exception: before what other processes did after it
          "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "job.mpi_abort",
          "nccl.ibverbs",
          "job.hang",  # the flight recorder's root rank: before what the other ranks saw
@@ -388,6 +389,8 @@ def findings(ev: Events) -> list[Finding]:
           + _stuck(ev) + rootcause.findings(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
           + outcome.table(ev, skip=frozenset({"job.rendezvous"} | (
               {"job.scheduler"} if ev.cancelled else set()))))
+    quoted = {e for f in fs if f.status is Status.FAIL for e in f.evidence}
+    fs += rootcause.exception_findings(ev, quoted)
     fs.sort(key=_rank_of)
     fs += outcome.outcome(ev, any(f.status is Status.FAIL for f in fs))
     return [Finding(f.id, f.status, f.summary, f.evidence, f.fix,
