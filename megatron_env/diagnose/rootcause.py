@@ -141,8 +141,10 @@ def exception_findings(ev: Events, quoted: set[str]) -> list[Finding]:
            f"local rank {x.local}" if x.local is not None else "a process")
     others = list(dict.fromkeys(y.line for y in in_time_order([y for y, _ in own])
                                 if y.line != x.line))
+    where = {"user": ", raised in the training code", "framework": ", raised inside an installed "
+             "package"}.get(x.where, "")
     return [Finding(
-        "job.exception", Status.FAIL, f"{who} raised {_said(x)}"
-        + (f"; also: {others[0]}" if others else ""),
+        "job.exception", Status.FAIL, f"{who} raised {x.line}{where}"
+        + (f" ({x.frame})" if x.frame else "") + (f"; also: {others[0]}" if others else ""),
         [x.line, *others[:3]],
         f"{_EXCEPTION_FIX}; {families.FAMILIES[k.family].advice}", k.family)]

@@ -46,13 +46,15 @@ ENDS = re.compile(
     r"All done|"
     # srun's and a shell's exit status; wandb's finish when the run exited 0
     r"Exited with exit code 0\b|Process finished with exit code 0\b|"
-    r"wandb: Waiting for W&B process to finish.*\(success\)")
+    r"wandb: Waiting for W&B process to finish.*\(success\)|"
+    # older wandb (< 0.10): its finish after the script exited 0 (wandb/wandb_run.py)
+    r"wandb: Program ended successfully")
 END_WORDS = ("successfully finished", "SUCCEEDED", "exits successfully", "Training completed",
              "raining is", "raining finished", "raining complete", "raining done", "stopped: `max_",
              "after training is done", "exiting program at", "train_runtime", "inished training",
              "succeeded", "Exited with exit code 0", "All done", "Done training", "done training",
              "TrainOutput(", "train metrics", "exit code 0", "(success)", "Train model END",
-             "eached max")
+             "eached max", "Program ended successfully")
 # a process's own way out (each printed at interpreter exit, whether the script raised or not)
 EXITS = re.compile(
     # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, PyTorch >= 2.4, at the destructor

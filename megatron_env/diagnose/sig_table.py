@@ -281,6 +281,11 @@ TABLE: list[Sig] = [
     _sig("job.compiler", "triton", ("CompilationError", "Failed to find C compiler"),
          r"(?P<what>triton\.compiler\.errors\.CompilationError.*|Failed to find C compiler.*)",
          "Triton could not compile a kernel: {what}"),
+    # an error-level glog record of inductor's or dynamo's own modules (torch's logging: the
+    # generated kernel's source printed line by line when Triton failed to compile it)
+    _sig("job.compiler", "inductor", ("_inductor", "_dynamo"),
+         r"^\[?E\d{4} [\d:.]+ +\d+ \S*?torch[/\\](?P<what>_(?:inductor|dynamo)[/\\]\S+?\.py):\d+\]",
+         "torch.compile's {what} logged an error while compiling (its generated code follows)"),
     _sig("job.compiler", "dynamo", "torch._dynamo.exc.",
          r"torch\._dynamo\.exc\.(?P<kind>(?!BackendCompilerFailed)\w+): (?P<what>.*)",
          "torch.compile (dynamo) failed ({kind}): {what}"),
