@@ -14,7 +14,6 @@ from typing import Any, Protocol
 from megatron_env import output
 from megatron_env.errors import UserError
 
-
 # the kind (and family) of a finding that says the input cannot tell (triage's log that stops
 # with neither an error nor an end): exit 3 when nothing failed, so a wrapper tells "failed" (1)
 # from "cannot tell" (3); 2 stays bad input, 70 a bug, 130 and 141 signals

@@ -319,3 +319,58 @@ def test_a_trainer_end_line_is_clean_and_named(tmp_path, end):
     log, _ = _captured(tmp_path, f"print({end!r})")
     out = _cli(log)
     assert out.returncode == 0 and "job.clean" in out.stdout and end.split()[0] in out.stdout
+
+
+# PyTorch's watchdog line (ProcessGroupNCCL.cpp, as in tests/fixtures/job-logs/
+# watchdog-broadcast-ray-actor-pg-rank-lmmr1-67.log) and abseil's failure signal handler's line
+# (as in watchdog-ray-ansi-gather-vllm6042.log), tagged by torchrun's --tee prefix
+WATCHDOG = ("[rank{r}]:[E416 13:21:26.968941948 ProcessGroupNCCL.cpp:1595] [PG ID 0 PG GUID "
+            "0(default_pg) Rank {r}] Process group watchdog thread terminated with exception: "
+            "[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
+            "OpType={op}, NumelIn=8, NumelOut=8, Timeout(ms)=600000) ran for 600012 "
+            "milliseconds before timing out.")
+ABORT = "[rank{r}]:*** SIGABRT received at time=1720159248 on cpu 5 ***"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 63), st.sampled_from(["BROADCAST", "ALLREDUCE", "_ALLGATHER_BASE",
+                                            "_REDUCE_SCATTER_BASE", "ALLTOALL_BASE"]),
+       st.integers(1, 10**6), st.booleans())
+def test_an_abort_is_listed_under_the_watchdog_timeout_that_caused_it(r, op, seq, abort_first):
+    """The watchdog aborts its own process after a timeout: the SIGABRT is a consequence, after
+    the timeout and named in its evidence, whichever was printed first."""
+    lines = [WATCHDOG.format(r=r, seq=seq, op=op), ABORT.format(r=r)]
+    if abort_first:
+        lines.reverse()
+    fs = triage.triage(joblog.normalise("\n".join(lines) + "\n"))
+    assert [f.id for f in fs] == ["job.timeout", "job.signal"]
+    assert f"consequence: rank {r}'s SIGABRT follows its NCCL watchdog timeout in {op}" in (
+        fs[0].evidence)
+
+
+def test_a_math_library_allocation_failure_follows_the_out_of_memory():
+    """cuBLAS failing to allocate its workspace is what running out of GPU memory looks like
+    from inside it: the OOM leads, the cuBLAS error is listed under it."""
+    text = ("[rank1]: RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling "
+            "`cublasCreate(handle)`\n[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried "
+            "to allocate 20.00 MiB. GPU 0 has a total capacity of 79.10 GiB of which 3.88 MiB "
+            "is free.\n")
+    fs = triage.triage(joblog.normalise(text))
+    assert [f.id for f in fs] == ["job.cuda_oom", "job.cuda_error"]
+    assert any(e.startswith("consequence: CUBLAS_STATUS_ALLOC_FAILED") for e in fs[0].evidence)
+
+
+# a rank's traceback cut before its exception line (torchtitan 3360's tags), in any rank's tag
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 511), st.integers(1, 6))
+def test_a_cut_traceback_is_a_failure_of_its_rank(r, frames):
+    body = "".join(f'[rank{r}]:   File "/workspace/torchtitan/train.py", line {60 + i}, in main\n'
+                   f"[rank{r}]:     trainer.train()\n" for i in range(frames))
+    fs = triage.triage(joblog.normalise(f"[rank{r}]: Traceback (most recent call last):\n{body}"))
+    assert fs[0].id == "job.unrecognised" and fs[0].status == "fail"
+    assert fs[0].summary.startswith(f"rank {r}'s traceback was cut before its exception line")
+    assert f"train.py:{60 + frames - 1}" in fs[0].summary
+    # the exception line, once there, closes it: the exception is the finding
+    closed = triage.triage(joblog.normalise(f"[rank{r}]: Traceback (most recent call last):\n"
+                                            f"{body}[rank{r}]: ValueError: bad shard\n"))
+    assert closed[0].id == "job.exception" and "ValueError: bad shard" in closed[0].summary

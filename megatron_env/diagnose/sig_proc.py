@@ -31,6 +31,8 @@ _SIGNAL_FORMS = [
     (re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)"), (1, 2, None, 3)),
     (re.compile(r"<Signals\.(SIG\w+): (\d+)>"), (2, 1, None, None)),
     (re.compile(r"received signal (SIG\w+)"), (None, 1, None, None)),
+    # abseil's failure signal handler (Ray's workers, glog-linked binaries)
+    (re.compile(r"\*\*\* (SIG[A-Z]+) received at time="), (None, 1, None, None)),
     (re.compile(r"Received (\d+) death signal, shutting down workers"), (1, None, None, None)),
 ]
 _SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) ([\w.]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO "
@@ -264,5 +266,6 @@ READERS = [
     ("exitcode", _elastic), ("worker died", _ray), ("RayTaskError", _ray_actor),
     ("actor died unexpectedly", _actor_died),
     ("CANCELLED", _cancelled), ("ignal", _signal), ("Fatal Python", _signal),
+    ("received at time=", _signal),
     *((trigger, _exit) for trigger in dict.fromkeys(w for ws, _ in _EXITS for w in ws)),
 ]

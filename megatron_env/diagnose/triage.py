@@ -235,6 +235,12 @@ def _op(ev: Events, es: list[dict[str, Any]]) -> str | None:
 _HARDWARE = re.compile(r"ECC|NVLink|hardware|fallen off|GPU is lost|uncorrectable", re.I)
 
 
+# a math library's or CUDA's allocation failure: what running out of GPU memory looks like from
+# inside cuBLAS/cuDNN (CUBLAS_STATUS_ALLOC_FAILED, CUDNN_STATUS_ALLOC_FAILED)
+_ALLOC = re.compile(r"ALLOC_FAILED|out of memory", re.I)
+ALLOC = "alloc"
+
+
 def _cuda(ev: Events) -> list[Finding]:
     out = []
     by_what: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -252,9 +258,11 @@ def _cuda(ev: Events) -> list[Finding]:
         else:
             fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
         hardware = _HARDWARE.search(what) is not None
+        alloc = _ALLOC.search(what) is not None
         out.append(Finding("job.cuda_error", Status.FAIL, f"{_who(es)} hit CUDA error: {what}"
                            + (" (a GPU hardware fault, not the code's)" if hardware else ""),
-                           [e["line"] for e in es[:4]], fix, "hardware" if hardware else ""))
+                           [e["line"] for e in es[:4]], fix,
+                           "hardware" if hardware else ALLOC if alloc else ""))
     if ev.ooms:
         o = first(ev.ooms)
         out.append(Finding(
@@ -368,8 +376,10 @@ ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_
          "nccl.net", "nccl.transport"]
 
 
-def _rank_of(f: Finding) -> tuple[int, int]:
+def _rank_of(f: Finding, ev: Events | None = None) -> tuple[int, int]:
     rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
+    if ev is not None and _is_consequence(f, ev):  # listed after (and under) its cause
+        return (f.status is not Status.FAIL, ORDER.index(_CAUSE[f.id]) + 1)
     if f.id == "job.root_cause" and f.kind in ("user", "framework"):  # the rank's own error
         rank = ORDER.index("job.signal") - 1
     elif f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
@@ -379,6 +389,54 @@ def _rank_of(f: Finding) -> tuple[int, int]:
     if f.id == "job.signal" and f.kind in ("agent", "SIGTERM"):  # sent from outside
         rank = ORDER.index("job.scheduler") + 1
     return (f.status is not Status.FAIL, rank)
+
+
+# a consequence's finding id -> the id of the finding of its cause
+_CAUSE = {"job.signal": "job.timeout", "job.root_cause": "job.timeout",
+          "job.cuda_error": "job.cuda_oom"}
+
+
+def _aborted(ev: Events) -> list[tuple[int | None, str]]:
+    """The processes a SIGABRT ended (rank, 'SIGABRT' or the exit code): a signal line or a
+    launcher's table entry with exit code -6."""
+    out: list[tuple[int | None, str]] = [(s.get("rank"), "SIGABRT") for s in ev.signals
+                                         if s["signal"] == "SIGABRT"]
+    out += [(f.rank, "SIGABRT (exit code -6)") for f in ev.failures if f.exitcode == -6]
+    return out
+
+
+def _is_consequence(f: Finding, ev: Events) -> bool:
+    """A finding another one explains: an abort after NCCL's watchdog timed out (the watchdog
+    aborts its process), a math library's allocation failure after running out of memory."""
+    if f.id == "job.cuda_error":
+        return f.kind == ALLOC and bool(ev.ooms)
+    if f.id == "job.signal" and f.kind in ("SIGABRT", "launcher"):
+        return bool(ev.timeouts) and bool(_aborted(ev))
+    if f.id == "job.root_cause":
+        return bool(ev.timeouts) and f.kind == "signal" and any(
+            x.exitcode == -6 for x in ev.failures)
+    return False
+
+
+def _under_causes(fs: list[Finding], ev: Events) -> list[Finding]:
+    """Each cause with what it explains listed in its evidence ("consequence: rank 7's SIGABRT
+    follows its NCCL watchdog timeout in BROADCAST")."""
+    notes: dict[str, list[str]] = defaultdict(list)
+    if ev.timeouts and any(_is_consequence(f, ev) for f in fs):
+        ops = {t["rank"]: t["op"] for t in ev.timeouts}
+        every = " and ".join(sorted(set(ops.values())))
+        for rank, how in dict.fromkeys(_aborted(ev)):
+            notes["job.timeout"].append(
+                f"consequence: rank {rank}'s {how} follows its NCCL watchdog timeout in "
+                f"{ops[rank]}" if rank in ops else
+                f"consequence: the {how} of {f'rank {rank}' if rank is not None else 'a process'}"
+                f" follows the NCCL watchdog timeout in {every}")
+    if ev.ooms and any(f.id == "job.cuda_error" and _is_consequence(f, ev) for f in fs):
+        notes["job.cuda_oom"] += [
+            f"consequence: {e['what']} follows running out of GPU memory"
+            for e in ev.cuda_errors if _ALLOC.search(e["what"])][:2]
+    return [Finding(f.id, f.status, f.summary, f.evidence + notes.pop(f.id, []), f.fix, f.kind)
+            if f.id in notes else f for f in fs]
 
 
 def findings(ev: Events) -> list[Finding]:
@@ -391,7 +449,8 @@ def findings(ev: Events) -> list[Finding]:
               {"job.scheduler"} if ev.cancelled else set()))))
     quoted = {e for f in fs if f.status is Status.FAIL for e in f.evidence}
     fs += rootcause.exception_findings(ev, quoted)
-    fs.sort(key=_rank_of)
+    fs.sort(key=lambda f: _rank_of(f, ev))
+    fs = _under_causes(fs, ev)
     fs += outcome.outcome(ev, any(f.status is Status.FAIL for f in fs))
     return [Finding(f.id, f.status, f.summary, f.evidence, f.fix,
                     families.family(f.id, f.kind).name) for f in fs]
