@@ -374,3 +374,46 @@ def test_a_cut_traceback_is_a_failure_of_its_rank(r, frames):
     closed = triage.triage(joblog.normalise(f"[rank{r}]: Traceback (most recent call last):\n"
                                             f"{body}[rank{r}]: ValueError: bad shard\n"))
     assert closed[0].id == "job.exception" and "ValueError: bad shard" in closed[0].summary
+
+
+def _megatron_run(iters: int, dated: bool, evaluate: list[str], save: bool) -> str:
+    """A finished Megatron-LM run's last lines as its training.py and checkpointing.py print
+    them: iteration lines (all as wide: the widest lines of the log), print_datetime's end line,
+    the checkpoint saved after training and evaluate_and_print_results' reports, each framed by
+    '-' * (len(report) + 1)."""
+    out = []
+    for i in range(1, iters + 1):
+        head = f" [2026-12-06 10:00:{i % 60:02d}]" if dated else ""
+        out.append(f"{head} iteration {i:8d}/{iters:8d} | consumed samples: {8 * i:12d} | "
+                   f"elapsed time per iteration (ms): 1234.5 | learning rate: 1.000000E-04 | "
+                   f"global batch size:     8 | lm loss: 9.876543E+00 | loss scale: 1.0 | "
+                   f"grad norm: 3.210 | number of skipped iterations:   0 | number of nan "
+                   f"iterations:   0 |")
+    out.append("[after training is done] datetime: 2026-12-06 10:01:00 ")
+    if save:
+        out.append(f"saving checkpoint at iteration {iters:7d} to /ckpt in torch_dist format")
+        out.append(f"  successfully saved checkpoint from iteration {iters:7d} to /ckpt "
+                   "[ t 1/1, p 1/1 ]")
+    for which in evaluate:
+        report = (f" validation loss at iteration {iters} on {which} set | lm loss value: "
+                  "9.700000E+00 | lm loss PPL: 1.632799E+04 | ")
+        out += ["-" * (len(report) + 1), report, "-" * (len(report) + 1)]
+    return "\n".join(out) + "\n"
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(2, 30), st.booleans(),
+       st.lists(st.sampled_from(["validation", "test"]), max_size=2, unique=True), st.booleans())
+def test_a_finished_megatron_run_ends_normally_on_its_own_line(tmp_path_factory, iters, dated,
+                                                               evaluate, save):
+    """Issue 49: the end line is not glued to the iteration line before it (both as wide as the
+    widest line), the evaluation report not to its rule, and the checkpoint and evaluation
+    printed after the end are the same run's, not progress of another."""
+    log = tmp_path_factory.mktemp("megatron") / "train.log"
+    text = _megatron_run(iters, dated, evaluate, save)
+    log.write_text(text)
+    fs, lines, _ = jobs.run([log])
+    assert lines == text.count("\n")
+    assert [(f.id, f.status) for f in fs] == [("job.clean", "pass")]
+    assert fs[0].summary == ("the log ends normally: [after training is done] datetime: "
+                             "2026-12-06 10:01:00")

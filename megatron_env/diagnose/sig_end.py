@@ -112,6 +112,11 @@ _LAST_RANKS = 50  # lines at the end of a log whose ranks are "still printing"
 # a row of a final metrics block ("  epoch                    =        3.0"): a summary of the
 # run, not progress after its end
 _METRIC_ROW = re.compile(r"^\s*[\w/.-]+\s*=\s*\S+\s*$")
+# what a trainer prints after its end line about the same run, not progress of another one:
+# Megatron-LM's final evaluation (training.py's evaluate_and_print_results, "validation loss at
+# iteration N on validation set" / "... on test set") and checkpoint (checkpointing.py)
+_AFTER_END = re.compile(r"validation loss at iteration|saving checkpoint at iteration|"
+                        r"successfully saved checkpoint from iteration")
 
 
 def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
@@ -131,7 +136,8 @@ def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
     for x in lines:
         if ENDS.search(x.text) or EXITS.search(x.text):
             ended, out["progress_after_end"] = True, False
-        elif ended and PROGRESS.search(x.text) and not _METRIC_ROW.match(x.text):
+        elif (ended and PROGRESS.search(x.text) and not _METRIC_ROW.match(x.text)
+              and not _AFTER_END.search(x.text)):
             out["progress_after_end"] = True
     for x in reversed(lines):
         if out["time"] is None and (t := stamp(x.text)):
