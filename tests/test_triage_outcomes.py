@@ -417,3 +417,21 @@ def test_a_finished_megatron_run_ends_normally_on_its_own_line(tmp_path_factory,
     assert [(f.id, f.status) for f in fs] == [("job.clean", "pass")]
     assert fs[0].summary == ("the log ends normally: [after training is done] datetime: "
                              "2026-12-06 10:01:00")
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 6), st.integers(0, 40), st.integers(1, 10**6))
+def test_a_seqnum_is_the_same_in_every_file_of_a_job(tmp_path_factory, files, before, seq):
+    """Each rank's file times out at the same SeqNum: no rank is 'the odd one out'. (Events of
+    a later file are placed after the files before it: that shifted the order of reading, and,
+    while events were dicts whose `seq` was the timeout's SeqNum, the SeqNum itself.)"""
+    where = tmp_path_factory.mktemp("job")
+    logs = []
+    for r in range(files):
+        log = where / f"train-rank{r}.log"
+        log.write_text("".join(f"step {i} loss 2.0\n" for i in range(before))
+                       + WATCHDOG.format(r=r, seq=seq, op="ALLREDUCE") + "\n")
+        logs.append(log)
+    fs, _, _ = jobs.run(logs)
+    assert fs[0].id == "job.timeout" and f"(SeqNum {seq}," in fs[0].summary
+    assert not any(f.id == "job.odd_rank" for f in fs)

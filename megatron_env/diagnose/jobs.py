@@ -55,9 +55,9 @@ def merge(evs: list[Events]) -> Events:
 
 def _shift(x: object, offset: int) -> object:
     """An event of a later file, placed after the files read before it."""
-    if isinstance(x, Placed):
+    if isinstance(x, Placed):  # (the lists of quoted text and report entries stay as read)
         return replace(x, seq=x.seq + offset) if x.seq is not None else x
-    return {**x, "seq": x["seq"] + offset} if isinstance(x, dict) and "seq" in x else x
+    return x
 
 
 def _day(date: str) -> int:

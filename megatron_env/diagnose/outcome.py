@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 from megatron_env.diagnose import families, launch
-from megatron_env.diagnose.model import End, Events, Failing, first, in_time_order
+from megatron_env.diagnose.model import End, Events, Failing, Hit, first, in_time_order
 from megatron_env.findings import INCONCLUSIVE, Finding, Status
 
 _STOPPED_NEXT = ("`py-spy dump --pid PID` (add --native for a stuck CUDA/NCCL call) on a rank "
@@ -78,12 +77,11 @@ _FIX = {
 }
 
 
-def _who(items: Sequence[dict[str, Any] | Failing], prompts: list[str] | None = None) -> str:
+def _who(items: Sequence[Hit | Failing], prompts: list[str] | None = None) -> str:
     """Who printed these events: ranks as ranges, srun task ids, hosts (or, when no line
     names one, the host of the one shell prompt pasted with them)."""
     prompts = prompts if prompts and len(prompts) == 1 else []
-    got = [(x.rank, x.host, x.tasks, x.local) if isinstance(x, Failing) else
-           (x.get("rank"), x.get("host"), x.get("tasks") or [], x.get("local")) for x in items]
+    got = [(x.rank, x.host, x.tasks, x.local) for x in items]
     rs = sorted({r for r, _, _, _ in got if r is not None})
     hosts = list(dict.fromkeys(h for _, h, _, _ in got if h)) or prompts
     tasks = sorted({t for _, _, ts, _ in got for t in ts})
@@ -98,12 +96,12 @@ def _who(items: Sequence[dict[str, Any] | Failing], prompts: list[str] | None = 
     return out
 
 
-def _placed(x: dict[str, Any]) -> str:
+def _placed(x: Hit) -> str:
     """An evidence line with who printed it and when, where the log said."""
-    who = " on ".join(w for w in (f"rank {x['rank']}" if x.get("rank") is not None else "",
-                                  x.get("host") or "") if w)
-    head = ", ".join(w for w in (who, x.get("time") or "") if w)
-    return f"{head}: {x['line']}" if head else x["line"]
+    who = " on ".join(w for w in (f"rank {x.rank}" if x.rank is not None else "",
+                                  x.host or "") if w)
+    head = ", ".join(w for w in (who, x.time or "") if w)
+    return f"{head}: {x.line}" if head else x.line
 
 
 def _own_errors(ev: Events, what: str) -> list[str]:
@@ -117,22 +115,22 @@ def _own_errors(ev: Events, what: str) -> list[str]:
 
 def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
     """One finding per id of the table's hits: what happened first (in time) first."""
-    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_id: dict[str, list[Hit]] = defaultdict(list)
     for h in ev.hits:
-        if h["id"] not in skip:
-            by_id[h["id"]].append(h)
+        if h.id not in skip:
+            by_id[h.id].append(h)
     out = []
     for fid, hs in by_id.items():
         hs = in_time_order(hs)
         h0 = first(hs)
-        whats = list(dict.fromkeys(h["what"] for h in hs))
+        whats = list(dict.fromkeys(h.what for h in hs))
         who = _who(hs, ev.prompts)
         fam = families.family(fid)
-        fix = _FIX.get((fid, h0["kind"]), fam.advice)
+        fix = _FIX.get((fid, h0.kind), fam.advice)
         out.append(Finding(
             fid, Status.FAIL, f"{whats[0]}" + (f" ({who})" if who else "")
             + (f"; also: {'; '.join(whats[1:3])}" if len(whats) > 1 else ""),
-            [_placed(h) for h in hs[:4]] + _own_errors(ev, whats[0]), fix, h0["kind"]))
+            [_placed(h) for h in hs[:4]] + _own_errors(ev, whats[0]), fix, h0.kind))
     return out
 
 

@@ -57,7 +57,7 @@ def own_exception(ev: Events, root: Failure) -> Failing | None:
 def _waited(ev: Events, root: Failure) -> Failing | None:
     """When the table's first failure only timed out (its watchdog), the first exception of a
     rank that did not time out: the one the others were waiting for."""
-    waiting = {t["rank"] for t in ev.timeouts}
+    waiting = {t.rank for t in ev.timeouts}
     if root.rank is None or root.rank not in waiting:
         return None
     others = [x for x in _exceptions(ev) if x.rank is not None and x.rank not in waiting]

@@ -21,7 +21,7 @@ from typing import Any
 
 from megatron_env.diagnose import sig_end
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import NCCL_ORIGIN, Events, Failing, rank_of
+from megatron_env.diagnose.model import NCCL_ORIGIN, Events, Failing, Hit, rank_of
 
 
 @dataclass(frozen=True)
@@ -345,9 +345,9 @@ def _hit(sig: Sig, ev: Events, line: Line, t: str, ahead: deque[Line]) -> bool:
         host = t[:o.start()].split()[-1].split("|")[-1] or None
     rank = int(g["rank"]) if g.get("rank") and sig.finding != "job.data" else rank_of(line)
     says = " ".join(sig.says.format_map(_Blank(g)).split())
-    ev.add("hits", {"id": sig.finding, "kind": sig.kind, "what": says, "rank": rank,
-                    "host": host, "pid": g.get("pid"), "pci": g.get("pci"), "store": store,
-                    "line": t.strip()}, key=(sig.finding, says, rank, host))
+    ev.add(Hit(id=sig.finding, kind=sig.kind, what=says, rank=rank, host=host,
+               pid=g.get("pid"), pci=g.get("pci"), store=store, line=t.strip()),
+           key=(sig.finding, says, rank, host))
     return True
 
 
@@ -397,12 +397,12 @@ def _failing(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str
         frame = facts.get("frame")
         where = ("framework" if frame and any(p in frame[0] for p in _PACKAGES) else "user"
                  if frame else "")
-        ev.add("failing", Failing(kind="exception", line=t.strip(), rank=rank,
+        ev.add(Failing(kind="exception", line=t.strip(), rank=rank,
                                   host=line.host, name=m.group("name"), where=where,
                                   frame=f"{frame[0]}:{frame[1]}" if frame else ""),
                key=("exception", t.strip()[:200], rank))
     elif _ERROR_LINE.search(t) and "WARN" not in t:
-        ev.add("failing", Failing(kind="error", line=t.strip(), rank=rank,
+        ev.add(Failing(kind="error", line=t.strip(), rank=rank,
                                   host=line.host),
                key=("error", t.strip()[:200], rank))
 

@@ -16,13 +16,21 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from megatron_env.diagnose import families, launch, nccl_log, outcome, rootcause
 from megatron_env.diagnose.events import XIDS, Events, describe, events
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import first, in_time_order
+from megatron_env.diagnose.model import (
+    CudaError,
+    Ibv,
+    NcclError,
+    Timeout,
+    Who,
+    first,
+    in_time_order,
+)
 from megatron_env.findings import Finding, Status
 
 NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
@@ -37,11 +45,11 @@ def _where(rank: int | None, host: str | None) -> str:
     return " on ".join(parts) or "a rank"
 
 
-def _who(items: list[dict[str, Any]]) -> str:
+def _who(items: Sequence[Who]) -> str:
     """'rank 1 on gpu187', 'ranks 0 and 3', 'a rank': who printed these events."""
-    rs = sorted({e["rank"] for e in items if e.get("rank") is not None})
-    local = sorted({e["local"] for e in items if e.get("local") is not None})
-    hosts = sorted({e["host"] for e in items if e.get("host")})
+    rs = sorted({e.rank for e in items if e.rank is not None})
+    local = sorted({e.local for e in items if e.local is not None})
+    hosts = sorted({e.host for e in items if e.host})
     who = (ranks(rs) if rs else ranks(local).replace("rank", "local rank") if local
            else "a rank")
     return who + (f" on {', '.join(hosts)}" if hosts else "")
@@ -55,36 +63,36 @@ def _seconds(ms: int) -> str:
 def _timeouts(ev: Events) -> list[Finding]:
     if not ev.timeouts:
         return []
-    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    seen: dict[tuple[Any, ...], Timeout] = {}
     for t in ev.timeouts:  # the watchdog line and the exception text repeat the same timeout
-        seen.setdefault((t["rank"], t["seq"], t["op"]), t)
+        seen.setdefault((t.rank, t.seqnum, t.op), t)
     ts = list(seen.values())
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[Timeout]] = defaultdict(list)
     for t in ts:
-        groups[(t["op"], t["seq"])].append(t)
+        groups[(t.op, t.seqnum)].append(t)
     by_rank: dict[int, set[int]] = defaultdict(set)
     for t in ts:
-        by_rank[t["rank"]].add(t["seq"])
+        by_rank[t.rank].add(t.seqnum)
     t0 = ts[0]
-    size = (f", {t0['numel_in']} elements in / {t0['numel_out']} out"
-            if t0["numel_in"] is not None else "")
-    ran = max(t["ran_ms"] for t in ts)
-    ops = " and ".join(sorted({t["op"] for t in ts}))
-    seqs = sorted({t["seq"] for t in ts})
+    size = (f", {t0.numel_in} elements in / {t0.numel_out} out"
+            if t0.numel_in is not None else "")
+    ran = max(t.ran_ms for t in ts)
+    ops = " and ".join(sorted({t.op for t in ts}))
+    seqs = sorted({t.seqnum for t in ts})
     summary = (f"{ranks(by_rank)} timed out in {ops} (SeqNum {_span(seqs)}"
-               f"{size if len(groups) == 1 else ''}) after {_seconds(t0['timeout_ms'])} "
-               f"(Timeout(ms)={t0['timeout_ms']})")
-    if ran > 1.5 * t0["timeout_ms"]:
+               f"{size if len(groups) == 1 else ''}) after {_seconds(t0.timeout_ms)} "
+               f"(Timeout(ms)={t0.timeout_ms})")
+    if ran > 1.5 * t0.timeout_ms:
         summary += f"; the watchdog only noticed after {_seconds(ran)}"
     if ev.first_timeout:
         summary += f"; {ranks(ev.first_timeout)} timed out first"
     evidence = [describe(ev.who(t))
-                + (f" ([Rank {t['pg_rank']}] of its process group)"
-                   if t.get("pg_rank") not in (None, t["rank"]) else "")
-                + f": {t['op']} SeqNum {t['seq']}"
-                + (f" ({t['numel_in']} elements in / {t['numel_out']} out)"
-                   if t["numel_in"] is not None and len(groups) > 1 else "")
-                + (f", ran for {t['ran_ms']} ms" if t["ran_ms"] else "") for t in ts[:8]]
+                + (f" ([Rank {t.pg_rank}] of its process group)"
+                   if t.pg_rank not in (None, t.rank) else "")
+                + f": {t.op} SeqNum {t.seqnum}"
+                + (f" ({t.numel_in} elements in / {t.numel_out} out)"
+                   if t.numel_in is not None and len(groups) > 1 else "")
+                + (f", ran for {t.ran_ms} ms" if t.ran_ms else "") for t in ts[:8]]
     evidence += [f"rank {r}: {w}" for r, w in sorted(ev.work.items())[:8]]
     out = []
     odd = _odd_ones(by_rank)
@@ -94,9 +102,9 @@ def _timeouts(ev: Events) -> list[Finding]:
         behind = {r: sorted(by_rank[r]) for r in odd}
         rest = sorted(set(by_rank) - set(odd))
         others = sorted({s for r in rest for s in by_rank[r]})
-        hosts = sorted({t["host"] for t in ts if t["rank"] in odd and t["host"]})
+        hosts = sorted({t.host for t in ts if t.rank in odd and t.host})
         ahead = min(s for r in odd for s in behind[r]) > max(others)
-        ops_of = {r: {t["op"] for t in ts if t["rank"] == r} for r in by_rank}
+        ops_of = {r: {t.op for t in ts if t.rank == r} for r in by_rank}
         odd_ops = {o for r in odd for o in ops_of[r]}
         rest_ops = {o for r in rest for o in ops_of[r]}
         mismatch = (f"; the ranks disagree on the next collective ({', '.join(sorted(odd_ops))} "
@@ -186,32 +194,32 @@ _NCCL_FIX = {
 
 def _nccl_errors(ev: Events) -> list[Finding]:
     out = []
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_kind: dict[str, list[NcclError]] = defaultdict(list)
     for e in in_time_order(ev.nccl_errors):
-        by_kind[e["kind"]].append(e)
+        by_kind[e.kind].append(e)
     for kind, es in by_kind.items():
         where = sorted({describe(ev.who(e)) for e in es} - {"a process"})
-        version = next((e["version"] for e in es if e["version"]), None)
-        last = next((e["last_error"] for e in es if e["last_error"]), "") or next(
-            (x["what"] for x in ev.last_errors), "")
-        op = next((e["op"] for e in es if e.get("op")), None) or _op(ev, es)
+        version = next((e.version for e in es if e.version), None)
+        last = next((e.last_error for e in es if e.last_error), "") or next(
+            (x.what for x in ev.last_errors), "")
+        op = next((e.op for e in es if e.op), None) or _op(ev, es)
         out.append(Finding(
             "job.nccl_error", Status.FAIL,
             f"NCCL error '{kind}'" + (f" on {', '.join(where[:4])}" if where else "")
             + (f" in {op}" if op else "")
             + (f" (NCCL {version})" if version else "") + (f": {last}" if last else ""),
-            [e["line"] for e in es[:4]] + ([f"last error: {last}"] if last else []),
+            [e.line for e in es[:4]] + ([f"last error: {last}"] if last else []),
             _NCCL_FIX.get(kind, f"rerun with NCCL_DEBUG=INFO to see where it fails; {NEXT_RUN}")))
     if not ev.nccl_errors and ev.last_errors:
         where = sorted({describe(ev.who(e)) for e in ev.last_errors
-                        if e["rank"] is not None or e["host"]})
-        what = ev.last_errors[0]["what"]
+                        if e.rank is not None or e.host})
+        what = ev.last_errors[0].what
         op = _op(ev, ev.last_errors)
         out.append(Finding(
             "job.nccl_error", Status.FAIL,
             "NCCL's last error" + (f" on {', '.join(where[:4])}" if where else "")
             + (f" in {op}" if op else "") + f": {what}",
-            [f"Last error: {x['what']}" for x in ev.last_errors[:4]],
+            [f"Last error: {x.what}" for x in ev.last_errors[:4]],
             _LAST_FIX if _REFUSED in what or "onnect" in what else
             f"rerun with NCCL_DEBUG=INFO to see the failing call; {NEXT_RUN}"))
     return out
@@ -223,9 +231,9 @@ _LAST_FIX = ("a peer's socket refused or dropped the connection: that rank had a
              "interface; `invoke preflight` on the nodes checks the links")
 
 
-def _op(ev: Events, es: list[dict[str, Any]]) -> str | None:
+def _op(ev: Events, es: Sequence[Who]) -> str | None:
     """The collective the ranks of these events were in, from their tracebacks."""
-    return next((ev.collective[e["rank"]] for e in es if e.get("rank") in ev.collective),
+    return next((ev.collective[e.rank] for e in es if e.rank in ev.collective),
                 None) or ev.collective.get(None) or (
         next(iter(ev.collective.values())) if len(set(ev.collective.values())) == 1 else None)
 
@@ -243,9 +251,9 @@ ALLOC = "alloc"
 
 def _cuda(ev: Events) -> list[Finding]:
     out = []
-    by_what: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_what: dict[str, list[CudaError]] = defaultdict(list)
     for e in in_time_order(ev.cuda_errors):
-        by_what[e["what"]].append(e)
+        by_what[e.what].append(e)
     for what, es in by_what.items():
         if "ECC" in what:
             fix = ("a GPU memory fault, not a software bug: drain the node, check "
@@ -261,15 +269,15 @@ def _cuda(ev: Events) -> list[Finding]:
         alloc = _ALLOC.search(what) is not None
         out.append(Finding("job.cuda_error", Status.FAIL, f"{_who(es)} hit CUDA error: {what}"
                            + (" (a GPU hardware fault, not the code's)" if hardware else ""),
-                           [e["line"] for e in es[:4]], fix,
+                           [e.line for e in es[:4]], fix,
                            "hardware" if hardware else ALLOC if alloc else ""))
     if ev.ooms:
         o = first(ev.ooms)
         out.append(Finding(
             "job.cuda_oom", Status.FAIL,
-            f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o['size']}"
-            + (f" on GPU {o['gpu']} ({o['total']} total)" if o["gpu"] else ""),
-            [e["line"] for e in ev.ooms[:4]],
+            f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o.size}"
+            + (f" on GPU {o.gpu} ({o.total} total)" if o.gpu else ""),
+            [e.line for e in ev.ooms[:4]],
             "smaller micro-batch, activation recomputation, more tensor/pipeline parallelism, or "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation"))
     return out
@@ -278,18 +286,18 @@ def _cuda(ev: Events) -> list[Finding]:
 def _xids(ev: Events) -> list[Finding]:
     if not ev.xids:
         return []
-    codes = sorted({x["xid"] for x in ev.xids} | {x["cause"] for x in ev.xids if x["cause"]})
-    gpus = sorted({x["pci"] for x in ev.xids})
-    hosts = sorted({x["host"] for x in ev.xids if x["host"]})
-    causes = sorted({x["cause"] for x in ev.xids if x["cause"]})
+    codes = sorted({x.xid for x in ev.xids} | {x.cause for x in ev.xids if x.cause})
+    gpus = sorted({x.pci for x in ev.xids})
+    hosts = sorted({x.host for x in ev.xids if x.host})
+    causes = sorted({x.cause for x in ev.xids if x.cause})
     named = ", ".join(f"Xid {c}" + (f" ({XIDS[c]})" if c in XIDS else "") for c in codes)
     return [Finding(
         "job.gpu_xid", Status.FAIL,
         f"the GPU driver reported {named} on {len(gpus)} GPU(s) ({', '.join(gpus[:4])})"
         + (f" of {', '.join(hosts)}" if hosts else "")
         + (f"; the first error was Xid {', '.join(map(str, causes))}" if causes else ""),
-        [f"{x['pci']}: Xid {x['xid']}" + (f" pid {x['pid']} ({x['name']})" if x["pid"] else "")
-         + (f", caused by Xid {x['cause']}" if x["cause"] else "") for x in ev.xids[:6]],
+        [f"{x.pci}: Xid {x.xid}" + (f" pid {x.pid} ({x.name})" if x.pid else "")
+         + (f", caused by Xid {x.cause}" if x.cause else "") for x in ev.xids[:6]],
         "a GPU, NVLink or driver fault on that node: drain it, look up the Xid in NVIDIA's Xid "
         "catalogue, collect `nvidia-bug-report.sh`, reset the GPUs or reboot, and run "
         "`invoke preflight` there before it rejoins")]
@@ -301,8 +309,8 @@ def _stuck(ev: Events) -> list[Finding]:
     return [Finding(
         "job.watchdog_stuck", Status.FAIL,
         f"the NCCL watchdog of {_who(ev.stuck)} got stuck for "
-        f"{max(s['seconds'] for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
-        [f"{_where(s['rank'], s['host'])}: stuck for {s['seconds']} s" for s in ev.stuck[:6]],
+        f"{max(s.seconds for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
+        [f"{_where(s.rank, s.host)}: stuck for {s.seconds} s" for s in ev.stuck[:6]],
         "a call that never returns is a GPU fault (Xid lines in `dmesg` on that host) or a "
         "deadlock around the GIL: take `py-spy dump --native --pid` of the process while it "
         "hangs, run `invoke preflight` on the host; TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC only helps "
@@ -316,7 +324,7 @@ def _nccl_debug(ev: Events) -> list[Finding]:
     if ev.nccl is None:
         return []
     fs = [f for f in nccl_log.findings(ev.nccl) if f.status is not Status.SKIP]
-    if any(e["errno"] for e in ev.ibv):  # `_ibv` says it, with the advice of its errno
+    if any(e.errno for e in ev.ibv):  # `_ibv` says it, with the advice of its errno
         fs = [f for f in fs if f.id != "nccl.system_error"
               or not all("ibv_" in x for x in f.evidence)]
     return fs
@@ -342,22 +350,22 @@ _IBV_FIX = {
 def _ibv(ev: Events) -> list[Finding]:
     """Failed ibv_* calls, one finding per errno: the advice depends on the errno, not on which
     call failed."""
-    by: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+    by: dict[str | None, list[Ibv]] = defaultdict(list)
     for e in ev.ibv:
-        if e["errno"]:  # without one, the NCCL analysis' system error says what is known
-            by[e["errno"]].append(e)
+        if e.errno:  # without one, the NCCL analysis' system error says what is known
+            by[e.errno].append(e)
     out = []
     for errno, es in by.items():
-        calls = sorted({e["call"] for e in es})
-        who = sorted({describe(ev.who(e)) for e in es if e["rank"] is not None or e["host"]
-                      or e["pid"]})
+        calls = sorted({e.call for e in es})
+        who = sorted({describe(ev.who(e)) for e in es if e.rank is not None or e.host
+                      or e.pid})
         op = _op(ev, es)
         out.append(Finding(
             "nccl.ibverbs_call", Status.FAIL,
             f"{', '.join(calls)} failed" + (f" with {errno}" if errno else "")
-            + (f" ({es[0]['error']})" if es[0]["error"] else "")
+            + (f" ({es[0].error})" if es[0].error else "")
             + (f" on {', '.join(who[:4])}" if who else "") + (f" in {op}" if op else ""),
-            [e["line"] for e in es[:4]],
+            [e.line for e in es[:4]],
             _IBV_FIX.get(errno or "", "look up the errno the call failed with (`errno -l`); rerun "
                                 "with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET")))
     return out
@@ -399,8 +407,8 @@ _CAUSE = {"job.signal": "job.timeout", "job.root_cause": "job.timeout",
 def _aborted(ev: Events) -> list[tuple[int | None, str]]:
     """The processes a SIGABRT ended (rank, 'SIGABRT' or the exit code): a signal line or a
     launcher's table entry with exit code -6."""
-    out: list[tuple[int | None, str]] = [(s.get("rank"), "SIGABRT") for s in ev.signals
-                                         if s["signal"] == "SIGABRT"]
+    out: list[tuple[int | None, str]] = [(s.rank, "SIGABRT") for s in ev.signals
+                                         if s.signal == "SIGABRT"]
     out += [(f.rank, "SIGABRT (exit code -6)") for f in ev.failures if f.exitcode == -6]
     return out
 
@@ -423,7 +431,7 @@ def _under_causes(fs: list[Finding], ev: Events) -> list[Finding]:
     follows its NCCL watchdog timeout in BROADCAST")."""
     notes: dict[str, list[str]] = defaultdict(list)
     if ev.timeouts and any(_is_consequence(f, ev) for f in fs):
-        ops = {t["rank"]: t["op"] for t in ev.timeouts}
+        ops = {t.rank: t.op for t in ev.timeouts}
         every = " and ".join(sorted(set(ops.values())))
         for rank, how in dict.fromkeys(_aborted(ev)):
             notes["job.timeout"].append(
@@ -433,8 +441,8 @@ def _under_causes(fs: list[Finding], ev: Events) -> list[Finding]:
                 f" follows the NCCL watchdog timeout in {every}")
     if ev.ooms and any(f.id == "job.cuda_error" and _is_consequence(f, ev) for f in fs):
         notes["job.cuda_oom"] += [
-            f"consequence: {e['what']} follows running out of GPU memory"
-            for e in ev.cuda_errors if _ALLOC.search(e["what"])][:2]
+            f"consequence: {e.what} follows running out of GPU memory"
+            for e in ev.cuda_errors if _ALLOC.search(e.what)][:2]
     return [Finding(f.id, f.status, f.summary, f.evidence + notes.pop(f.id, []), f.fix, f.kind)
             if f.id in notes else f for f in fs]
 

@@ -54,9 +54,9 @@ def log_facts(evs: Iterable[Events]) -> tuple[list[Timeout], dict[int, str]]:
     hosts: dict[int, str] = {}
     for ev in evs:
         for t in ev.timeouts:
-            rank, host = t.get("rank"), t.get("host")
+            rank, host = t.rank, t.host
             if rank is not None:
-                timeouts.append((rank, t.get("seq"), t.get("op")))
+                timeouts.append((rank, t.seqnum, t.op or None))
                 if host:
                     hosts.setdefault(rank, host)
         for r, p in ev.job.by_rank.items():
