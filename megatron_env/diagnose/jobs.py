@@ -21,6 +21,7 @@ from megatron_env.diagnose import events as events_mod
 from megatron_env.diagnose import logfiles, nccl_log, sig_end, triage, twocore
 from megatron_env.diagnose.events import Events
 from megatron_env.diagnose.flight import report as flight
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.model import Placed
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding, Status
@@ -200,7 +201,7 @@ def _run(per_file: dict[str, Events]) -> tuple[list[Finding], int, list[str]]:
     if len(groups) == 1:
         return triage.findings(merge(list(per_file.values()))), lines, list(per_file)
     mixed = Finding(
-        "job.mixed", Status.WARN,
+        FindingId.JOB_MIXED, Status.WARN,
         f"these logs look like {len(groups)} different jobs, triaged apart: "
         + "; ".join(f"({_label(g)})" for g in groups),
         reasons[:6], "triage one job's logs at a time (one directory per job)")

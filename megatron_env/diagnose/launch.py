@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.model import Events, Hit, Rendezvous, Signal, first, in_time_order
 from megatron_env.findings import Finding, Status
 
@@ -44,7 +45,7 @@ _ranks = ranks
 def rendezvous(ev: Events) -> list[Finding]:
     """The rendezvous or store that failed: where the store was, who could not reach it, and
     whether a heartbeat was lost or a name did not resolve (the table's `job.rendezvous` hits)."""
-    hits = [h for h in ev.hits if h.id == "job.rendezvous"]
+    hits = [h for h in ev.hits if h.id == FindingId.JOB_RENDEZVOUS]
     if not ev.rendezvous and not hits:
         return []
     items: list[Rendezvous | Hit] = in_time_order([*ev.rendezvous, *hits])
@@ -60,7 +61,7 @@ def rendezvous(ev: Events) -> list[Finding]:
     kind = ("name resolution" if "name resolution" in kinds else
             "heartbeat" if "heartbeat" in kinds else "store")
     return [Finding(
-        "job.rendezvous", Status.FAIL,
+        FindingId.JOB_RENDEZVOUS, Status.FAIL,
         {"name resolution": "a host name did not resolve",
          "heartbeat": "a node lost the rendezvous' heartbeat",
          "store": "the rendezvous failed"}[kind]
@@ -91,7 +92,7 @@ def ray_deaths(ev: Events) -> list[Finding]:
         return []
     d = ev.ray_deaths
     return [Finding(
-        "job.ray_worker", Status.FAIL,
+        FindingId.JOB_RAY_WORKER, Status.FAIL,
         f"a Ray worker died: PID {d[0].pid} on {d[0].ip}"
         + (f" ({d[0].exit})" if d[0].exit else "")
         + (f", and {len(d) - 1} more" if len(d) > 1 else ""),
@@ -108,7 +109,7 @@ def dump_signal(ev: Events) -> list[Finding]:
         return []
     seen = sorted(ev.dump_seen_by - ev.first_timeout)
     return [Finding(
-        "job.timeout", Status.FAIL,
+        FindingId.JOB_TIMEOUT, Status.FAIL,
         f"{_ranks(ev.first_timeout)} timed out first: "
         + (f"{_ranks(seen)} received the flight-recorder dump signal for it"
            if seen else "its collective timed out (the flight-recorder dump signal)"),
@@ -160,7 +161,7 @@ def signals(ev: Events) -> list[Finding]:
     by: dict[str, list[Signal]] = {}
     for s in in_time_order(ev.signals):
         by.setdefault(s.signal, []).append(s)
-    oom = any(h.id == "job.oom_killer" for h in ev.hits)
+    oom = any(h.id == FindingId.JOB_OOM_KILLER for h in ev.hits)
     out = []
     for name, ss in by.items():
         what = ss[0].what
@@ -173,7 +174,7 @@ def signals(ev: Events) -> list[Finding]:
         op = next((ev.collective[s.rank] for s in ss if s.rank in ev.collective),
                   None) or ev.collective.get(None)
         out.append(Finding(
-            "job.signal", Status.FAIL,
+            FindingId.JOB_SIGNAL, Status.FAIL,
             f"{_subject(ev, ss)} killed by {name}" + (f" ({what})" if what != name else "")
             + (f" in {op}" if op else "")
             + (f", exit code {code}" if code is not None else ""),
@@ -196,7 +197,7 @@ def stalls(ev: Events) -> list[Finding]:
     ops = list(dict.fromkeys(s.op for s in ev.stalls))  # as first reported
     kinds = sorted({m.group(1).lower() for o in ops if (m := _STALL_ACTION.search(o))})
     return [Finding(
-        "job.stall", Status.FAIL,
+        FindingId.JOB_STALL, Status.FAIL,
         f"Horovod's stall inspector: {ranks(missing) if missing else 'a rank'} never submitted "
         f"{len(ops)} tensor(s) the other ranks wait on"
         + (f" ({', '.join(kinds)})" if kinds else "")
@@ -218,7 +219,7 @@ def bootstrap(ev: Events) -> list[Finding]:
     b = ev.bootstrap[0]
     hosts = sorted({x.host for x in ev.bootstrap if x.host})
     return [Finding(
-        "job.bootstrap", Status.FAIL,
+        FindingId.JOB_BOOTSTRAP, Status.FAIL,
         f"NCCL's bootstrap root{' on ' + ', '.join(hosts) if hosts else ''}: rank {b.rank} "
         f"of {b.nranks} ranks has already checked in (two processes claim one rank)",
         [f"rank {x.rank} of {x.nranks} checked in twice"
@@ -231,7 +232,7 @@ def bootstrap(ev: Events) -> list[Finding]:
 def cancelled(ev: Events) -> list[Finding]:
     """The scheduler ended the job: Slurm's cancellation line (the reason it names), and the
     table's scheduler hits (PBS, LSF, Kubernetes eviction, srun's force-terminate)."""
-    hits = [h for h in ev.hits if h.id == "job.scheduler"]
+    hits = [h for h in ev.hits if h.id == FindingId.JOB_SCHEDULER]
     if not ev.cancelled and not hits:
         return []
     if not ev.cancelled:
@@ -241,7 +242,7 @@ def cancelled(ev: Events) -> list[Finding]:
     kind = ("time limit" if "time limit" in why else "preemption" if "preempt" in why else
             "node failure" if "node fail" in why else "cancelled")
     return [Finding(
-        "job.scheduler", Status.FAIL,
+        FindingId.JOB_SCHEDULER, Status.FAIL,
         f"Slurm cancelled {c.what} {c.id} on {c.host} at {c.at}"
         + (f" due to {why}" if why else " (scancel, or the scheduler without a reason)"),
         [f"{x.what} {x.id} on {x.host} cancelled at {x.at}" for x in ev.cancelled[:4]]

@@ -13,6 +13,7 @@ not time out is the cause then.
 from __future__ import annotations
 
 from megatron_env.diagnose import exceptions, families
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.launch import ranks
 from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, first, in_time_order
 from megatron_env.findings import Finding, Status
@@ -91,13 +92,13 @@ def findings(ev: Events) -> list[Finding]:
     also = f"; failed: {ranks(failed)}" if len(failed) > 1 else ""
     if (culprit := _waited(ev, root)) is not None:
         return [Finding(
-            "job.root_cause", Status.FAIL,
+            FindingId.JOB_ROOT_CAUSE, Status.FAIL,
             f"rank {culprit.rank} raised {_said(culprit)}; {launcher}'s first observed "
             f"failure, {who}, only timed out waiting for it ({how}){also}",
             [culprit.line, *table], _EXCEPTION_FIX, culprit.where or "user")]
     if (own := own_exception(ev, root)) is not None and code not in (-9, -15):
         return [Finding(
-            "job.root_cause", Status.FAIL,
+            FindingId.JOB_ROOT_CAUSE, Status.FAIL,
             f"{who} raised {_said(own)}; {launcher}'s first observed failure"
             + (f" ({more})" if more else "") + f", {how}{also}",
             [own.line, *table], _EXCEPTION_FIX, own.where or "user")]
@@ -107,7 +108,8 @@ def findings(ev: Events) -> list[Finding]:
                      "`@record` on the entry point (torch.distributed.elastic.multiprocessing."
                      "errors) so torchrun prints it here")
     return [Finding(
-        "job.root_cause", Status.FAIL, f"{launcher}'s first observed failure: {who}, {how}{also}",
+        FindingId.JOB_ROOT_CAUSE, Status.FAIL,
+        f"{launcher}'s first observed failure: {who}, {how}{also}",
         table, fix, "signal" if code is not None and code < 0 else "unrecognised")]
 
 
@@ -144,7 +146,7 @@ def exception_findings(ev: Events, quoted: set[str]) -> list[Finding]:
     where = {"user": ", raised in the training code", "framework": ", raised inside an installed "
              "package"}.get(x.where, "")
     return [Finding(
-        "job.exception", Status.FAIL, f"{who} raised {x.line}{where}"
+        FindingId.JOB_EXCEPTION, Status.FAIL, f"{who} raised {x.line}{where}"
         + (f" ({x.frame})" if x.frame else "") + (f"; also: {others[0]}" if others else ""),
         [x.line, *others[:3]],
         f"{_EXCEPTION_FIX}; {families.FAMILIES[k.family].advice}", k.family)]

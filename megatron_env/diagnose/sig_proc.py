@@ -9,6 +9,7 @@ from collections import deque
 from itertools import islice
 from typing import Any
 
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import (
     SIGNALS,
@@ -226,8 +227,9 @@ def _exit(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, A
     ids = tasks(g["tasks"]) if g.get("tasks") else []
     local = int(g["local"]) if g.get("local") else None
     if g.get("sname") == "Out Of Memory":
-        ev.add(Hit(id="job.oom_killer", kind="cgroup", what="the cgroup's OOM killer (srun: "
-                   "Out Of Memory)", rank=rank, host=host, tasks=ids, line=t.strip()),
+        ev.add(Hit(id=FindingId.JOB_OOM_KILLER, kind="cgroup",
+                   what="the cgroup's OOM killer (srun: Out Of Memory)", rank=rank, host=host,
+                   tasks=ids, line=t.strip()),
                key=(host, g["tasks"]))
     elif num is not None:
         name = SIGNALS.get(num, f"signal {num}")

@@ -21,6 +21,7 @@ from typing import Any
 
 from megatron_env.diagnose import families, launch, nccl_log, outcome, rootcause
 from megatron_env.diagnose.events import XIDS, Events, describe, events
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.joblog import Line
 from megatron_env.diagnose.model import (
     CudaError,
@@ -117,14 +118,14 @@ def _timeouts(ev: Events) -> list[Finding]:
                 f"{', '.join(str(s) for r in odd for s in behind[r])} while {ranks(rest)} "
                 f"reached SeqNum {_span(others)}")
         out.append(Finding(
-            "job.odd_rank", Status.FAIL, said + mismatch,
+            FindingId.JOB_ODD_RANK, Status.FAIL, said + mismatch,
             [f"rank {r}: SeqNum {', '.join(map(str, sorted(seqs)))}"
              for r, seqs in sorted(by_rank.items())],
             f"look at {ranks(odd)} first: its log, `py-spy dump` of its process while hung, and "
             f"`invoke preflight` on its host; next run: {NEXT_RUN}"))
     if silent and not odd and len(by_rank) > 1:
         out.append(Finding(
-            "job.odd_rank", Status.FAIL,
+            FindingId.JOB_ODD_RANK, Status.FAIL,
             f"{ranks(silent)} printed no watchdog timeout while {ranks(by_rank)} did: "
             f"{'it' if len(silent) == 1 else 'they'} may never have reached SeqNum "
             f"{_span(seqs)}",
@@ -137,7 +138,7 @@ def _timeouts(ev: Events) -> list[Finding]:
            + f": find it (its own error earlier in its log, or a hang). Next run: {NEXT_RUN} "
              "(the flight-recorder dump names the missing rank), and `invoke preflight` on the "
              "nodes")
-    out.insert(0, Finding("job.timeout", Status.FAIL, summary, evidence, fix))
+    out.insert(0, Finding(FindingId.JOB_TIMEOUT, Status.FAIL, summary, evidence, fix))
     return out
 
 
@@ -166,7 +167,7 @@ def _desync(ev: Events) -> list[Finding]:
     lag = sorted({r for x in ev.desync_lagging for r in x.ranks})
     first = ev.desync_lagging[0]
     return [Finding(
-        "job.desync", Status.FAIL,
+        FindingId.JOB_DESYNC, Status.FAIL,
         f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first.ranks))}] "
         f"{first.what}",
         [f"[{', '.join(map(str, x.ranks))}] {x.what}" for x in ev.desync_lagging[:6]]
@@ -204,7 +205,7 @@ def _nccl_errors(ev: Events) -> list[Finding]:
             (x.what for x in ev.last_errors), "")
         op = next((e.op for e in es if e.op), None) or _op(ev, es)
         out.append(Finding(
-            "job.nccl_error", Status.FAIL,
+            FindingId.JOB_NCCL_ERROR, Status.FAIL,
             f"NCCL error '{kind}'" + (f" on {', '.join(where[:4])}" if where else "")
             + (f" in {op}" if op else "")
             + (f" (NCCL {version})" if version else "") + (f": {last}" if last else ""),
@@ -216,7 +217,7 @@ def _nccl_errors(ev: Events) -> list[Finding]:
         what = ev.last_errors[0].what
         op = _op(ev, ev.last_errors)
         out.append(Finding(
-            "job.nccl_error", Status.FAIL,
+            FindingId.JOB_NCCL_ERROR, Status.FAIL,
             "NCCL's last error" + (f" on {', '.join(where[:4])}" if where else "")
             + (f" in {op}" if op else "") + f": {what}",
             [f"Last error: {x.what}" for x in ev.last_errors[:4]],
@@ -267,14 +268,15 @@ def _cuda(ev: Events) -> list[Finding]:
             fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
         hardware = _HARDWARE.search(what) is not None
         alloc = _ALLOC.search(what) is not None
-        out.append(Finding("job.cuda_error", Status.FAIL, f"{_who(es)} hit CUDA error: {what}"
+        out.append(Finding(FindingId.JOB_CUDA_ERROR, Status.FAIL,
+                           f"{_who(es)} hit CUDA error: {what}"
                            + (" (a GPU hardware fault, not the code's)" if hardware else ""),
                            [e.line for e in es[:4]], fix,
                            "hardware" if hardware else ALLOC if alloc else ""))
     if ev.ooms:
         o = first(ev.ooms)
         out.append(Finding(
-            "job.cuda_oom", Status.FAIL,
+            FindingId.JOB_CUDA_OOM, Status.FAIL,
             f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o.size}"
             + (f" on GPU {o.gpu} ({o.total} total)" if o.gpu else ""),
             [e.line for e in ev.ooms[:4]],
@@ -292,7 +294,7 @@ def _xids(ev: Events) -> list[Finding]:
     causes = sorted({x.cause for x in ev.xids if x.cause})
     named = ", ".join(f"Xid {c}" + (f" ({XIDS[c]})" if c in XIDS else "") for c in codes)
     return [Finding(
-        "job.gpu_xid", Status.FAIL,
+        FindingId.JOB_GPU_XID, Status.FAIL,
         f"the GPU driver reported {named} on {len(gpus)} GPU(s) ({', '.join(gpus[:4])})"
         + (f" of {', '.join(hosts)}" if hosts else "")
         + (f"; the first error was Xid {', '.join(map(str, causes))}" if causes else ""),
@@ -307,7 +309,7 @@ def _stuck(ev: Events) -> list[Finding]:
     if not ev.stuck:
         return []
     return [Finding(
-        "job.watchdog_stuck", Status.FAIL,
+        FindingId.JOB_WATCHDOG_STUCK, Status.FAIL,
         f"the NCCL watchdog of {_who(ev.stuck)} got stuck for "
         f"{max(s.seconds for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
         [f"{_where(s.rank, s.host)}: stuck for {s.seconds} s" for s in ev.stuck[:6]],
@@ -325,7 +327,7 @@ def _nccl_debug(ev: Events) -> list[Finding]:
         return []
     fs = [f for f in nccl_log.findings(ev.nccl) if f.status is not Status.SKIP]
     if any(e.errno for e in ev.ibv):  # `_ibv` says it, with the advice of its errno
-        fs = [f for f in fs if f.id != "nccl.system_error"
+        fs = [f for f in fs if f.id != FindingId.NCCL_SYSTEM_ERROR
               or not all("ibv_" in x for x in f.evidence)]
     return fs
 
@@ -361,7 +363,7 @@ def _ibv(ev: Events) -> list[Finding]:
                       or e.pid})
         op = _op(ev, es)
         out.append(Finding(
-            "nccl.ibverbs_call", Status.FAIL,
+            FindingId.NCCL_IBVERBS_CALL, Status.FAIL,
             f"{', '.join(calls)} failed" + (f" with {errno}" if errno else "")
             + (f" ({es[0].error})" if es[0].error else "")
             + (f" on {', '.join(who[:4])}" if who else "") + (f" in {op}" if op else ""),
@@ -371,37 +373,69 @@ def _ibv(ev: Events) -> list[Finding]:
     return out
 
 
-ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_error",
-         "job.device_assert", "job.kernel_abi", "job.script", "nccl.ib_completion", "nccl.cuda",
-         "job.cuda_oom", "job.accelerator_oom", "job.compiler", "job.numerics", "job.data",
-         "job.exception",  # a rank's own exception: before what other processes did after it
-         "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "job.mpi_abort",
-         "nccl.ibverbs",
-         "job.hang",  # the flight recorder's root rank: before what the other ranks saw
-         "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.bootstrap",
-         "job.rendezvous", "nccl.socket", "job.nccl_net", "job.nccl_error", "job.root_cause",
-         "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.scheduler",
-         "nccl.net", "nccl.transport"]
+ORDER: list[str] = [  # FindingId members (each the string it names)
+    FindingId.JOB_GPU_XID,
+    FindingId.JOB_HARDWARE,
+    FindingId.JOB_OOM_KILLER,
+    FindingId.JOB_DISK,
+    FindingId.JOB_CUDA_ERROR,
+    FindingId.JOB_DEVICE_ASSERT,
+    FindingId.JOB_KERNEL_ABI,
+    FindingId.JOB_SCRIPT,
+    FindingId.NCCL_IB_COMPLETION,
+    FindingId.NCCL_CUDA,
+    FindingId.JOB_CUDA_OOM,
+    FindingId.JOB_ACCELERATOR_OOM,
+    FindingId.JOB_COMPILER,
+    FindingId.JOB_NUMERICS,
+    FindingId.JOB_DATA,
+    FindingId.JOB_EXCEPTION,  # a rank's own exception: before what other processes did after it
+    FindingId.NCCL_IBVERBS_CALL,
+    FindingId.NCCL_SYSTEM_ERROR,
+    FindingId.NCCL_SHM,
+    FindingId.JOB_SIGNAL,
+    FindingId.JOB_MPI_ABORT,
+    FindingId.NCCL_IBVERBS,
+    FindingId.JOB_HANG,  # the flight recorder's root rank: before what the other ranks saw
+    FindingId.JOB_WATCHDOG_STUCK,
+    FindingId.JOB_DESYNC,
+    FindingId.JOB_STALL,
+    FindingId.JOB_ODD_RANK,
+    FindingId.JOB_BOOTSTRAP,
+    FindingId.JOB_RENDEZVOUS,
+    FindingId.NCCL_SOCKET,
+    FindingId.JOB_NCCL_NET,
+    FindingId.JOB_NCCL_ERROR,
+    FindingId.JOB_ROOT_CAUSE,
+    FindingId.JOB_RAY_WORKER,
+    FindingId.NCCL_PEER_LOST,
+    FindingId.JOB_TIMEOUT,
+    FindingId.JOB_SCHEDULER,
+    FindingId.NCCL_NET,
+    FindingId.NCCL_TRANSPORT,
+]
 
 
 def _rank_of(f: Finding, ev: Events | None = None) -> tuple[int, int]:
     rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
     if ev is not None and _is_consequence(f, ev):  # listed after (and under) its cause
         return (f.status is not Status.FAIL, ORDER.index(_CAUSE[f.id]) + 1)
-    if f.id == "job.root_cause" and f.kind in ("user", "framework"):  # the rank's own error
-        rank = ORDER.index("job.signal") - 1
-    elif f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
-        rank = ORDER.index("job.timeout") + 1
-    if f.id == "job.signal" and f.kind == "launcher":  # the root cause's exit code, again
-        rank = ORDER.index("job.root_cause") + 1
-    if f.id == "job.signal" and f.kind in ("agent", "SIGTERM"):  # sent from outside
-        rank = ORDER.index("job.scheduler") + 1
+    # the rank's own error
+    if f.id == FindingId.JOB_ROOT_CAUSE and f.kind in ("user", "framework"):
+        rank = ORDER.index(FindingId.JOB_SIGNAL) - 1
+    elif f.id == FindingId.JOB_ROOT_CAUSE and "SIGABRT" in f.summary:  # the watchdog's doing
+        rank = ORDER.index(FindingId.JOB_TIMEOUT) + 1
+    if f.id == FindingId.JOB_SIGNAL and f.kind == "launcher":  # the root cause's exit code, again
+        rank = ORDER.index(FindingId.JOB_ROOT_CAUSE) + 1
+    if f.id == FindingId.JOB_SIGNAL and f.kind in ("agent", "SIGTERM"):  # sent from outside
+        rank = ORDER.index(FindingId.JOB_SCHEDULER) + 1
     return (f.status is not Status.FAIL, rank)
 
 
 # a consequence's finding id -> the id of the finding of its cause
-_CAUSE = {"job.signal": "job.timeout", "job.root_cause": "job.timeout",
-          "job.cuda_error": "job.cuda_oom"}
+_CAUSE: dict[str, str] = {FindingId.JOB_SIGNAL: FindingId.JOB_TIMEOUT,
+                          FindingId.JOB_ROOT_CAUSE: FindingId.JOB_TIMEOUT,
+                          FindingId.JOB_CUDA_ERROR: FindingId.JOB_CUDA_OOM}
 
 
 def _aborted(ev: Events) -> list[tuple[int | None, str]]:
@@ -416,11 +450,11 @@ def _aborted(ev: Events) -> list[tuple[int | None, str]]:
 def _is_consequence(f: Finding, ev: Events) -> bool:
     """A finding another one explains: an abort after NCCL's watchdog timed out (the watchdog
     aborts its process), a math library's allocation failure after running out of memory."""
-    if f.id == "job.cuda_error":
+    if f.id == FindingId.JOB_CUDA_ERROR:
         return f.kind == ALLOC and bool(ev.ooms)
-    if f.id == "job.signal" and f.kind in ("SIGABRT", "launcher"):
+    if f.id == FindingId.JOB_SIGNAL and f.kind in ("SIGABRT", "launcher"):
         return bool(ev.timeouts) and bool(_aborted(ev))
-    if f.id == "job.root_cause":
+    if f.id == FindingId.JOB_ROOT_CAUSE:
         return bool(ev.timeouts) and f.kind == "signal" and any(
             x.exitcode == -6 for x in ev.failures)
     return False
@@ -434,13 +468,13 @@ def _under_causes(fs: list[Finding], ev: Events) -> list[Finding]:
         ops = {t.rank: t.op for t in ev.timeouts}
         every = " and ".join(sorted(set(ops.values())))
         for rank, how in dict.fromkeys(_aborted(ev)):
-            notes["job.timeout"].append(
+            notes[FindingId.JOB_TIMEOUT].append(
                 f"consequence: rank {rank}'s {how} follows its NCCL watchdog timeout in "
                 f"{ops[rank]}" if rank in ops else
                 f"consequence: the {how} of {f'rank {rank}' if rank is not None else 'a process'}"
                 f" follows the NCCL watchdog timeout in {every}")
-    if ev.ooms and any(f.id == "job.cuda_error" and _is_consequence(f, ev) for f in fs):
-        notes["job.cuda_oom"] += [
+    if ev.ooms and any(f.id == FindingId.JOB_CUDA_ERROR and _is_consequence(f, ev) for f in fs):
+        notes[FindingId.JOB_CUDA_OOM] += [
             f"consequence: {e.what} follows running out of GPU memory"
             for e in ev.cuda_errors if _ALLOC.search(e.what)][:2]
     return [Finding(f.id, f.status, f.summary, f.evidence + notes.pop(f.id, []), f.fix, f.kind)
@@ -453,8 +487,8 @@ def findings(ev: Events) -> list[Finding]:
     or a clean end."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
           + _stuck(ev) + rootcause.findings(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
-          + outcome.table(ev, skip=frozenset({"job.rendezvous"} | (
-              {"job.scheduler"} if ev.cancelled else set()))))
+          + outcome.table(ev, skip=frozenset({FindingId.JOB_RENDEZVOUS} | (
+              {FindingId.JOB_SCHEDULER} if ev.cancelled else set()))))
     quoted = {e for f in fs if f.status is Status.FAIL for e in f.evidence}
     fs += rootcause.exception_findings(ev, quoted)
     fs.sort(key=lambda f: _rank_of(f, ev))
