@@ -368,8 +368,9 @@ class Events:
     # failure-looking lines, no signature yet
     failing: list[Failing] = field(default_factory=list)
     ends: list[End] = field(default_factory=list)  # normal ends (launchers, trainers)
-    # rank -> its traceback no exception line has closed yet (its last frame)
-    tracebacks: dict[int | None, Failing] = field(default_factory=dict)
+    # rank -> its traceback no exception line has closed yet: its last line (a frame), when it
+    # was read, the frame (file:line); made a failure only if the logs end with it open
+    tracebacks: dict[int | None, tuple[Line, int, str]] = field(default_factory=dict)
     prompts: list[str] = field(default_factory=list)  # hosts of shell prompts in the log
     pods: list[str] = field(default_factory=list)  # kubectl's pod rows: the pods named
     # the logs' last lines (jobs.read: `end_state`)

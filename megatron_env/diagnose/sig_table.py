@@ -21,8 +21,8 @@ from typing import Any
 
 from megatron_env.diagnose import sig_end
 from megatron_env.diagnose.ids import FindingId
-from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import NCCL_ORIGIN, Events, Failing, Hit, rank_of
+from megatron_env.diagnose.joblog import Line, local_rank
+from megatron_env.diagnose.model import NCCL_ORIGIN, Events, Failing, Hit, rank_of, stamp
 
 
 @dataclass(frozen=True)
@@ -426,22 +426,25 @@ def _traceback(ev: Events, line: Line, t: str, ahead: deque[Line],
 
 
 def _open(ev: Events, line: Line, t: str, frame: str) -> None:
+    """The rank's traceback is open at this line (cheap: a frame line is common; the failure is
+    made, and placed, only for a traceback still open at the end)."""
     rank = rank_of(line)
-    if rank not in ev.tracebacks and len(ev.tracebacks) >= 64:
-        return
     seen = ev.tracebacks.get(rank)
-    x = Failing(kind="traceback", line=t.strip(), rank=rank, host=line.host,
-                frame=frame or (seen.frame if seen else ""))
-    ev.current = line
-    ev.place(x)
-    ev.tracebacks[rank] = x
+    if seen is None and len(ev.tracebacks) >= 64:
+        return
+    ev.tracebacks[rank] = (line, ev.lines, frame or (seen[2] if seen else ""))
 
 
 def cut_tracebacks(ev: Events) -> None:
     """The tracebacks no exception line closed by the end of the logs: each a failure whose
-    exception line was cut off (kept with the failure-looking lines)."""
-    for x in ev.tracebacks.values():
+    exception line was cut off (kept with the failure-looking lines), placed where its last
+    line was read."""
+    for rank, (line, seq, frame) in ev.tracebacks.items():
         if len(ev.failing) < 64:
+            x = Failing(kind="traceback", line=line.text.strip(), rank=rank, host=line.host,
+                        frame=frame, source=line.source, number=line.number, seq=seq,
+                        time=stamp(line.raw or line.text),
+                        local=local_rank(line.raw) if line.raw else None)
             ev.failing.append(x)
     ev.tracebacks.clear()
 
