@@ -16,7 +16,10 @@ whose one measurement has not been taken yet (the tests leave them alone until t
 
 The tune2/heldout2 halves (issue 42's logs) were split by a seeded shuffle within each family
 before the tool was run on any of them (tests/fixtures/job-logs/README.md, "Split of issue 42's
-logs")."""
+logs"). The tune3/heldout3 halves (issue 51's logs) by the parity of sha256(file name), before
+any run; their checks: `exit:N` asks for that exit status, `lead:` (a pattern, any case) for a
+first finding that fails and names it in its id, status or summary, `nofail` for no finding whose
+JSON status is "fail" (a run cut mid-way is inconclusive, not a failure)."""
 
 from __future__ import annotations
 
