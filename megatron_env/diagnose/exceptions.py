@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
+
+from megatron_env import recipes
 
 # exception type -> family (families.FAMILIES' names)
 BY_TYPE: dict[str, str] = {
@@ -47,19 +50,26 @@ _CONSEQUENCE_WORDS = re.compile(
     r"Watchdog caught collective operation timeout|NCCL communicator was aborted|"
     r"Connection reset by peer|Broken pipe|remote process exited|Socket Timeout")
 
-# a package in the innermost frame's path -> family
+# a package in the innermost frame's path -> family (the kernel packages this project builds
+# come from its recipes, `_kernel_packages`, which alone name them)
 BY_PACKAGE: list[tuple[str, str]] = [
     ("torch/_inductor", "compiler"), ("torch\\_inductor", "compiler"),
     ("torch/_dynamo", "compiler"), ("torch\\_dynamo", "compiler"),
     ("/triton/", "compiler"), ("\\triton\\", "compiler"),
     # Megatron's argument checks: the run's configuration, which the user writes
     ("megatron/training/arguments.py", "user"),
-    # kernel libraries and frameworks: an installation or framework fault
-    ("flash_attn", "framework"), ("transformer_engine", "framework"), ("/apex/", "framework"),
+    # other kernel libraries and the frameworks: an installation or framework fault
     ("xformers", "framework"), ("deep_ep", "framework"), ("grouped_gemm", "framework"),
     ("bitsandbytes", "framework"), ("mamba_ssm", "framework"), ("causal_conv1d", "framework"),
     ("/megatron/", "framework"), ("/nemo/", "framework"), ("/deepspeed/", "framework"),
 ]
+
+
+@cache
+def _kernel_packages() -> tuple[str, ...]:
+    """The import names of the kernel packages the recipes build (a frame inside one is a
+    kernel library's error: the framework family's)."""
+    return tuple(r.name.replace("-", "_") for r in recipes.declared().values())
 _NON_FINITE = re.compile(r"\b(?:nan|inf|non-finite|not finite)\b.*\b(?:loss|grad)|"
                          r"\b(?:loss|grad)\w*\b.*\b(?:nan|inf|non-finite|not finite)\b", re.I)
 
@@ -80,6 +90,8 @@ def classify(name: str, frame: str, line: str, where: str) -> Kind:
     if name in BY_TYPE:
         return Kind(BY_TYPE[name], consequence)
     path = frame.rsplit(":", 1)[0]
+    if any(f"/{name}/" in path or f"\\{name}\\" in path for name in _kernel_packages()):
+        return Kind("framework", consequence)
     for part, fam in BY_PACKAGE:
         if part in path:
             return Kind(fam, consequence)
