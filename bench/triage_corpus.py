@@ -16,7 +16,10 @@ whose one measurement has not been taken yet (the tests leave them alone until t
 
 The tune2/heldout2 halves (issue 42's logs) were split by a seeded shuffle within each family
 before the tool was run on any of them (tests/fixtures/job-logs/README.md, "Split of issue 42's
-logs")."""
+logs"). The tune3/heldout3 halves (issue 51's logs) by the parity of sha256(file name), before
+any run; their checks: `exit:N` asks for that exit status, `lead:` (a pattern, any case) for a
+first finding that fails and names it in its id, status or summary, `nofail` for no finding whose
+JSON status is "fail" (a run cut mid-way is inconclusive, not a failure)."""
 
 from __future__ import annotations
 
@@ -898,7 +901,81 @@ HELDOUT2: dict[str, list[str]] = {
         "not:job.stopped"],
 }
 
-SPLITS = {"tune": TUNE, "heldout": HELDOUT, "tune2": TUNE2, "heldout2": HELDOUT2}
+# issue 51's logs: each file's half chosen by the parity of sha256(file name) before the tool
+# ran on any of them; a failure asks for exit 1 and a first finding that names the cause
+# (`lead:`), a run cut mid-way for exit 3 and no failing finding in JSON (`nofail`)
+TUNE3 = {
+    'bus-error-ncclgetuniqueid-fatal-python-megatrondeepspeed341.log': [
+        'exit:1', 'lead:(?i)SIGBUS|bus error'],
+    'torchrun-root-cause-then-shell-prompt-oevortexunsloth4.log': ['exit:1', 'lead:rank 0'],
+    'cut-traceback-double-rank-prefix-torchtitan3360.log': ['exit:1', 'lead:(?i)rank 0.*traceback'],
+    'torchrun-python-logging-failed-then-cut-traceback-chinesevicuna113.log': [
+        'exit:1', 'lead:local rank 0'],
+    'cut-interleaved-tracebacks-two-ranks-deepspeed4153.log': ['exit:1', 'lead:(?i)traceback'],
+    'cut-traceback-logger-prefix-deepspeed-backward-finetrainers139.log': [
+        'exit:1', 'lead:(?i)traceback'],
+    'cut-traceback-pdsh-worker-rank22-deepspeed6737.log': [
+        'exit:1', 'lead:rank 22.*traceback|traceback.*rank 22'],
+    'deepspeed-launcher-info-then-nameerror-two-ranks-deepspeed618.log': [
+        'exit:1', "lead:NameError: name 'garbageeeeee' is not defined"],
+    'stop-torchtitan-step-lines-rank0-titan-cut-torchtitan950.log': ['inconclusive', 'nofail'],
+    'torchrun-python-logging-sigbus-after-deepspeed-info-xtuner80.log': ['exit:1', 'lead:SIGBUS'],
+    'vllm-engine-flashattention-ampere-worker-died-vllm8189.log': [
+        'exit:1', 'lead:FlashAttention only supports Ampere'],
+    'inductor-triton-heuristics-e-lines-generated-code-pytorch148551.log': [
+        'exit:1', 'lead:(?i)triton|inductor|compil'],
+    'inductor-triton-heuristics-windows-e-lines-nanochat502.log': [
+        'exit:1', 'lead:(?i)triton|inductor|compil'],
+    'epoch-then-unindented-cut-traceback-nnunet-triton3708.log': ['exit:1', 'lead:(?i)traceback'],
+    'client-socket-no-route-then-any-address-pytorch85300.log': [
+        'exit:1', 'lead:(?i)no route to host|192\\.168\\.1\\.99'],
+    'cut-traceback-rank15-fsdp-hybrid-shard-quoted-bagel295.log': [
+        'exit:1', 'lead:rank 15.*traceback|traceback.*rank 15'],
+    'spawn-process2-flash-attn-rotary-runtimeerror-sedd5.log': [
+        'exit:1', 'lead:cannot reshape tensor of 0 elements'],
+    'watchdog-broadcast-ray-actor-pg-rank-lmmr1-67.log': ['exit:1', 'lead:BROADCAST'],
+    'watchdog-broadcast-three-ranks-then-cut-traceback-gcd6.log': ['exit:1', 'lead:BROADCAST'],
+    'torchrun-root-cause-rank1-sigabrt-signal6-nccl1439.log': ['exit:1', 'lead:rank 1.*SIGABRT'],
+    'clean-wandb-program-ended-successfully-sync-hint-wandb367.log': ['clean'],
+    'stop-cellpose-epoch-time-loss-lines-cut-cellpose450.log': ['inconclusive', 'nofail'],
+}
+
+HELDOUT3 = {
+    'torchrun-failed-local-rank5-childfailed-cut-moddednanogpt8.log': [
+        'exit:1', 'lead:local rank 5'],
+    'stop-nemo-epoch0-progress-then-info-nemospeech6457.log': ['inconclusive', 'nofail'],
+    'assertion-rank-prefix-then-launcher-e-line-tttvideodit22.log': [
+        'exit:1', 'lead:AssertionError: Sequence len must be multiple of mini batch size'],
+    'cut-traceback-after-tqdm-hf-trainer-transformers28872.log': ['exit:1', 'lead:(?i)traceback'],
+    'error-main-failed-then-cut-traceback-dolly167.log': [
+        'exit:1', 'lead:(?i)main failed|traceback'],
+    'stop-hf-trainer-loss-lines-deepspeed-step-transformers9996.log': ['inconclusive', 'nofail'],
+    'stop-deepspeed-see-memory-usage-info-deepspeed2302.log': ['inconclusive', 'nofail'],
+    'torchrun-table-many-failures-root-rank0-slrt66.log': ['exit:1', 'lead:rank 0'],
+    'stop-megatron-iteration-lines-cut-megatronllm11.log': ['inconclusive', 'nofail'],
+    'deepspeed-sigkill-handler-return-code-9-deepspeed3232.log': ['exit:1', 'lead:SIGKILL|-9'],
+    'stop-deepspeed-config-print-lines-deepspeed5218.log': ['inconclusive', 'nofail'],
+    'flashattention-ampere-one-line-windows-c10-frames-iftrellis40.log': [
+        'exit:1', 'lead:FlashAttention only supports Ampere'],
+    'cut-traceback-rank0-prefix-diffusion-pipe-diffusionpipe137.log': [
+        'exit:1', 'lead:rank 0.*traceback|traceback.*rank 0'],
+    'env-rendezvous-tcpstore-host-not-found-examples540.log': [
+        'exit:1', 'lead:(?i)host not found|name resolution|Name or service not known'],
+    'cut-traceback-rank3-fsdp-optimizer-step-trl3375.log': [
+        'exit:1', 'lead:rank 3.*traceback|traceback.*rank 3'],
+    'spawn-process3-terminated-cut-traceback-fairseq3353.log': [
+        'exit:1', 'lead:(?i)process 3|traceback'],
+    'fsdp-warning-then-rich-traceback-box-cut-pytorch103367.log': ['exit:1', 'lead:(?i)traceback'],
+    'watchdog-allreduce-terminal-escapes-what-monaimodelzoo685.log': [
+        'exit:1', 'lead:(?i)timed out in ALLREDUCE|ALLREDUCE.*SeqNum 7'],
+    'frames-sigterm-failed-sigabrt-local-rank3-accelerate3861.log': [
+        'exit:1', 'lead:local rank 3.*SIGABRT'],
+    'stop-epoch-complete-checkpoint-saved-info-mst7.log': ['inconclusive', 'nofail'],
+    'watchdog-stuck-after-torchrun-banner-pytorch163546.log': ['exit:1', 'lead:(?i)stuck'],
+}
+
+SPLITS = {"tune": TUNE, "heldout": HELDOUT, "tune2": TUNE2, "heldout2": HELDOUT2,
+          "tune3": TUNE3, "heldout3": HELDOUT3}
 
 # held-out logs whose one measurement has not been taken yet: none (all were measured once)
 NOT_YET_MEASURED: set[str] = set()
@@ -920,12 +997,21 @@ def holds(check: str, findings, text: str, lines: int | None = None) -> bool:
         return not any(f.status == "fail" for f in findings) and triage_exit(findings) == 0
     if check == "inconclusive":
         return triage_exit(findings) == 3
+    if check.startswith("exit:"):
+        return triage_exit(findings) == int(check[5:])
+    if check == "nofail":  # what a script reading `--json` sees: no finding says "fail"
+        return not any(f.to_dict()["status"] == "fail" for f in findings)
+    if check.startswith("lead:"):  # the first finding fails and names the cause
+        f = findings[0] if findings else None
+        return f is not None and f.status == "fail" and re.search(
+            check[5:], f"{f.id} {f.status} {f.summary}", re.I) is not None
     if check.startswith("lines:"):
         return lines == int(check[6:])
     if check.startswith("not:"):
         return not holds(check[4:], findings, text, lines)
     if check.startswith("id:"):
-        return any(f.id == check[3:] and f.status == "fail" for f in findings)
+        # a finding that did not pass: a failure, or (job.stopped) one that cannot tell
+        return any(f.id == check[3:] and f.status in ("fail", "inconclusive") for f in findings)
     if check.startswith("first:"):
         return bool(findings) and findings[0].id == check[6:]
     if check.startswith("re:"):

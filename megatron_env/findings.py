@@ -14,6 +14,12 @@ from typing import Any, Protocol
 from megatron_env import output
 from megatron_env.errors import UserError
 
+# the kind (and family) of a finding that says the input cannot tell (triage's log that stops
+# with neither an error nor an end): exit 3 when nothing failed, so a wrapper tells "failed" (1)
+# from "cannot tell" (3); 2 stays bad input, 70 a bug, 130 and 141 signals
+INCONCLUSIVE = "inconclusive"
+EXIT_INCONCLUSIVE = 3
+
 
 class Status(str, Enum):
     """A check's verdict, and everything said about it, defined here once: its word (the same in
@@ -25,29 +31,32 @@ class Status(str, Enum):
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skip"
+    # the input cannot tell (triage's log with neither a failure nor an end): not a failure to
+    # a script that reads JSON, and exit 3 when nothing failed (`exit_code`)
+    INCONCLUSIVE = "inconclusive"
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def rank(self) -> int:
-        """Worst first: fail 0, warn 1, skip 2, pass 3."""
+        """Worst first: fail 0, inconclusive 1, warn 2, skip 3, pass 4."""
         return _RANK.index(self)
 
     @property
     def exit_code(self) -> int:
-        """A command's exit status for this verdict: 1 when a check failed; warnings and skips
-        do not fail a run."""
-        return 1 if self is Status.FAIL else 0
+        """A command's exit status for this verdict: 1 when a check failed, 3 when it cannot
+        tell; warnings and skips do not fail a run."""
+        return 1 if self is Status.FAIL else EXIT_INCONCLUSIVE if self is Status.INCONCLUSIVE else 0
 
     @property
     def health_code(self) -> int:
         """The health-checker scale fleet preflight exits with (gcm's and Nagios's OK / WARNING
         / CRITICAL): 0 pass or skip, 1 warn, 2 fail."""
-        return {Status.FAIL: 2, Status.WARN: 1}.get(self, 0)
+        return {Status.FAIL: 2, Status.WARN: 1, Status.INCONCLUSIVE: 1}.get(self, 0)
 
 
-_RANK = (Status.FAIL, Status.WARN, Status.SKIP, Status.PASS)
+_RANK = (Status.FAIL, Status.INCONCLUSIVE, Status.WARN, Status.SKIP, Status.PASS)
 
 
 @dataclass(frozen=True)
@@ -110,20 +119,12 @@ def worst(findings: list[Finding]) -> Status:
     return min(judged, key=lambda s: s.rank)
 
 
-# the kind of a failing finding that says the input cannot tell (triage's log that stops with
-# neither an error nor an end): exit 3 when nothing else failed, so a wrapper tells "failed" (1)
-# from "cannot tell" (3); 2 stays bad input, 70 a bug, 130 and 141 signals
-INCONCLUSIVE = "inconclusive"
-EXIT_INCONCLUSIVE = 3
-
-
 def exit_code(findings: list[Finding]) -> int:
-    """0 when nothing failed, 1 when a check failed (warnings do not fail a run), 3 when the
-    only failing findings are inconclusive."""
-    failed = [f for f in findings if f.status is Status.FAIL]
-    if failed and all(f.kind == INCONCLUSIVE for f in failed):
-        return EXIT_INCONCLUSIVE
-    return max((f.status.exit_code for f in findings), default=0)
+    """0 when nothing failed, 1 when a check failed (warnings do not fail a run), 3 when nothing
+    failed but a finding cannot tell (`Status.INCONCLUSIVE`)."""
+    statuses = {f.status for f in findings}
+    return (1 if Status.FAIL in statuses else
+            EXIT_INCONCLUSIVE if Status.INCONCLUSIVE in statuses else 0)
 
 
 def summary_line(findings: list[Finding]) -> str:

@@ -30,6 +30,7 @@ MEANING = {
     "warn": "yellow", "skipped": "yellow", "differs": "yellow", "would run": "cyan",
     "fail": "red", "failed": "red", "missing": "red", "stale": "red", "error": "red",
     "skip": "dim", "not run": "dim", "hint": "cyan", "warning": "yellow",
+    "inconclusive": "yellow",
 }
 
 

@@ -80,7 +80,9 @@ def test_secret_valued_environment_variables_anywhere():
 # Kubernetes pod, a student id, a temporary directory, a Google Drive id): the shape pass masks
 # them, and nothing else (the false-positive rate is measured by bench/redact_corpus.py).
 RANDOM_HOSTS = {"mlxlab115rp2n7682d40d9-20250521025625-6dyyd3-8nir8b-worker", "ai22mtech12005",
-                "compute_world_size-mpr03nzqvvg3td_nu4r0f6t", "1y7MmnvpzyjPJQsmpSaAXCsa4J7YYBiKp"}
+                "compute_world_size-mpr03nzqvvg3td_nu4r0f6t", "1y7MmnvpzyjPJQsmpSaAXCsa4J7YYBiKp",
+                # a wandb run's generated directory name (clean-wandb-...-wandb367.log)
+                "run-20190607_153421-jhgjl15c"}
 
 
 def test_real_job_logs_pass_through_unchanged_but_generated_host_names():

@@ -14,7 +14,7 @@ from megatron_env import findings
 from megatron_env.findings import Finding, Status
 from megatron_env.fleet.analysis import NodeResult, Report
 
-WORDS = ["pass", "warn", "fail", "skip"]
+WORDS = ["pass", "warn", "fail", "skip", "inconclusive"]
 statuses = st.sampled_from(list(Status))
 finding_lists = st.lists(st.builds(Finding, st.sampled_from(["a.x", "b.y"]), statuses,
                                    st.text(max_size=5)), max_size=6)
@@ -24,8 +24,8 @@ def test_the_words_are_the_json_and_text_values() -> None:
     assert [s.value for s in Status] == WORDS
     assert [str(s) for s in Status] == [f"{s}" for s in Status] == WORDS
     assert json.dumps(list(Status)) == json.dumps(WORDS)
-    assert sorted(Status, key=lambda s: s.rank) == [Status.FAIL, Status.WARN, Status.SKIP,
-                                                     Status.PASS]
+    assert sorted(Status, key=lambda s: s.rank) == [Status.FAIL, Status.INCONCLUSIVE,
+                                                     Status.WARN, Status.SKIP, Status.PASS]
 
 
 def test_a_word_becomes_the_member_and_an_unknown_word_is_refused() -> None:
@@ -62,7 +62,8 @@ def test_json_is_byte_compatible() -> None:
     "pass": 1,
     "warn": 0,
     "fail": 1,
-    "skip": 0
+    "skip": 0,
+    "inconclusive": 0
   }
 }"""
     assert type(json.loads(doc)["findings"][0]["status"]) is str
@@ -71,9 +72,10 @@ def test_json_is_byte_compatible() -> None:
 @given(finding_lists)
 def test_every_reader_follows_the_one_definition(fs: list[Finding]) -> None:
     seen = {f.status.value for f in fs}
-    assert findings.exit_code(fs) == (1 if "fail" in seen else 0)
+    assert findings.exit_code(fs) == (1 if "fail" in seen else 3 if "inconclusive" in seen
+                                      else 0)
     judged = seen - {"skip"}
-    want = next((w for w in ["fail", "warn", "pass"] if w in judged),
+    want = next((w for w in ["fail", "inconclusive", "warn", "pass"] if w in judged),
                 "skip" if fs else "pass")
     assert findings.worst(fs) == want
     rows = findings.rows(fs)
@@ -88,6 +90,7 @@ def test_every_reader_follows_the_one_definition(fs: list[Finding]) -> None:
 def test_fleet_exits_on_the_health_scale(nodes: list[list[Finding]]) -> None:
     rep = Report([NodeResult(f"n{i}", fs) for i, fs in enumerate(nodes)])
     worst = {findings.worst(fs).value for fs in nodes}
-    assert rep.exit_code == (2 if "fail" in worst else 1 if "warn" in worst else 0)
+    assert rep.exit_code == (2 if "fail" in worst else 1 if worst & {"warn", "inconclusive"}
+                             else 0)
     assert rep.exclude == [f"n{i}" for i, fs in enumerate(nodes)
                            if findings.worst(fs) is Status.FAIL]

@@ -176,7 +176,7 @@ def test_nccl_debug_with_rank_tags_still_parses():
 
 def test_a_log_that_just_stops_is_a_failure_not_a_pass():
     fs = triage.triage(joblog.normalise("step 10 loss 2.3\nstep 20 loss 2.1\n"))
-    assert [(x.id, x.status) for x in fs] == [("job.stopped", "fail")]
+    assert [(x.id, x.status) for x in fs] == [("job.stopped", "inconclusive")]
 
 
 def test_ranks_read_as_a_person_would():

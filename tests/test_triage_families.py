@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from megatron_env.diagnose import jobs
+from megatron_env.diagnose import families, jobs
 
 from .conftest import FIXTURES
 
@@ -62,3 +62,19 @@ def test_the_cli_exits_1_for_each(tmp_path):
         r = subprocess.run([sys.executable, "-m", "invoke", "triage", str(CAPTURED / log)],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 1, r.stdout
+
+
+def test_every_id_triage_reports_is_a_finding_id_with_a_family():
+    """Finding ids are one enum (diagnose/ids.py): every finding of every log in the corpus has
+    an id that is a member (so, a family), and an id that is not one is refused."""
+    from megatron_env.diagnose.ids import FindingId
+    from megatron_env.findings import Finding
+
+    seen = set()
+    for log in sorted(FIXTURES.joinpath("job-logs").glob("*.log")):
+        seen |= {f.id for f in jobs.run([log])[0]}
+    assert seen <= {i.value for i in FindingId}
+    assert {i.value for i in FindingId} <= set(families.FAMILY_OF)
+    assert Finding(FindingId.JOB_TIMEOUT, "fail", "x").to_dict()["id"] == "job.timeout"
+    with pytest.raises(ValueError):
+        FindingId("job.timout")

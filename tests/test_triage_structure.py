@@ -248,7 +248,7 @@ def test_cli_reads_stdin_and_names_skipped_files(tmp_path):
 def test_signal_forms_name_signal_host_and_pid(line, name, host, pid):
     ev = events_mod.events(joblog.normalise(line))
     (s,) = ev.signals
-    assert (s["signal"], s["host"], s["pid"]) == (name, host, pid)
+    assert (s.signal, s.host, s.pid) == (name, host, pid)
 
 
 def test_job_model_keeps_what_it_knew_first():

@@ -25,6 +25,7 @@ from megatron_env.diagnose.model import (
     XIDS,
     Events,
     Lagging,
+    Stall,
     describe,
     from_origin,
     new_facts,
@@ -132,7 +133,7 @@ class _Reader:
         ev = self.ev
         if self.in_desync:
             if m := DESYNC_ENTRY.match(t):
-                ev.keep("desync_lagging",
+                ev.keep(ev.desync_lagging,
                         Lagging([int(x) for x in m.group(1).split(", ")], m.group(2)))
                 return True
             self.in_desync = False
@@ -142,8 +143,7 @@ class _Reader:
                 # "1: [op, ...]": the rank may have been read as an srun label already
                 rank, op = ((int(m.group(1)), m.group(2)) if m else
                             (line.rank, t[1:].split(",")[0].rstrip("]")))
-                ev.add("stalls", {"ranks": [rank], "ready": [], "op": op, "rank": None,
-                                  "host": line.host},
+                ev.add(Stall(ranks=[rank] if rank is not None else [], op=op, host=line.host),
                        key=(rank, op))
                 return True
             self.in_stall = False
@@ -182,12 +182,12 @@ class _Reader:
         if DESYNC_HEAD in t:
             self.in_desync = True
             if prev is not None and (m := DESYNC_AT.search(prev.text)):
-                ev.keep("desync", f"timeout at collective {m.group(1)} #{m.group(2)}")
+                ev.keep(ev.desync, f"timeout at collective {m.group(1)} #{m.group(2)}")
         elif "Snapshot of ranks' latest states" in t:
             for x in islice(ahead, 8):
                 if not x.text.startswith(" "):
                     break
-                ev.keep("desync", x.text.strip())
+                ev.keep(ev.desync, x.text.strip())
         elif "Missing ranks:" in t:
             self.in_stall = True
         elif "Root Cause (first observed failure)" in t:
@@ -214,6 +214,7 @@ def events(lines: Iterable[Line]) -> Events:
         r.line(prev, line, ahead)
     r.end_entry()
     ev = r.ev
+    sig_table.cut_tracebacks(ev)
     ev.current = None
     ev.flush()
     ev.failures = [f for f in ev.failures if f.rank is not None or f.local_rank is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.findings import INCONCLUSIVE
 
 
@@ -95,27 +96,31 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
 
 # finding id -> family; an id not listed is the framework's (`family`)
 FAMILY_OF: dict[str, str] = {
-    "job.gpu_xid": "hardware", "job.hardware": "hardware",
-    "job.oom_killer": "host", "job.disk": "host", "job.shm": "host",
-    "job.scheduler": "scheduler",
-    "job.rendezvous": "network", "job.bootstrap": "network", "nccl.socket": "network",
-    "job.timeout": "communication", "job.nccl_error": "communication",
-    "job.odd_rank": "communication", "job.hang": "communication",
-    "job.desync": "communication", "job.stall": "communication",
-    "job.watchdog_stuck": "communication", "job.nccl_net": "communication",
-    "nccl.ib_completion": "communication", "nccl.ibverbs_call": "communication",
-    "nccl.system_error": "communication", "nccl.ibverbs": "communication",
-    "nccl.peer_lost": "communication", "nccl.net": "communication",
-    "nccl.transport": "communication", "nccl.shm": "host", "nccl.cuda": "framework",
-    "job.numerics": "numerics", "job.data": "data",
-    "job.device_assert": "user", "job.script": "user", "job.accelerator_oom": "user",
-    "job.kernel_abi": "framework",
-    "job.compiler": "compiler", "job.mpi_abort": "abort",
-    "job.cuda_oom": "user", "job.exception": "user",
-    "job.cuda_error": "framework", "job.ray_worker": "framework",
-    "job.signal": "signal", "job.root_cause": "signal",
-    "job.unrecognised": "unrecognised", "job.stopped": INCONCLUSIVE, "job.clean": "clean",
-    "job.mixed": "clean",
+    FindingId.JOB_GPU_XID: "hardware", FindingId.JOB_HARDWARE: "hardware",
+    FindingId.JOB_OOM_KILLER: "host", FindingId.JOB_DISK: "host", FindingId.JOB_SHM: "host",
+    FindingId.JOB_SCHEDULER: "scheduler",
+    FindingId.JOB_RENDEZVOUS: "network", FindingId.JOB_BOOTSTRAP: "network",
+    FindingId.NCCL_SOCKET: "network",
+    FindingId.JOB_TIMEOUT: "communication", FindingId.JOB_NCCL_ERROR: "communication",
+    FindingId.JOB_ODD_RANK: "communication", FindingId.JOB_HANG: "communication",
+    FindingId.JOB_DESYNC: "communication", FindingId.JOB_STALL: "communication",
+    FindingId.JOB_WATCHDOG_STUCK: "communication", FindingId.JOB_NCCL_NET: "communication",
+    FindingId.NCCL_IB_COMPLETION: "communication", FindingId.NCCL_IBVERBS_CALL: "communication",
+    FindingId.NCCL_SYSTEM_ERROR: "communication", FindingId.NCCL_IBVERBS: "communication",
+    FindingId.NCCL_PEER_LOST: "communication", FindingId.NCCL_NET: "communication",
+    FindingId.NCCL_TRANSPORT: "communication", FindingId.NCCL_SHM: "host",
+    FindingId.NCCL_CUDA: "framework",
+    FindingId.JOB_NUMERICS: "numerics", FindingId.JOB_DATA: "data",
+    FindingId.JOB_DEVICE_ASSERT: "user", FindingId.JOB_SCRIPT: "user",
+    FindingId.JOB_ACCELERATOR_OOM: "user",
+    FindingId.JOB_KERNEL_ABI: "framework",
+    FindingId.JOB_COMPILER: "compiler", FindingId.JOB_MPI_ABORT: "abort",
+    FindingId.JOB_CUDA_OOM: "user", FindingId.JOB_EXCEPTION: "user",
+    FindingId.JOB_CUDA_ERROR: "framework", FindingId.JOB_RAY_WORKER: "framework",
+    FindingId.JOB_SIGNAL: "signal", FindingId.JOB_ROOT_CAUSE: "signal",
+    FindingId.JOB_UNRECOGNISED: "unrecognised", FindingId.JOB_STOPPED: INCONCLUSIVE,
+    FindingId.JOB_CLEAN: "clean",
+    FindingId.JOB_MIXED: "clean",
 }
 
 

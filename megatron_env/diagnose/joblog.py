@@ -55,6 +55,14 @@ _RECORD = re.compile(
     r"[\w.<>-]+:\d+:\d+ \[\d+\]|Traceback |frame #|\s*File \"|[\w.]*\w(?:Error|Exception|Warning)"
     r"\b|\[\d{4}-\d\d-\d\d|\d{4}-\d\d-\d\d|kernel: |NVRM|Root Cause|Failures:|\[\d+\]:|[=-]{8}|"
     r"\(\w+ pid=|\w{3} +\d+ \d\d:|\s*iteration\s+\d+/\s*\d+ \|")
+# a rule: one character repeated across the line (Megatron frames its evaluation report with
+# '-' * (len(report) + 1), the longest line of its log): printed whole, never text a terminal
+# wrapped, so the line after it is a line of its own
+_RULE = re.compile(r"\s*([-=_*#~+.])\1{7,}\s*$")
+# a record that is whole however wide it is: Megatron-LM's iteration line ends with its last
+# field's " |" (training.py's training_log), so the line after it is a record of its own (its
+# `[after training is done] datetime: ...`, a checkpoint's line)
+_WHOLE = re.compile(r"\s*(?:\[[\d-]+ [\d:]+\]\s*)?iteration\s+\d+/\s*\d+ \|.*\|\s*$")
 # a continuation a tool (not a terminal) broke off: it starts lower case or with the rest of a
 # PyTorch NCCL message
 _GO_ON = re.compile(r"[a-z]|WorkNCCL|OpType=|Numel|Timeout\(ms\)|SeqNum=|\d+[,)]")
@@ -145,7 +153,8 @@ def lines(raw: Iterable[str | int | tuple[str, tuple[str, ...]]], source: str = 
             cur = _Msg(body, number, rank if rank is not None else default_rank, host, line,
                        words)
         # a wrapped line fills the width with text; a padded one ends in spaces
-        prev_full = width is not None and len(line) == width and line[-2:] != "  "
+        prev_full = (width is not None and len(line) == width and line[-2:] != "  "
+                     and not _RULE.match(line) and not _WHOLE.match(body))
         prev = body
     if cur is not None:
         yield cur.line(source)

@@ -21,6 +21,7 @@ from megatron_env.diagnose import events as events_mod
 from megatron_env.diagnose import logfiles, nccl_log, sig_end, triage, twocore
 from megatron_env.diagnose.events import Events
 from megatron_env.diagnose.flight import report as flight
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.model import Placed
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding, Status
@@ -55,9 +56,9 @@ def merge(evs: list[Events]) -> Events:
 
 def _shift(x: object, offset: int) -> object:
     """An event of a later file, placed after the files read before it."""
-    if isinstance(x, Placed):
+    if isinstance(x, Placed):  # (the lists of quoted text and report entries stay as read)
         return replace(x, seq=x.seq + offset) if x.seq is not None else x
-    return {**x, "seq": x["seq"] + offset} if isinstance(x, dict) and "seq" in x else x
+    return x
 
 
 def _day(date: str) -> int:
@@ -200,7 +201,7 @@ def _run(per_file: dict[str, Events]) -> tuple[list[Finding], int, list[str]]:
     if len(groups) == 1:
         return triage.findings(merge(list(per_file.values()))), lines, list(per_file)
     mixed = Finding(
-        "job.mixed", Status.WARN,
+        FindingId.JOB_MIXED, Status.WARN,
         f"these logs look like {len(groups)} different jobs, triaged apart: "
         + "; ".join(f"({_label(g)})" for g in groups),
         reasons[:6], "triage one job's logs at a time (one directory per job)")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
 
-from megatron_env.diagnose.model import Events, first, in_time_order
+from megatron_env.diagnose.ids import FindingId
+from megatron_env.diagnose.model import Events, Hit, Rendezvous, Signal, first, in_time_order
 from megatron_env.findings import Finding, Status
 
 
@@ -45,30 +45,30 @@ _ranks = ranks
 def rendezvous(ev: Events) -> list[Finding]:
     """The rendezvous or store that failed: where the store was, who could not reach it, and
     whether a heartbeat was lost or a name did not resolve (the table's `job.rendezvous` hits)."""
-    hits = [h for h in ev.hits if h["id"] == "job.rendezvous"]
+    hits = [h for h in ev.hits if h.id == FindingId.JOB_RENDEZVOUS]
     if not ev.rendezvous and not hits:
         return []
-    items = in_time_order(ev.rendezvous + hits)
+    items: list[Rendezvous | Hit] = in_time_order([*ev.rendezvous, *hits])
     r = first(items)
-    store = next((x["store"] for x in items if x.get("store")), None) or next(
-        iter(ev.stores), None)
-    failed = [x for x in items if x.get("rank") is not None or x.get("host")]
-    rs = sorted({x["rank"] for x in failed if x.get("rank") is not None})
-    hosts = list(dict.fromkeys(x["host"] for x in failed if x.get("host")))
+    store = next((x.store for x in items if x.store), None) or next(iter(ev.stores), None)
+    failed = [x for x in items if x.rank is not None or x.host]
+    rs = sorted({x.rank for x in failed if x.rank is not None})
+    hosts = list(dict.fromkeys(x.host for x in failed if x.host))
     who = " on ".join(x for x in (ranks(rs) if rs else "", ", ".join(hosts[:4])) if x)
-    what = r.get("error", "") + (": " if r.get("error") else "") + r["what"]
-    kinds = {h["kind"] for h in hits}
+    error = r.error if isinstance(r, Rendezvous) else ""
+    what = error + (": " if error else "") + r.what
+    kinds = {h.kind for h in hits}
     kind = ("name resolution" if "name resolution" in kinds else
             "heartbeat" if "heartbeat" in kinds else "store")
     return [Finding(
-        "job.rendezvous", Status.FAIL,
+        FindingId.JOB_RENDEZVOUS, Status.FAIL,
         {"name resolution": "a host name did not resolve",
          "heartbeat": "a node lost the rendezvous' heartbeat",
          "store": "the rendezvous failed"}[kind]
         + (f": {who} could not reach" if who else ": could not reach")
         + (f" the store at {store}" if store else " the store")
         + (f" ({what})" if what else ""),
-        [x["line"] if "line" in x else f"{x['host'] or 'a rank'}: {x['error']}: {x['what']}"
+        [x.line if isinstance(x, Hit) else f"{x.host or 'a rank'}: {x.error}: {x.what}"
          for x in items[:4]] + [f"store address: {s}" for s in ev.stores[:4]],
         _RDZV_FIX[kind], kind)]
 
@@ -92,11 +92,11 @@ def ray_deaths(ev: Events) -> list[Finding]:
         return []
     d = ev.ray_deaths
     return [Finding(
-        "job.ray_worker", Status.FAIL,
-        f"a Ray worker died: PID {d[0]['pid']} on {d[0]['ip']}"
-        + (f" ({d[0]['exit']})" if d[0]["exit"] else "")
+        FindingId.JOB_RAY_WORKER, Status.FAIL,
+        f"a Ray worker died: PID {d[0].pid} on {d[0].ip}"
+        + (f" ({d[0].exit})" if d[0].exit else "")
         + (f", and {len(d) - 1} more" if len(d) > 1 else ""),
-        [f"worker PID {x['pid']} on {x['ip']}: {x['exit'] or 'exit unknown'}" for x in d[:6]],
+        [f"worker PID {x.pid} on {x.ip}: {x.exit or 'exit unknown'}" for x in d[:6]],
         "Ray names the usual causes: the kernel's OOM killer (`dmesg` on that node, host "
         "memory), `ray stop --force`, or a crash (SIGSEGV); the worker's own log under "
         "/tmp/ray/session_latest/logs holds its last lines")]
@@ -109,7 +109,7 @@ def dump_signal(ev: Events) -> list[Finding]:
         return []
     seen = sorted(ev.dump_seen_by - ev.first_timeout)
     return [Finding(
-        "job.timeout", Status.FAIL,
+        FindingId.JOB_TIMEOUT, Status.FAIL,
         f"{_ranks(ev.first_timeout)} timed out first: "
         + (f"{_ranks(seen)} received the flight-recorder dump signal for it"
            if seen else "its collective timed out (the flight-recorder dump signal)"),
@@ -137,19 +137,19 @@ _SIGNAL_FIX = {
 }
 
 
-def _subject(ev: Events, ss: list[dict[str, Any]]) -> str:
+def _subject(ev: Events, ss: list[Signal]) -> str:
     """Who a signal hit: ranks as ranges, srun task ids and local ranks named as such."""
-    rs = sorted({s["rank"] for s in ss if s.get("rank") is not None})
-    tasks = sorted({t for s in ss for t in s.get("tasks") or []})
-    local = sorted({s["local"] for s in ss if s.get("local") is not None})
+    rs = sorted({s.rank for s in ss if s.rank is not None})
+    tasks = sorted({t for s in ss for t in s.tasks})
+    local = sorted({s.local for s in ss if s.local is not None})
     hosts = list(dict.fromkeys(h for s in ss if (h := ev.who(s)["host"])))
-    pids = list(dict.fromkeys(s["pid"] for s in ss if s.get("pid")))
+    pids = list(dict.fromkeys(s.pid for s in ss if s.pid))
     parts = [ranks(rs)] if rs else []
     parts += ["srun " + ranks(tasks).replace("rank", "task")] if tasks else []
     parts += [ranks(local).replace("rank", "local rank")] if local and not rs else []
     parts += [("pid " if len(pids) == 1 else "pids ") + ", ".join(pids[:6])] if pids and not (
         rs or tasks) else []
-    who = ", ".join(parts) or ("torchrun's agent" if all(s["agent"] for s in ss)
+    who = ", ".join(parts) or ("torchrun's agent" if all(s.agent for s in ss)
                                else "a process")
     if not hosts and len(ev.pods) == 1:
         return f"{who} in pod {ev.pods[0]}"
@@ -158,28 +158,28 @@ def _subject(ev: Events, ss: list[dict[str, Any]]) -> str:
 
 def signals(ev: Events) -> list[Finding]:
     """Processes a signal killed: one finding per signal, the first in time first."""
-    by: dict[str, list[dict[str, Any]]] = {}
+    by: dict[str, list[Signal]] = {}
     for s in in_time_order(ev.signals):
-        by.setdefault(s["signal"], []).append(s)
-    oom = any(h["id"] == "job.oom_killer" for h in ev.hits)
+        by.setdefault(s.signal, []).append(s)
+    oom = any(h.id == FindingId.JOB_OOM_KILLER for h in ev.hits)
     out = []
     for name, ss in by.items():
-        what = ss[0]["what"]
-        code = next((s["code"] for s in ss if s.get("code") not in (None, 0)), None)
+        what = ss[0].what
+        code = next((s.code for s in ss if s.code not in (None, 0)), None)
         fix = _SIGNAL_FIX.get(name, "the lines before it in that process's log say what it was "
                                     "doing; `py-spy dump` or a core dump says where")
         if name == "SIGKILL" and oom:
             fix = "the host's OOM killer sent it (see job.oom_killer): " + fix
-        agent = all(s["agent"] for s in ss)
-        op = next((ev.collective[s["rank"]] for s in ss if s.get("rank") in ev.collective),
+        agent = all(s.agent for s in ss)
+        op = next((ev.collective[s.rank] for s in ss if s.rank in ev.collective),
                   None) or ev.collective.get(None)
         out.append(Finding(
-            "job.signal", Status.FAIL,
+            FindingId.JOB_SIGNAL, Status.FAIL,
             f"{_subject(ev, ss)} killed by {name}" + (f" ({what})" if what != name else "")
             + (f" in {op}" if op else "")
             + (f", exit code {code}" if code is not None else ""),
-            [s["line"] for s in ss[:4]], fix,
-            "agent" if agent else "launcher" if any(s.get("table") for s in ss) else name))
+            [s.line for s in ss[:4]], fix,
+            "agent" if agent else "launcher" if any(s.table for s in ss) else name))
     return out
 
 
@@ -190,20 +190,20 @@ def stalls(ev: Events) -> list[Finding]:
     """Horovod's stall inspector: the ranks that never submitted the tensors the rest wait on."""
     if not ev.stalls:
         return []
-    missing = sorted({r for s in ev.stalls for r in s["ranks"]})
-    ready = sorted({r for s in ev.stalls for r in s["ready"]})
+    missing = sorted({r for s in ev.stalls for r in s.ranks})
+    ready = sorted({r for s in ev.stalls for r in s.ready})
     if not missing and ready:  # only the ready ones named: the gaps among them are missing
         missing = sorted(set(range(ready[-1] + 1)) - set(ready))
-    ops = list(dict.fromkeys(s["op"] for s in ev.stalls))  # as first reported
+    ops = list(dict.fromkeys(s.op for s in ev.stalls))  # as first reported
     kinds = sorted({m.group(1).lower() for o in ops if (m := _STALL_ACTION.search(o))})
     return [Finding(
-        "job.stall", Status.FAIL,
+        FindingId.JOB_STALL, Status.FAIL,
         f"Horovod's stall inspector: {ranks(missing) if missing else 'a rank'} never submitted "
         f"{len(ops)} tensor(s) the other ranks wait on"
         + (f" ({', '.join(kinds)})" if kinds else "")
         + (f" ({ranks(ready)} ready)" if ready else "")
         + f", e.g. {ops[0]}",
-        [f"{o} [missing {ranks({r for s in ev.stalls if s['op'] == o for r in s['ranks']})}]"
+        [f"{o} [missing {ranks({r for s in ev.stalls if s.op == o for r in s.ranks})}]"
          if not ready else f"{o} [ready {ranks(ready)}]" for o in ops[:6]],
         f"{ranks(missing) if missing else 'the rank not ready'} took another code path or died: "
         "read its log for an error; ranks that "
@@ -217,13 +217,13 @@ def bootstrap(ev: Events) -> list[Finding]:
     if not ev.bootstrap:
         return []
     b = ev.bootstrap[0]
-    hosts = sorted({x["host"] for x in ev.bootstrap if x["host"]})
+    hosts = sorted({x.host for x in ev.bootstrap if x.host})
     return [Finding(
-        "job.bootstrap", Status.FAIL,
-        f"NCCL's bootstrap root{' on ' + ', '.join(hosts) if hosts else ''}: rank {b['rank']} "
-        f"of {b['nranks']} ranks has already checked in (two processes claim one rank)",
-        [f"rank {x['rank']} of {x['nranks']} checked in twice"
-         + (f" (root on {x['host']})" if x["host"] else "") for x in ev.bootstrap[:4]],
+        FindingId.JOB_BOOTSTRAP, Status.FAIL,
+        f"NCCL's bootstrap root{' on ' + ', '.join(hosts) if hosts else ''}: rank {b.rank} "
+        f"of {b.nranks} ranks has already checked in (two processes claim one rank)",
+        [f"rank {x.rank} of {x.nranks} checked in twice"
+         + (f" (root on {x.host})" if x.host else "") for x in ev.bootstrap[:4]],
         "two processes were given the same rank: a launcher started twice per node (srun "
         "--ntasks-per-node against torchrun's own --nproc_per_node, or Lightning under srun "
         "with mismatched devices/num_nodes), or two jobs share MASTER_ADDR:MASTER_PORT")]
@@ -232,21 +232,21 @@ def bootstrap(ev: Events) -> list[Finding]:
 def cancelled(ev: Events) -> list[Finding]:
     """The scheduler ended the job: Slurm's cancellation line (the reason it names), and the
     table's scheduler hits (PBS, LSF, Kubernetes eviction, srun's force-terminate)."""
-    hits = [h for h in ev.hits if h["id"] == "job.scheduler"]
+    hits = [h for h in ev.hits if h.id == FindingId.JOB_SCHEDULER]
     if not ev.cancelled and not hits:
         return []
     if not ev.cancelled:
         return []  # the table's own finding says it (outcome.table)
     c = first(ev.cancelled)
-    why = c["why"]
+    why = c.why
     kind = ("time limit" if "time limit" in why else "preemption" if "preempt" in why else
             "node failure" if "node fail" in why else "cancelled")
     return [Finding(
-        "job.scheduler", Status.FAIL,
-        f"Slurm cancelled {c['what']} {c['id']} on {c['host']} at {c['at']}"
+        FindingId.JOB_SCHEDULER, Status.FAIL,
+        f"Slurm cancelled {c.what} {c.id} on {c.host} at {c.at}"
         + (f" due to {why}" if why else " (scancel, or the scheduler without a reason)"),
-        [x["line"] if "line" in x else f"{x['what']} {x['id']} on {x['host']} cancelled at "
-         f"{x['at']}" for x in ev.cancelled[:4]] + [h["line"] for h in hits[:2]],
+        [f"{x.what} {x.id} on {x.host} cancelled at {x.at}" for x in ev.cancelled[:4]]
+        + [h.line for h in hits[:2]],
         _CANCEL_FIX[kind], kind)]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -158,15 +158,169 @@ class Failing(Placed):
     tasks: list[int] = field(default_factory=list)  # srun's task ids
 
 
-Event = TypeVar("Event", bound="dict[str, Any] | Placed")
+@dataclass(kw_only=True)
+class Who(Placed):
+    """An event of one process, as far as its line says which: rank, host, pid."""
+
+    rank: int | None = None
+    host: str | None = None
+    pid: str | None = None
 
 
-def _time(x: dict[str, Any] | Placed) -> str | None:
-    return x.time if isinstance(x, Placed) else x.get("time")
+@dataclass(kw_only=True)
+class Timeout(Placed):
+    """NCCL's watchdog: a collective that timed out (`WorkNCCL(SeqNum=..., OpType=...)`): its
+    rank (the launcher's tag, else its `[Rank N]`), always known."""
+
+    rank: int
+    host: str | None = None
+    pid: str | None = None
+    pg_rank: int | None = None  # the `[Rank N]` inside its process group
+    seqnum: int
+    op: str
+    numel_in: int | None = None
+    numel_out: int | None = None
+    timeout_ms: int = 0
+    ran_ms: int = 0
 
 
-def _seq(x: dict[str, Any] | Placed) -> int:
-    return (x.seq if isinstance(x, Placed) else x.get("seq")) or 0
+@dataclass(kw_only=True)
+class Stuck(Who):
+    """The heartbeat monitor: a watchdog stuck for `seconds`."""
+
+    seconds: int = 0
+
+
+@dataclass(kw_only=True)
+class NcclError(Who):
+    kind: str = ""
+    version: str | None = None
+    last_error: str = ""
+    line: str = ""
+    op: str | None = None
+
+
+@dataclass(kw_only=True)
+class LastError(Who):
+    """NCCL's `Last error:` on a line of its own."""
+
+    what: str = ""
+
+
+@dataclass(kw_only=True)
+class CudaError(Who):
+    what: str = ""
+    line: str = ""
+
+
+@dataclass(kw_only=True)
+class Oom(Who):
+    """CUDA out of memory: the size asked for, the GPU and its total."""
+
+    size: str = ""
+    gpu: str | None = None
+    total: str | None = None
+    line: str = ""
+
+
+@dataclass(kw_only=True)
+class Xid(Who):
+    pci: str = ""
+    xid: int = 0
+    name: str | None = None
+    cause: int | None = None
+
+
+@dataclass(kw_only=True)
+class Rendezvous(Who):
+    error: str = ""
+    what: str = ""
+    store: str | None = None
+
+
+@dataclass(kw_only=True)
+class RayDeath(Placed):
+    ip: str = ""
+    pid: str = ""
+    exit: str | None = None
+
+
+@dataclass(kw_only=True)
+class Bootstrap(Who):
+    """NCCL's root: a rank checked in twice."""
+
+    nranks: int = 0
+
+
+@dataclass(kw_only=True)
+class Cancelled(Placed):
+    """Slurm cancelled the step or job (`*** STEP 1.0 ON host CANCELLED AT ... ***`)."""
+
+    what: str = ""
+    id: str = ""
+    host: str = ""
+    at: str = ""
+    why: str = ""
+
+
+@dataclass(kw_only=True)
+class Signal(Who):
+    """A process a signal killed: the signal's name, the words that said it, its number."""
+
+    signal: str = ""
+    what: str = ""
+    number: int | None = None
+    code: int | None = None  # the exit code that said it
+    tasks: list[int] = field(default_factory=list)  # srun's task ids
+    worker: bool = False  # a DataLoader worker
+    agent: bool = False  # sent to the agent from outside
+    table: bool = False  # from a launcher's failure table
+    line: str = ""
+
+
+@dataclass(kw_only=True)
+class Stall(Who):
+    """Horovod's stall inspector: ranks missing (or ready) for a tensor op."""
+
+    ranks: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    op: str = ""
+
+
+@dataclass(kw_only=True)
+class Ibv(Who):
+    """A failed ibv_* call and its errno."""
+
+    call: str = ""
+    errno: str | None = None
+    error: str = ""
+    line: str = ""
+
+
+@dataclass(kw_only=True)
+class Hit(Who):
+    """A line of the families' table (`sig_table`): its finding id, kind within it, what it
+    says."""
+
+    id: str = ""
+    kind: str = ""
+    what: str = ""
+    pci: str | None = None
+    store: str | None = None
+    tasks: list[int] = field(default_factory=list)
+    line: str = ""
+
+
+Event = TypeVar("Event", bound=Placed)
+T = TypeVar("T")
+
+
+def _time(x: Placed) -> str | None:
+    return x.time
+
+
+def _seq(x: Placed) -> int:
+    return x.seq or 0
 
 
 @dataclass(frozen=True)
@@ -179,29 +333,29 @@ class Lagging:
 
 @dataclass
 class Events:
-    timeouts: list[dict[str, Any]] = field(default_factory=list)
+    timeouts: list[Timeout] = field(default_factory=list)
     work: dict[int, str] = field(default_factory=dict)  # rank -> watchdog's work status
     first_timeout: set[int] = field(default_factory=set)  # "dump signal ... from rank N"
     dump_seen_by: set[int] = field(default_factory=set)  # ranks that received that signal
-    stuck: list[dict[str, Any]] = field(default_factory=list)  # the heartbeat monitor's verdict
+    stuck: list[Stuck] = field(default_factory=list)  # the heartbeat monitor's verdict
     desync: list[str] = field(default_factory=list)
     desync_lagging: list[Lagging] = field(default_factory=list)
-    nccl_errors: list[dict[str, Any]] = field(default_factory=list)
+    nccl_errors: list[NcclError] = field(default_factory=list)
     # NCCL's "Last error:" on its own
-    last_errors: list[dict[str, Any]] = field(default_factory=list)
-    cuda_errors: list[dict[str, Any]] = field(default_factory=list)
-    ooms: list[dict[str, Any]] = field(default_factory=list)
-    xids: list[dict[str, Any]] = field(default_factory=list)
+    last_errors: list[LastError] = field(default_factory=list)
+    cuda_errors: list[CudaError] = field(default_factory=list)
+    ooms: list[Oom] = field(default_factory=list)
+    xids: list[Xid] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)  # launchers' failure reports
-    rendezvous: list[dict[str, Any]] = field(default_factory=list)
+    rendezvous: list[Rendezvous] = field(default_factory=list)
     stores: list[str] = field(default_factory=list)  # store addresses a client failed to reach
-    ray_deaths: list[dict[str, Any]] = field(default_factory=list)
+    ray_deaths: list[RayDeath] = field(default_factory=list)
     # NCCL's root: a rank checked in twice
-    bootstrap: list[dict[str, Any]] = field(default_factory=list)
-    cancelled: list[dict[str, Any]] = field(default_factory=list)  # Slurm cancelled the step or job
-    signals: list[dict[str, Any]] = field(default_factory=list)  # processes a signal killed
-    stalls: list[dict[str, Any]] = field(default_factory=list)  # Horovod's stall inspector
-    ibv: list[dict[str, Any]] = field(default_factory=list)  # failed ibv_* calls, by errno
+    bootstrap: list[Bootstrap] = field(default_factory=list)
+    cancelled: list[Cancelled] = field(default_factory=list)  # Slurm cancelled the step/job
+    signals: list[Signal] = field(default_factory=list)  # processes a signal killed
+    stalls: list[Stall] = field(default_factory=list)  # Horovod's stall inspector
+    ibv: list[Ibv] = field(default_factory=list)  # failed ibv_* calls, by errno
     collective: dict[int | None, str] = field(default_factory=dict)  # rank -> traceback's op
     job: Job = field(default_factory=Job)
     ranks_seen: set[int] = field(default_factory=set)
@@ -210,10 +364,13 @@ class Events:
     # file -> what says which job it is
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the families' table signatures (sig_table)
-    hits: list[dict[str, Any]] = field(default_factory=list)
+    hits: list[Hit] = field(default_factory=list)
     # failure-looking lines, no signature yet
     failing: list[Failing] = field(default_factory=list)
     ends: list[End] = field(default_factory=list)  # normal ends (launchers, trainers)
+    # rank -> its traceback no exception line has closed yet: its last line (a frame), when it
+    # was read, the frame (file:line); made a failure only if the logs end with it open
+    tracebacks: dict[int | None, tuple[Line, int, str]] = field(default_factory=dict)
     prompts: list[str] = field(default_factory=list)  # hosts of shell prompts in the log
     pods: list[str] = field(default_factory=list)  # kubectl's pod rows: the pods named
     # the logs' last lines (jobs.read: `end_state`)
@@ -224,27 +381,34 @@ class Events:
     _batch: list[str] = field(default_factory=list)
     _seen: set[Any] = field(default_factory=set)
 
-    def add(self, kind: str, item: dict[str, Any] | Placed,
-            key: tuple[Any, ...] | None = None) -> None:
-        """Keep an event unless `CAP` of its kind are kept or the same one was (by `key`)."""
-        items = getattr(self, kind)
-        if len(items) >= CAP or (key is not None and (kind, *key) in self._seen):
+    def add(self, item: Placed, key: tuple[Any, ...] | None = None) -> None:
+        """Keep an event in its kind's list unless `CAP` of its kind are kept or the same one
+        was (by `key`), placed where the line being read stands."""
+        items = self._list(item)
+        if len(items) >= CAP or (key is not None and (type(item), *key) in self._seen):
             return
         if key is not None:
-            self._seen.add((kind, *key))
-        if isinstance(item, Placed) and item.seq is None and self.current is not None:
+            self._seen.add((type(item), *key))
+        self.place(item)
+        items.append(item)
+
+    def _list(self, item: Placed) -> list[Any]:
+        """The list an event of this type is kept in."""
+        keep = _LISTS.get(type(item))
+        if keep is None:
+            raise TypeError(f"no list keeps {type(item).__name__}")
+        return keep(self)
+
+    def place(self, item: Placed) -> None:
+        """Fill where an event stands from the line being read, where it did not say."""
+        if item.seq is None and self.current is not None:
             for k, v in self.at(self.current).items():
                 if getattr(item, k) is None:
                     setattr(item, k, v)
-        elif isinstance(item, dict) and "seq" not in item and self.current is not None:
-            for k, v in self.at(self.current).items():
-                if item.get(k) is None:
-                    item[k] = v
-        items.append(item)
 
-    def keep(self, kind: str, item: str | Lagging) -> None:
-        """Keep a fact that is no event (a line of a report, quoted): capped, never placed."""
-        items = getattr(self, kind)
+    def keep(self, items: list[T], item: T) -> None:
+        """Keep a fact that is no event (a line of a report, quoted) in `items` (one of the
+        lists here): capped, never placed."""
         if len(items) < CAP:
             items.append(item)
 
@@ -267,16 +431,37 @@ class Events:
             self.nccl = nccl_log.merge(self.nccl, nccl_log.analyze("\n".join(self._batch)))
             self._batch = []
 
-    def who(self, e: dict[str, Any] | Failure) -> dict[str, Any]:
+    def who(self, e: Who | Timeout | Failure) -> dict[str, Any]:
         """An event's process with all the job model adds to it (and the host, when every
         process the logs name ran on one)."""
-        p = (self.job.who(e.rank, e.host, e.pid) if isinstance(e, Failure) else
-             self.job.who(e.get("rank"), e.get("host"), e.get("pid")))
+        p = self.job.who(e.rank, e.host, e.pid)
         if p["host"] is None:
             hosts = {x.get("host") for x in self.job.by_pid.values()}
             if len(hosts) == 1:
                 p["host"] = hosts.pop()
         return p
+
+
+# each event type's list in `Events` (what `Events.add` keeps an event in)
+_LISTS: dict[type[Placed], Callable[[Events], list[Any]]] = {
+    Timeout: lambda ev: ev.timeouts,
+    Stuck: lambda ev: ev.stuck,
+    NcclError: lambda ev: ev.nccl_errors,
+    LastError: lambda ev: ev.last_errors,
+    CudaError: lambda ev: ev.cuda_errors,
+    Oom: lambda ev: ev.ooms,
+    Xid: lambda ev: ev.xids,
+    Rendezvous: lambda ev: ev.rendezvous,
+    RayDeath: lambda ev: ev.ray_deaths,
+    Bootstrap: lambda ev: ev.bootstrap,
+    Cancelled: lambda ev: ev.cancelled,
+    Signal: lambda ev: ev.signals,
+    Stall: lambda ev: ev.stalls,
+    Ibv: lambda ev: ev.ibv,
+    Hit: lambda ev: ev.hits,
+    Failure: lambda ev: ev.failures,
+    Failing: lambda ev: ev.failing,
+}
 
 
 def new_facts() -> dict[str, Any]:
@@ -323,7 +508,7 @@ def stamp(text: str) -> str | None:
     return None
 
 
-def _comparable(items: Sequence[dict[str, Any] | Placed]) -> bool:
+def _comparable(items: Sequence[Placed]) -> bool:
     """Does every event have a time, all of one form (so that they sort by it)?"""
     times = [_time(x) for x in items]
     return all(times) and len({len(t.split(" ")[0]) for t in times if t}) == 1

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
 
 from megatron_env.diagnose import families, launch
-from megatron_env.diagnose.model import End, Events, Failing, first, in_time_order
+from megatron_env.diagnose.ids import FindingId
+from megatron_env.diagnose.model import End, Events, Failing, Hit, first, in_time_order
 from megatron_env.findings import INCONCLUSIVE, Finding, Status
 
 _STOPPED_NEXT = ("`py-spy dump --pid PID` (add --native for a stuck CUDA/NCCL call) on a rank "
@@ -26,64 +26,63 @@ _STOPPED_NEXT = ("`py-spy dump --pid PID` (add --native for a stuck CUDA/NCCL ca
                  "killed from outside: `sacct -j JOB -o State,ExitCode`, `dmesg` on its nodes")
 
 # advice of a finding kind, where it says more than its family's
-_FIX = {
-    ("job.oom_killer", "kernel"):
+_FIX: dict[tuple[str, str], str] = {
+    (FindingId.JOB_OOM_KILLER, "kernel"):
         "the host ran out of memory and the kernel killed the biggest process: fewer "
         "DataLoader workers or smaller prefetch, less CPU-side caching (datasets in memory, "
         "pinned buffers), or a node with more memory; `dmesg -T | grep -i oom` on the node",
-    ("job.oom_killer", "cgroup"):
+    (FindingId.JOB_OOM_KILLER, "cgroup"):
         "the job's memory limit (Slurm --mem, the container's limit) was reached: ask for "
         "more (`sacct -j JOB -o MaxRSS,ReqMem` shows the peak) or use less host memory",
-    ("job.disk", "no space"):
+    (FindingId.JOB_DISK, "no space"):
         "the disk is full: free space or write checkpoints and caches elsewhere (HF_HOME, "
         "TRITON_CACHE_DIR, TMPDIR); `df -h` on the path",
-    ("job.disk", "quota"):
+    (FindingId.JOB_DISK, "quota"):
         "a quota is exhausted: `quota -s` / `lfs quota`; move caches (TRITON_CACHE_DIR, "
         "HF_HOME, TORCH_EXTENSIONS_DIR) to a file system with room",
-    ("job.disk", "stale file handle"):
+    (FindingId.JOB_DISK, "stale file handle"):
         "a network file system (NFS) lost a file another node replaced or deleted: keep "
         "per-rank caches and logs on node-local disk, or write each file from one rank only",
-    ("job.data", "worker killed"):
+    (FindingId.JOB_DATA, "worker killed"):
         "a DataLoader worker was killed: by SIGKILL it is the host OOM killer (fewer workers, "
         "smaller prefetch_factor), by SIGBUS /dev/shm too small (--shm-size, --ipc=host), by "
         "SIGSEGV a crash in a native library reading the data (num_workers=0 shows where)",
-    ("job.scheduler", "eviction"):
+    (FindingId.JOB_SCHEDULER, "eviction"):
         "Kubernetes' kubelet evicted the pod under node memory pressure: set the pod's memory "
         "request equal to its limit (Guaranteed QoS) or use a node with more memory",
-    ("job.rendezvous", "heartbeat"):
+    (FindingId.JOB_RENDEZVOUS, "heartbeat"):
         "a node stopped answering the rendezvous' heartbeats: it died (OOM killer, a hardware "
         "fault: check its own log and `dmesg`) or the network to it failed",
-    ("job.rendezvous", "name resolution"):
+    (FindingId.JOB_RENDEZVOUS, "name resolution"):
         "a host name did not resolve: use an IP address or a name every node resolves for "
         "MASTER_ADDR / --rdzv_endpoint (`getent hosts NAME` on each node)",
-    ("job.device_assert", "assert"):
+    (FindingId.JOB_DEVICE_ASSERT, "assert"):
         "an index out of range inside a CUDA kernel, most often the data: a label >= the "
         "number of classes (nll_loss, cross_entropy), a token id >= the vocabulary "
         "(embedding), an index past a tensor's size; rerun with CUDA_LAUNCH_BLOCKING=1 (or on "
         "CPU) to get the Python line, and check the batch's min/max against the sizes",
-    ("job.kernel_abi", "undefined symbol"):
+    (FindingId.JOB_KERNEL_ABI, "undefined symbol"):
         "a compiled package (one of the kernel packages setup builds, a custom op) was "
         "built against another torch, CUDA or C++ ABI than the one installed: rebuild it against "
         "this torch or install the wheel made for it; `invoke build-check` compares them",
-    ("job.script", "missing"):
+    (FindingId.JOB_SCRIPT, "missing"):
         "the script the launcher was told to run is not there on that node: a relative path "
         "from another working directory (Slurm runs a batch script from its spool directory: "
         "use an absolute path or cd first), or a file system not mounted there",
-    ("job.accelerator_oom", "xla"):
+    (FindingId.JOB_ACCELERATOR_OOM, "xla"):
         "the XLA device (TPU or GPU) ran out of memory or another resource at compile or run "
         "time: a smaller batch or sequence, more sharding, or rematerialisation",
-    ("job.numerics", "loss scale"):
+    (FindingId.JOB_NUMERICS, "loss scale"):
         "the fp16 loss scale fell to its minimum: gradients overflow at every step; use bf16, "
         "a lower learning rate, gradient clipping, or a higher min loss scale",
 }
 
 
-def _who(items: Sequence[dict[str, Any] | Failing], prompts: list[str] | None = None) -> str:
+def _who(items: Sequence[Hit | Failing], prompts: list[str] | None = None) -> str:
     """Who printed these events: ranks as ranges, srun task ids, hosts (or, when no line
     names one, the host of the one shell prompt pasted with them)."""
     prompts = prompts if prompts and len(prompts) == 1 else []
-    got = [(x.rank, x.host, x.tasks, x.local) if isinstance(x, Failing) else
-           (x.get("rank"), x.get("host"), x.get("tasks") or [], x.get("local")) for x in items]
+    got = [(x.rank, x.host, x.tasks, x.local) for x in items]
     rs = sorted({r for r, _, _, _ in got if r is not None})
     hosts = list(dict.fromkeys(h for _, h, _, _ in got if h)) or prompts
     tasks = sorted({t for _, _, ts, _ in got for t in ts})
@@ -98,12 +97,12 @@ def _who(items: Sequence[dict[str, Any] | Failing], prompts: list[str] | None = 
     return out
 
 
-def _placed(x: dict[str, Any]) -> str:
+def _placed(x: Hit) -> str:
     """An evidence line with who printed it and when, where the log said."""
-    who = " on ".join(w for w in (f"rank {x['rank']}" if x.get("rank") is not None else "",
-                                  x.get("host") or "") if w)
-    head = ", ".join(w for w in (who, x.get("time") or "") if w)
-    return f"{head}: {x['line']}" if head else x["line"]
+    who = " on ".join(w for w in (f"rank {x.rank}" if x.rank is not None else "",
+                                  x.host or "") if w)
+    head = ", ".join(w for w in (who, x.time or "") if w)
+    return f"{head}: {x.line}" if head else x.line
 
 
 def _own_errors(ev: Events, what: str) -> list[str]:
@@ -117,30 +116,30 @@ def _own_errors(ev: Events, what: str) -> list[str]:
 
 def table(ev: Events, skip: frozenset[str] = frozenset()) -> list[Finding]:
     """One finding per id of the table's hits: what happened first (in time) first."""
-    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_id: dict[str, list[Hit]] = defaultdict(list)
     for h in ev.hits:
-        if h["id"] not in skip:
-            by_id[h["id"]].append(h)
+        if h.id not in skip:
+            by_id[h.id].append(h)
     out = []
     for fid, hs in by_id.items():
         hs = in_time_order(hs)
         h0 = first(hs)
-        whats = list(dict.fromkeys(h["what"] for h in hs))
+        whats = list(dict.fromkeys(h.what for h in hs))
         who = _who(hs, ev.prompts)
         fam = families.family(fid)
-        fix = _FIX.get((fid, h0["kind"]), fam.advice)
+        fix = _FIX.get((fid, h0.kind), fam.advice)
         out.append(Finding(
             fid, Status.FAIL, f"{whats[0]}" + (f" ({who})" if who else "")
             + (f"; also: {'; '.join(whats[1:3])}" if len(whats) > 1 else ""),
-            [_placed(h) for h in hs[:4]] + _own_errors(ev, whats[0]), fix, h0["kind"]))
+            [_placed(h) for h in hs[:4]] + _own_errors(ev, whats[0]), fix, h0.kind))
     return out
 
 
 def _failing_lines(items: list[Failing]) -> list[Failing]:
-    """The failure-looking lines to quote: exceptions first (first in time first), then exit
-    codes, then error lines."""
-    order = {"exception": 0, "exit": 1, "pod": 2, "error": 3}
-    return sorted(in_time_order(items), key=lambda x: order.get(x.kind, 3))
+    """The failure-looking lines to quote: exceptions first (first in time first), then
+    tracebacks cut before their exception line, exit codes, then error lines."""
+    order = {"exception": 0, "traceback": 1, "exit": 2, "pod": 3, "error": 4}
+    return sorted(in_time_order(items), key=lambda x: order.get(x.kind, 4))
 
 
 def outcome(ev: Events, failed: bool) -> list[Finding]:
@@ -159,12 +158,12 @@ def outcome(ev: Events, failed: bool) -> list[Finding]:
         return [_stopped(ev)]
     if last_end is not None:
         end = next(e for e in ends if (e.seq or 0) == last_end)
-        return [Finding("job.clean", Status.PASS, f"the log ends normally: {end.line}",
+        return [Finding(FindingId.JOB_CLEAN, Status.PASS, f"the log ends normally: {end.line}",
                         [e.line for e in ends[-3:]], "", "clean")]
     exits = [e for e in ev.ends if e.exit]
     if exits and _every_rank(ev, exits):
-        return [Finding("job.clean", Status.PASS, "the processes exited on their own, with no "
-                        f"failure in the log: {exits[-1].line}",
+        return [Finding(FindingId.JOB_CLEAN, Status.PASS, "the processes exited on their own, "
+                        f"with no failure in the log: {exits[-1].line}",
                         [e.line for e in exits[-3:]], "", "clean")]
     return [_stopped(ev)]
 
@@ -180,6 +179,15 @@ def _unrecognised(ev: Events, fails: list[Failing]) -> Finding:
     shown = _failing_lines(fails)
     x0 = shown[0]
     who = _who(fails)
+    if x0.kind == "traceback":  # the rank's own failure, its exception line cut off
+        return Finding(
+            FindingId.JOB_UNRECOGNISED, Status.FAIL,
+            f"{_who([x0]) or 'a process'}'s traceback was cut before its exception line"
+            + (f" (innermost frame {x0.frame})" if x0.frame else "") + f": {x0.line}",
+            [x.line for x in shown[:6]],
+            "the log stops inside a traceback: the lines after it (the exception that ended "
+            "that process) are missing; find the full log of that rank (its own file, the "
+            "scheduler's output) or rerun to get them", "unrecognised")
     where = {"user": "raised in the training code", "framework": "raised inside an installed "
              "package"}.get(x0.where, "")
     what = (x0.name if x0.kind == "exception" else
@@ -187,7 +195,7 @@ def _unrecognised(ev: Events, fails: list[Failing]) -> Finding:
             "a pod that keeps failing (`kubectl logs --previous POD` shows why)"
             if x0.kind == "pod" else "an error line")
     return Finding(
-        "job.unrecognised", Status.FAIL,
+        FindingId.JOB_UNRECOGNISED, Status.FAIL,
         f"the log shows a failure no signature names: {what}"
         + (f", {where}" + (f" ({x0.frame})" if x0.frame else "") if where else "")
         + (f" ({who})" if who else "") + f": {x0.line}",
@@ -213,7 +221,7 @@ def _stopped(ev: Events) -> Finding:
         said.append(f"{launch.ranks(silent)} silent at the end")
     last = tail.get("last") or ""
     return Finding(
-        "job.stopped", Status.FAIL,
+        FindingId.JOB_STOPPED, Status.INCONCLUSIVE,
         "inconclusive: the log ends with neither an error nor a normal end (a hang, a kill "
         "from outside, or a log cut short)" + (": " + "; ".join(said) if said else ""),
         [f"last line: {last}"] if last else [], _STOPPED_NEXT, INCONCLUSIVE)

@@ -12,8 +12,10 @@ not time out is the cause then.
 
 from __future__ import annotations
 
+from megatron_env.diagnose import exceptions, families
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.launch import ranks
-from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, first
+from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, first, in_time_order
 from megatron_env.findings import Finding, Status
 
 # what the launcher raises about its child, not the child's own error
@@ -56,7 +58,7 @@ def own_exception(ev: Events, root: Failure) -> Failing | None:
 def _waited(ev: Events, root: Failure) -> Failing | None:
     """When the table's first failure only timed out (its watchdog), the first exception of a
     rank that did not time out: the one the others were waiting for."""
-    waiting = {t["rank"] for t in ev.timeouts}
+    waiting = {t.rank for t in ev.timeouts}
     if root.rank is None or root.rank not in waiting:
         return None
     others = [x for x in _exceptions(ev) if x.rank is not None and x.rank not in waiting]
@@ -90,13 +92,13 @@ def findings(ev: Events) -> list[Finding]:
     also = f"; failed: {ranks(failed)}" if len(failed) > 1 else ""
     if (culprit := _waited(ev, root)) is not None:
         return [Finding(
-            "job.root_cause", Status.FAIL,
+            FindingId.JOB_ROOT_CAUSE, Status.FAIL,
             f"rank {culprit.rank} raised {_said(culprit)}; {launcher}'s first observed "
             f"failure, {who}, only timed out waiting for it ({how}){also}",
             [culprit.line, *table], _EXCEPTION_FIX, culprit.where or "user")]
     if (own := own_exception(ev, root)) is not None and code not in (-9, -15):
         return [Finding(
-            "job.root_cause", Status.FAIL,
+            FindingId.JOB_ROOT_CAUSE, Status.FAIL,
             f"{who} raised {_said(own)}; {launcher}'s first observed failure"
             + (f" ({more})" if more else "") + f", {how}{also}",
             [own.line, *table], _EXCEPTION_FIX, own.where or "user")]
@@ -106,7 +108,8 @@ def findings(ev: Events) -> list[Finding]:
                      "`@record` on the entry point (torch.distributed.elastic.multiprocessing."
                      "errors) so torchrun prints it here")
     return [Finding(
-        "job.root_cause", Status.FAIL, f"{launcher}'s first observed failure: {who}, {how}{also}",
+        FindingId.JOB_ROOT_CAUSE, Status.FAIL,
+        f"{launcher}'s first observed failure: {who}, {how}{also}",
         table, fix, "signal" if code is not None and code < 0 else "unrecognised")]
 
 
@@ -118,3 +121,32 @@ def _said(x: Failing) -> str:
 _EXCEPTION_FIX = ("the exception is that rank's own error, the first in the job; its traceback, "
                   "just above it in the log, says where. The other ranks failed after it (a "
                   "peer gone, a collective that timed out): fix this one first")
+
+
+def exception_findings(ev: Events, quoted: set[str]) -> list[Finding]:
+    """A rank's own exception (`Type: message`, the first in time that is a cause, not a
+    consequence of another process's failure) as a finding of the family its type and raising
+    package say (`exceptions`), unless another finding already quotes it (`quoted`: their
+    evidence lines)."""
+    own = []
+    for x in _exceptions(ev):
+        if "Caught " in x.line or any(x.line in q or q in x.line for q in quoted if q):
+            continue
+        kind = exceptions.classify(x.name, x.frame, x.line, x.where)
+        if not kind.consequence:
+            own.append((x, kind))
+    if not own:
+        return []
+    x = first([y for y, _ in own])
+    k = next(k for y, k in own if y is x)
+    who = (f"rank {x.rank}" if x.rank is not None else
+           f"local rank {x.local}" if x.local is not None else "a process")
+    others = list(dict.fromkeys(y.line for y in in_time_order([y for y, _ in own])
+                                if y.line != x.line))
+    where = {"user": ", raised in the training code", "framework": ", raised inside an installed "
+             "package"}.get(x.where, "")
+    return [Finding(
+        FindingId.JOB_EXCEPTION, Status.FAIL, f"{who} raised {x.line}{where}"
+        + (f" ({x.frame})" if x.frame else "") + (f"; also: {others[0]}" if others else ""),
+        [x.line, *others[:3]],
+        f"{_EXCEPTION_FIX}; {families.FAMILIES[k.family].advice}", k.family)]

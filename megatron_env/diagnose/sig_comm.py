@@ -10,7 +10,20 @@ from itertools import islice
 from typing import Any
 
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import CAP, NCCL_ORIGIN, Events, from_origin, rank_of
+from megatron_env.diagnose.model import (
+    CAP,
+    NCCL_ORIGIN,
+    Bootstrap,
+    Events,
+    Ibv,
+    LastError,
+    NcclError,
+    Stall,
+    Stuck,
+    Timeout,
+    from_origin,
+    rank_of,
+)
 
 _WATCHDOG = re.compile(
     r"\[Rank (\d+)\] Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), "
@@ -65,11 +78,11 @@ def _watchdog(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[st
         rank = rank_of(line)
         pg = int(m.group(1))
         facts["timeout_ms"].add(int(m.group(6)))
-        ev.add("timeouts", {
-            "rank": rank if rank is not None else pg, "pg_rank": pg, "seq": int(m.group(2)),
-            "op": m.group(3), "numel_in": int(m.group(4)) if m.group(4) else None,
-            "numel_out": int(m.group(5)) if m.group(5) else None,
-            "timeout_ms": int(m.group(6)), "ran_ms": int(m.group(7) or 0), "host": line.host},
+        ev.add(Timeout(
+            rank=rank if rank is not None else pg, pg_rank=pg, seqnum=int(m.group(2)),
+            op=m.group(3), numel_in=int(m.group(4)) if m.group(4) else None,
+            numel_out=int(m.group(5)) if m.group(5) else None,
+            timeout_ms=int(m.group(6)), ran_ms=int(m.group(7) or 0), host=line.host),
             key=(rank if rank is not None else pg, int(m.group(2)), m.group(3)))
 
 
@@ -91,7 +104,7 @@ def _dump(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, A
 
 def _stuck(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _STUCK.search(t):
-        ev.add("stuck", {"rank": rank_of(line), "host": line.host, "seconds": int(m.group(1))},
+        ev.add(Stuck(rank=rank_of(line), host=line.host, seconds=int(m.group(1))),
                key=(rank_of(line), line.host))
 
 
@@ -106,9 +119,9 @@ def _nccl_error(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[
                                                                 "ncclUn", "ncclIn"))), "")
     last = any(x.text.startswith("Last error") for x in after[:3])
     kind = m.group(2)
-    ev.add("nccl_errors", {"kind": kind, "version": m.group(3), "rank": rank_of(line),
-                           "host": line.host, "last_error": detail if last else "",
-                           "line": t.strip(), "op": ev.collective.get(rank_of(line))},
+    ev.add(NcclError(kind=kind, version=m.group(3), rank=rank_of(line), host=line.host,
+                     last_error=detail if last else "", line=t.strip(),
+                     op=ev.collective.get(rank_of(line))),
            key=(kind, rank_of(line), line.host))
 
 
@@ -119,7 +132,7 @@ def _last_error(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[
     what = m.group(1).strip()
     if len(what) < 8 and ahead:
         what = ahead[0].text.strip()
-    ev.add("last_errors", {"what": what, "rank": rank_of(line), "host": line.host},
+    ev.add(LastError(what=what, rank=rank_of(line), host=line.host),
            key=(what[:80], rank_of(line)))
 
 
@@ -127,7 +140,7 @@ def _bootstrap(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[s
     if m := _BOOTSTRAP.search(t):
         o = NCCL_ORIGIN.search(t)
         host = line.host or (t[:o.start()].split()[-1] if o and o.group(1) and o.start() else None)
-        ev.add("bootstrap", {"rank": int(m.group(1)), "nranks": int(m.group(2)), "host": host},
+        ev.add(Bootstrap(rank=int(m.group(1)), nranks=int(m.group(2)), host=host),
                key=(m.group(1), host))
 
 
@@ -137,9 +150,8 @@ def _stall(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, 
     for m in _STALL.finditer(t):
         named = [int(x) for x in m.group(3).replace(" ", "").split(",") if x]
         ready = m.group(2) == "ready"
-        ev.add("stalls", {"ranks": [] if ready else named, "ready": named if ready else [],
-                          "op": m.group(1).removeprefix("ops:"), "rank": rank_of(line),
-                          "host": line.host},
+        ev.add(Stall(ranks=[] if ready else named, ready=named if ready else [],
+                     op=m.group(1).removeprefix("ops:"), rank=rank_of(line), host=line.host),
                key=(m.group(3), m.group(1)))
 
 
@@ -150,9 +162,9 @@ def _ibv(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, An
     name = (_ERRNO_NUMS.get(int(m.group(3))) if m.group(3) else None) or next(
         (v for k, v in _ERRNOS.items() if k.lower() in t.lower()), None)
     o = NCCL_ORIGIN.search(t)
-    ev.add("ibv", {"call": m.group(1), "errno": name, "error": text, "rank": rank_of(line),
-                   "host": line.host, "pid": o.group(1) if o and o.group(1) else None,
-                   "line": from_origin(ev, line, t).strip()},
+    ev.add(Ibv(call=m.group(1), errno=name, error=text, rank=rank_of(line), host=line.host,
+               pid=o.group(1) if o and o.group(1) else None,
+               line=from_origin(ev, line, t).strip()),
            key=(m.group(1), name, rank_of(line), line.host))
 
 

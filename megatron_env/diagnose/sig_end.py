@@ -46,13 +46,15 @@ ENDS = re.compile(
     r"All done|"
     # srun's and a shell's exit status; wandb's finish when the run exited 0
     r"Exited with exit code 0\b|Process finished with exit code 0\b|"
-    r"wandb: Waiting for W&B process to finish.*\(success\)")
+    r"wandb: Waiting for W&B process to finish.*\(success\)|"
+    # older wandb (< 0.10): its finish after the script exited 0 (wandb/wandb_run.py)
+    r"wandb: Program ended successfully")
 END_WORDS = ("successfully finished", "SUCCEEDED", "exits successfully", "Training completed",
              "raining is", "raining finished", "raining complete", "raining done", "stopped: `max_",
              "after training is done", "exiting program at", "train_runtime", "inished training",
              "succeeded", "Exited with exit code 0", "All done", "Done training", "done training",
              "TrainOutput(", "train metrics", "exit code 0", "(success)", "Train model END",
-             "eached max")
+             "eached max", "Program ended successfully")
 # a process's own way out (each printed at interpreter exit, whether the script raised or not)
 EXITS = re.compile(
     # torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, PyTorch >= 2.4, at the destructor
@@ -110,6 +112,11 @@ _LAST_RANKS = 50  # lines at the end of a log whose ranks are "still printing"
 # a row of a final metrics block ("  epoch                    =        3.0"): a summary of the
 # run, not progress after its end
 _METRIC_ROW = re.compile(r"^\s*[\w/.-]+\s*=\s*\S+\s*$")
+# what a trainer prints after its end line about the same run, not progress of another one:
+# Megatron-LM's final evaluation (training.py's evaluate_and_print_results, "validation loss at
+# iteration N on validation set" / "... on test set") and checkpoint (checkpointing.py)
+_AFTER_END = re.compile(r"validation loss at iteration|saving checkpoint at iteration|"
+                        r"successfully saved checkpoint from iteration")
 
 
 def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
@@ -129,7 +136,8 @@ def end_state(tail: list[str], source: str = "-") -> dict[str, Any]:
     for x in lines:
         if ENDS.search(x.text) or EXITS.search(x.text):
             ended, out["progress_after_end"] = True, False
-        elif ended and PROGRESS.search(x.text) and not _METRIC_ROW.match(x.text):
+        elif (ended and PROGRESS.search(x.text) and not _METRIC_ROW.match(x.text)
+              and not _AFTER_END.search(x.text)):
             out["progress_after_end"] = True
     for x in reversed(lines):
         if out["time"] is None and (t := stamp(x.text)):

@@ -10,7 +10,7 @@ from itertools import islice
 from typing import Any
 
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import Events, rank_of
+from megatron_env.diagnose.model import Events, Rendezvous, rank_of
 
 _RENDEZVOUS = re.compile(r"(DistNetworkError|DistStoreError|RendezvousConnectionError)\b:? "
                          r"(.*?(?:\(errno: \d+ - [^)]*\)|timed out|$))")
@@ -29,8 +29,8 @@ def _rendezvous(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[
         store = _store(m.group(2)) or next(
             (s for x in islice(ahead, 4) if _STORE_LINE.search(x.text)
              and (s := _store(x.text))), None)
-        ev.add("rendezvous", {"error": m.group(1), "what": m.group(2).strip(),
-                              "store": store, "rank": rank_of(line), "host": line.host},
+        ev.add(Rendezvous(error=m.group(1), what=m.group(2).strip(), store=store,
+                          rank=rank_of(line), host=line.host),
                key=(m.group(1), line.host))
 
 
@@ -51,9 +51,9 @@ def _rdzv_node(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[s
     """Dynamic rendezvous failing on a node; the exception it names follows a few lines on."""
     if m := _RDZV_NODE.search(t):
         why = next((r.group(1) for x in ahead if (r := _RAISED.match(x.text))), "")
-        ev.add("rendezvous", {"error": m.group(4), "what": f"failed to {m.group(3)} the "
-                              f"rendezvous" + (f": {why}" if why else ""), "store": None,
-                              "rank": rank_of(line), "host": m.group(1), "pid": m.group(2)},
+        ev.add(Rendezvous(error=m.group(4), what=f"failed to {m.group(3)} the rendezvous"
+                          + (f": {why}" if why else ""), store=None, rank=rank_of(line),
+                          host=m.group(1), pid=m.group(2)),
                key=(m.group(4), m.group(1)))
 
 

@@ -9,8 +9,19 @@ from collections import deque
 from itertools import islice
 from typing import Any
 
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import SIGNALS, Events, Failing, Failure, rank_of
+from megatron_env.diagnose.model import (
+    SIGNALS,
+    Cancelled,
+    Events,
+    Failing,
+    Failure,
+    Hit,
+    RayDeath,
+    Signal,
+    rank_of,
+)
 
 FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*: (.*)$")
 ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
@@ -31,6 +42,8 @@ _SIGNAL_FORMS = [
     (re.compile(r"Signal (\d+) \((SIG\w+)\) received by PID (\d+)"), (1, 2, None, 3)),
     (re.compile(r"<Signals\.(SIG\w+): (\d+)>"), (2, 1, None, None)),
     (re.compile(r"received signal (SIG\w+)"), (None, 1, None, None)),
+    # abseil's failure signal handler (Ray's workers, glog-linked binaries)
+    (re.compile(r"\*\*\* (SIG[A-Z]+) received at time="), (None, 1, None, None)),
     (re.compile(r"Received (\d+) death signal, shutting down workers"), (1, None, None, None)),
 ]
 _SLURM_CANCEL = re.compile(r"\*\*\* (STEP|JOB) ([\w.]+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO "
@@ -42,16 +55,15 @@ _SIGNAL_NAMES = {"Bus error": 7, "Segmentation fault": 11, "Aborted": 6, "Killed
 def failed(ev: Events, f: Failure, key: tuple[Any, ...] | None = None,
            line: str = "") -> None:
     """A launcher's failed child: a failure, and a signal when its exit code says one."""
-    ev.add("failures", f, key=key)
+    ev.add(f, key=key)
     code = f.exitcode
     if code is not None and code < 0:
         name = SIGNALS.get(-code, f"signal {-code}")
-        ev.add("signals", {"signal": name, "what": name, "number": -code, "rank": f.rank,
-                           "host": f.host, "pid": f.pid, "local": f.local_rank,
-                           "code": code, "worker": False, "agent": False, "table": True,
-                           "line": line or f"{f.launcher}: "
-                           + (f"rank {f.rank}" if f.rank is not None else
-                              f"local rank {f.local_rank}") + f" exit code {code}"},
+        ev.add(Signal(signal=name, what=name, number=-code, rank=f.rank, host=f.host,
+                      pid=f.pid, local=f.local_rank, code=code, table=True,
+                      line=line or f"{f.launcher}: "
+                      + (f"rank {f.rank}" if f.rank is not None else
+                         f"local rank {f.local_rank}") + f" exit code {code}"),
                key=(name, f.rank, f.host, f.pid, f.local_rank))
 
 
@@ -79,8 +91,7 @@ def _deepspeed(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[s
 
 def _ray(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _RAY_DIED.search(t):
-        ev.add("ray_deaths", {"ip": m.group(1), "pid": m.group(2), "exit": m.group(3)},
-               key=(m.group(2),))
+        ev.add(RayDeath(ip=m.group(1), pid=m.group(2), exit=m.group(3)), key=(m.group(2),))
 
 
 _ACTOR_FIELD = re.compile(r"^\s*(pid|ip|class_name): (\S+)")
@@ -92,20 +103,19 @@ def _actor_died(ev: Events, line: Line, t: str, ahead: deque[Line],
     class_name, pid and ip on the lines that follow (ray/exceptions.py)."""
     f = {m.group(1): m.group(2) for x in islice(ahead, 12) if (m := _ACTOR_FIELD.match(x.text))}
     if f.get("pid"):
-        ev.add("ray_deaths", {"ip": f.get("ip") or line.host or "an unknown node",
-                              "pid": f["pid"], "exit": f.get("class_name")}, key=(f["pid"],))
+        ev.add(RayDeath(ip=f.get("ip") or line.host or "an unknown node", pid=f["pid"],
+                        exit=f.get("class_name")), key=(f["pid"],))
 
 
 def _ray_actor(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _RAY_ACTOR.search(t):
-        ev.add("ray_deaths", {"ip": m.group(3), "pid": m.group(2), "exit": m.group(1)},
-               key=(m.group(2),))
+        ev.add(RayDeath(ip=m.group(3), pid=m.group(2), exit=m.group(1)), key=(m.group(2),))
 
 
 def _cancelled(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, Any]) -> None:
     if m := _SLURM_CANCEL.search(t):
-        ev.add("cancelled", {"what": m.group(1).lower(), "id": m.group(2), "host": m.group(3),
-                             "at": m.group(4), "why": (m.group(5) or "").lower()},
+        ev.add(Cancelled(what=m.group(1).lower(), id=m.group(2), host=m.group(3),
+                         at=m.group(4), why=(m.group(5) or "").lower()),
                key=(m.group(2),))
 
 
@@ -121,10 +131,9 @@ def _signal(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str,
     host = (m.group(ghost) if ghost else None) or line.host
     pid = m.group(gpid) if gpid else None
     name = SIGNALS.get(num, what) if num else what
-    ev.add("signals", {"signal": name, "what": what, "number": num, "rank": rank_of(line),
-                       "host": host, "pid": pid, "worker": "is killed by signal" in t,
-                       "agent": "received by PID" in t or "death signal" in t,
-                       "line": t.strip()},
+    ev.add(Signal(signal=name, what=what, number=num, rank=rank_of(line), host=host, pid=pid,
+                  worker="is killed by signal" in t,
+                  agent="received by PID" in t or "death signal" in t, line=t.strip()),
            key=(name, rank_of(line), host, pid))
     if pid is not None:
         ev.job.note(rank_of(line), host, pid)
@@ -218,18 +227,18 @@ def _exit(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, A
     ids = tasks(g["tasks"]) if g.get("tasks") else []
     local = int(g["local"]) if g.get("local") else None
     if g.get("sname") == "Out Of Memory":
-        ev.add("hits", {"id": "job.oom_killer", "kind": "cgroup", "what": "the cgroup's OOM "
-                        "killer (srun: Out Of Memory)", "rank": rank, "host": host,
-                        "tasks": ids, "pid": None, "line": t.strip()}, key=(host, g["tasks"]))
+        ev.add(Hit(id=FindingId.JOB_OOM_KILLER, kind="cgroup",
+                   what="the cgroup's OOM killer (srun: Out Of Memory)", rank=rank, host=host,
+                   tasks=ids, line=t.strip()),
+               key=(host, g["tasks"]))
     elif num is not None:
         name = SIGNALS.get(num, f"signal {num}")
-        ev.add("signals", {"signal": name, "what": g.get("sname") or name, "number": num,
-                           "rank": rank, "host": host, "pid": g.get("pid"), "tasks": ids,
-                           "local": local, "code": code, "worker": False, "agent": False,
-                           "line": t.strip()}, key=(name, rank, host, g.get("pid"), g["tasks"]
+        ev.add(Signal(signal=name, what=g.get("sname") or name, number=num, rank=rank,
+                      host=host, pid=g.get("pid"), tasks=ids, local=local, code=code,
+                      line=t.strip()), key=(name, rank, host, g.get("pid"), g["tasks"]
                                                     if g.get("tasks") else local))
     elif code:
-        ev.add("failing", Failing(kind="exit", line=t.strip(), rank=rank, host=host, code=code,
+        ev.add(Failing(kind="exit", line=t.strip(), rank=rank, host=host, code=code,
                                   tasks=ids, local=local), key=("exit", code, rank, host, local))
 
 
@@ -243,7 +252,7 @@ def _pod(ev: Events, line: Line, t: str, ahead: deque[Line], facts: dict[str, An
     if (m := _POD.match(t)) and m.group("pod") not in ev.pods and len(ev.pods) < 16:
         ev.pods.append(m.group("pod"))
     if m and m.group("status") in ("CrashLoopBackOff", "Error"):  # it failed; its log says why
-        ev.add("failing", Failing(kind="pod", line=t.strip(), host=m.group("pod")),
+        ev.add(Failing(kind="pod", line=t.strip(), host=m.group("pod")),
                key=("pod", m.group("pod")))
 
 
@@ -264,5 +273,6 @@ READERS = [
     ("exitcode", _elastic), ("worker died", _ray), ("RayTaskError", _ray_actor),
     ("actor died unexpectedly", _actor_died),
     ("CANCELLED", _cancelled), ("ignal", _signal), ("Fatal Python", _signal),
+    ("received at time=", _signal),
     *((trigger, _exit) for trigger in dict.fromkeys(w for ws, _ in _EXITS for w in ws)),
 ]

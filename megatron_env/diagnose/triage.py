@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from megatron_env.diagnose import families, launch, nccl_log, outcome, rootcause
 from megatron_env.diagnose.events import XIDS, Events, describe, events
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.joblog import Line
-from megatron_env.diagnose.model import first, in_time_order
+from megatron_env.diagnose.model import (
+    CudaError,
+    Ibv,
+    NcclError,
+    Timeout,
+    Who,
+    first,
+    in_time_order,
+)
 from megatron_env.findings import Finding, Status
 
 NEXT_RUN = ("NCCL_DEBUG=INFO TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 "
@@ -37,11 +46,11 @@ def _where(rank: int | None, host: str | None) -> str:
     return " on ".join(parts) or "a rank"
 
 
-def _who(items: list[dict[str, Any]]) -> str:
+def _who(items: Sequence[Who]) -> str:
     """'rank 1 on gpu187', 'ranks 0 and 3', 'a rank': who printed these events."""
-    rs = sorted({e["rank"] for e in items if e.get("rank") is not None})
-    local = sorted({e["local"] for e in items if e.get("local") is not None})
-    hosts = sorted({e["host"] for e in items if e.get("host")})
+    rs = sorted({e.rank for e in items if e.rank is not None})
+    local = sorted({e.local for e in items if e.local is not None})
+    hosts = sorted({e.host for e in items if e.host})
     who = (ranks(rs) if rs else ranks(local).replace("rank", "local rank") if local
            else "a rank")
     return who + (f" on {', '.join(hosts)}" if hosts else "")
@@ -55,36 +64,36 @@ def _seconds(ms: int) -> str:
 def _timeouts(ev: Events) -> list[Finding]:
     if not ev.timeouts:
         return []
-    seen: dict[tuple[Any, ...], dict[str, Any]] = {}
+    seen: dict[tuple[Any, ...], Timeout] = {}
     for t in ev.timeouts:  # the watchdog line and the exception text repeat the same timeout
-        seen.setdefault((t["rank"], t["seq"], t["op"]), t)
+        seen.setdefault((t.rank, t.seqnum, t.op), t)
     ts = list(seen.values())
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[Timeout]] = defaultdict(list)
     for t in ts:
-        groups[(t["op"], t["seq"])].append(t)
+        groups[(t.op, t.seqnum)].append(t)
     by_rank: dict[int, set[int]] = defaultdict(set)
     for t in ts:
-        by_rank[t["rank"]].add(t["seq"])
+        by_rank[t.rank].add(t.seqnum)
     t0 = ts[0]
-    size = (f", {t0['numel_in']} elements in / {t0['numel_out']} out"
-            if t0["numel_in"] is not None else "")
-    ran = max(t["ran_ms"] for t in ts)
-    ops = " and ".join(sorted({t["op"] for t in ts}))
-    seqs = sorted({t["seq"] for t in ts})
+    size = (f", {t0.numel_in} elements in / {t0.numel_out} out"
+            if t0.numel_in is not None else "")
+    ran = max(t.ran_ms for t in ts)
+    ops = " and ".join(sorted({t.op for t in ts}))
+    seqs = sorted({t.seqnum for t in ts})
     summary = (f"{ranks(by_rank)} timed out in {ops} (SeqNum {_span(seqs)}"
-               f"{size if len(groups) == 1 else ''}) after {_seconds(t0['timeout_ms'])} "
-               f"(Timeout(ms)={t0['timeout_ms']})")
-    if ran > 1.5 * t0["timeout_ms"]:
+               f"{size if len(groups) == 1 else ''}) after {_seconds(t0.timeout_ms)} "
+               f"(Timeout(ms)={t0.timeout_ms})")
+    if ran > 1.5 * t0.timeout_ms:
         summary += f"; the watchdog only noticed after {_seconds(ran)}"
     if ev.first_timeout:
         summary += f"; {ranks(ev.first_timeout)} timed out first"
     evidence = [describe(ev.who(t))
-                + (f" ([Rank {t['pg_rank']}] of its process group)"
-                   if t.get("pg_rank") not in (None, t["rank"]) else "")
-                + f": {t['op']} SeqNum {t['seq']}"
-                + (f" ({t['numel_in']} elements in / {t['numel_out']} out)"
-                   if t["numel_in"] is not None and len(groups) > 1 else "")
-                + (f", ran for {t['ran_ms']} ms" if t["ran_ms"] else "") for t in ts[:8]]
+                + (f" ([Rank {t.pg_rank}] of its process group)"
+                   if t.pg_rank not in (None, t.rank) else "")
+                + f": {t.op} SeqNum {t.seqnum}"
+                + (f" ({t.numel_in} elements in / {t.numel_out} out)"
+                   if t.numel_in is not None and len(groups) > 1 else "")
+                + (f", ran for {t.ran_ms} ms" if t.ran_ms else "") for t in ts[:8]]
     evidence += [f"rank {r}: {w}" for r, w in sorted(ev.work.items())[:8]]
     out = []
     odd = _odd_ones(by_rank)
@@ -94,9 +103,9 @@ def _timeouts(ev: Events) -> list[Finding]:
         behind = {r: sorted(by_rank[r]) for r in odd}
         rest = sorted(set(by_rank) - set(odd))
         others = sorted({s for r in rest for s in by_rank[r]})
-        hosts = sorted({t["host"] for t in ts if t["rank"] in odd and t["host"]})
+        hosts = sorted({t.host for t in ts if t.rank in odd and t.host})
         ahead = min(s for r in odd for s in behind[r]) > max(others)
-        ops_of = {r: {t["op"] for t in ts if t["rank"] == r} for r in by_rank}
+        ops_of = {r: {t.op for t in ts if t.rank == r} for r in by_rank}
         odd_ops = {o for r in odd for o in ops_of[r]}
         rest_ops = {o for r in rest for o in ops_of[r]}
         mismatch = (f"; the ranks disagree on the next collective ({', '.join(sorted(odd_ops))} "
@@ -109,14 +118,14 @@ def _timeouts(ev: Events) -> list[Finding]:
                 f"{', '.join(str(s) for r in odd for s in behind[r])} while {ranks(rest)} "
                 f"reached SeqNum {_span(others)}")
         out.append(Finding(
-            "job.odd_rank", Status.FAIL, said + mismatch,
+            FindingId.JOB_ODD_RANK, Status.FAIL, said + mismatch,
             [f"rank {r}: SeqNum {', '.join(map(str, sorted(seqs)))}"
              for r, seqs in sorted(by_rank.items())],
             f"look at {ranks(odd)} first: its log, `py-spy dump` of its process while hung, and "
             f"`invoke preflight` on its host; next run: {NEXT_RUN}"))
     if silent and not odd and len(by_rank) > 1:
         out.append(Finding(
-            "job.odd_rank", Status.FAIL,
+            FindingId.JOB_ODD_RANK, Status.FAIL,
             f"{ranks(silent)} printed no watchdog timeout while {ranks(by_rank)} did: "
             f"{'it' if len(silent) == 1 else 'they'} may never have reached SeqNum "
             f"{_span(seqs)}",
@@ -129,7 +138,7 @@ def _timeouts(ev: Events) -> list[Finding]:
            + f": find it (its own error earlier in its log, or a hang). Next run: {NEXT_RUN} "
              "(the flight-recorder dump names the missing rank), and `invoke preflight` on the "
              "nodes")
-    out.insert(0, Finding("job.timeout", Status.FAIL, summary, evidence, fix))
+    out.insert(0, Finding(FindingId.JOB_TIMEOUT, Status.FAIL, summary, evidence, fix))
     return out
 
 
@@ -158,7 +167,7 @@ def _desync(ev: Events) -> list[Finding]:
     lag = sorted({r for x in ev.desync_lagging for r in x.ranks})
     first = ev.desync_lagging[0]
     return [Finding(
-        "job.desync", Status.FAIL,
+        FindingId.JOB_DESYNC, Status.FAIL,
         f"PyTorch's desync report names {ranks(lag)}: [{', '.join(map(str, first.ranks))}] "
         f"{first.what}",
         [f"[{', '.join(map(str, x.ranks))}] {x.what}" for x in ev.desync_lagging[:6]]
@@ -186,32 +195,32 @@ _NCCL_FIX = {
 
 def _nccl_errors(ev: Events) -> list[Finding]:
     out = []
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_kind: dict[str, list[NcclError]] = defaultdict(list)
     for e in in_time_order(ev.nccl_errors):
-        by_kind[e["kind"]].append(e)
+        by_kind[e.kind].append(e)
     for kind, es in by_kind.items():
         where = sorted({describe(ev.who(e)) for e in es} - {"a process"})
-        version = next((e["version"] for e in es if e["version"]), None)
-        last = next((e["last_error"] for e in es if e["last_error"]), "") or next(
-            (x["what"] for x in ev.last_errors), "")
-        op = next((e["op"] for e in es if e.get("op")), None) or _op(ev, es)
+        version = next((e.version for e in es if e.version), None)
+        last = next((e.last_error for e in es if e.last_error), "") or next(
+            (x.what for x in ev.last_errors), "")
+        op = next((e.op for e in es if e.op), None) or _op(ev, es)
         out.append(Finding(
-            "job.nccl_error", Status.FAIL,
+            FindingId.JOB_NCCL_ERROR, Status.FAIL,
             f"NCCL error '{kind}'" + (f" on {', '.join(where[:4])}" if where else "")
             + (f" in {op}" if op else "")
             + (f" (NCCL {version})" if version else "") + (f": {last}" if last else ""),
-            [e["line"] for e in es[:4]] + ([f"last error: {last}"] if last else []),
+            [e.line for e in es[:4]] + ([f"last error: {last}"] if last else []),
             _NCCL_FIX.get(kind, f"rerun with NCCL_DEBUG=INFO to see where it fails; {NEXT_RUN}")))
     if not ev.nccl_errors and ev.last_errors:
         where = sorted({describe(ev.who(e)) for e in ev.last_errors
-                        if e["rank"] is not None or e["host"]})
-        what = ev.last_errors[0]["what"]
+                        if e.rank is not None or e.host})
+        what = ev.last_errors[0].what
         op = _op(ev, ev.last_errors)
         out.append(Finding(
-            "job.nccl_error", Status.FAIL,
+            FindingId.JOB_NCCL_ERROR, Status.FAIL,
             "NCCL's last error" + (f" on {', '.join(where[:4])}" if where else "")
             + (f" in {op}" if op else "") + f": {what}",
-            [f"Last error: {x['what']}" for x in ev.last_errors[:4]],
+            [f"Last error: {x.what}" for x in ev.last_errors[:4]],
             _LAST_FIX if _REFUSED in what or "onnect" in what else
             f"rerun with NCCL_DEBUG=INFO to see the failing call; {NEXT_RUN}"))
     return out
@@ -223,9 +232,9 @@ _LAST_FIX = ("a peer's socket refused or dropped the connection: that rank had a
              "interface; `invoke preflight` on the nodes checks the links")
 
 
-def _op(ev: Events, es: list[dict[str, Any]]) -> str | None:
+def _op(ev: Events, es: Sequence[Who]) -> str | None:
     """The collective the ranks of these events were in, from their tracebacks."""
-    return next((ev.collective[e["rank"]] for e in es if e.get("rank") in ev.collective),
+    return next((ev.collective[e.rank] for e in es if e.rank in ev.collective),
                 None) or ev.collective.get(None) or (
         next(iter(ev.collective.values())) if len(set(ev.collective.values())) == 1 else None)
 
@@ -235,11 +244,17 @@ def _op(ev: Events, es: list[dict[str, Any]]) -> str | None:
 _HARDWARE = re.compile(r"ECC|NVLink|hardware|fallen off|GPU is lost|uncorrectable", re.I)
 
 
+# a math library's or CUDA's allocation failure: what running out of GPU memory looks like from
+# inside cuBLAS/cuDNN (CUBLAS_STATUS_ALLOC_FAILED, CUDNN_STATUS_ALLOC_FAILED)
+_ALLOC = re.compile(r"ALLOC_FAILED|out of memory", re.I)
+ALLOC = "alloc"
+
+
 def _cuda(ev: Events) -> list[Finding]:
     out = []
-    by_what: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_what: dict[str, list[CudaError]] = defaultdict(list)
     for e in in_time_order(ev.cuda_errors):
-        by_what[e["what"]].append(e)
+        by_what[e.what].append(e)
     for what, es in by_what.items():
         if "ECC" in what:
             fix = ("a GPU memory fault, not a software bug: drain the node, check "
@@ -252,16 +267,19 @@ def _cuda(ev: Events) -> list[Finding]:
         else:
             fix = "rerun with CUDA_LAUNCH_BLOCKING=1 to name the failing kernel"
         hardware = _HARDWARE.search(what) is not None
-        out.append(Finding("job.cuda_error", Status.FAIL, f"{_who(es)} hit CUDA error: {what}"
+        alloc = _ALLOC.search(what) is not None
+        out.append(Finding(FindingId.JOB_CUDA_ERROR, Status.FAIL,
+                           f"{_who(es)} hit CUDA error: {what}"
                            + (" (a GPU hardware fault, not the code's)" if hardware else ""),
-                           [e["line"] for e in es[:4]], fix, "hardware" if hardware else ""))
+                           [e.line for e in es[:4]], fix,
+                           "hardware" if hardware else ALLOC if alloc else ""))
     if ev.ooms:
         o = first(ev.ooms)
         out.append(Finding(
-            "job.cuda_oom", Status.FAIL,
-            f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o['size']}"
-            + (f" on GPU {o['gpu']} ({o['total']} total)" if o["gpu"] else ""),
-            [e["line"] for e in ev.ooms[:4]],
+            FindingId.JOB_CUDA_OOM, Status.FAIL,
+            f"{_who(ev.ooms)} ran out of GPU memory: tried to allocate {o.size}"
+            + (f" on GPU {o.gpu} ({o.total} total)" if o.gpu else ""),
+            [e.line for e in ev.ooms[:4]],
             "smaller micro-batch, activation recomputation, more tensor/pipeline parallelism, or "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation"))
     return out
@@ -270,18 +288,18 @@ def _cuda(ev: Events) -> list[Finding]:
 def _xids(ev: Events) -> list[Finding]:
     if not ev.xids:
         return []
-    codes = sorted({x["xid"] for x in ev.xids} | {x["cause"] for x in ev.xids if x["cause"]})
-    gpus = sorted({x["pci"] for x in ev.xids})
-    hosts = sorted({x["host"] for x in ev.xids if x["host"]})
-    causes = sorted({x["cause"] for x in ev.xids if x["cause"]})
+    codes = sorted({x.xid for x in ev.xids} | {x.cause for x in ev.xids if x.cause})
+    gpus = sorted({x.pci for x in ev.xids})
+    hosts = sorted({x.host for x in ev.xids if x.host})
+    causes = sorted({x.cause for x in ev.xids if x.cause})
     named = ", ".join(f"Xid {c}" + (f" ({XIDS[c]})" if c in XIDS else "") for c in codes)
     return [Finding(
-        "job.gpu_xid", Status.FAIL,
+        FindingId.JOB_GPU_XID, Status.FAIL,
         f"the GPU driver reported {named} on {len(gpus)} GPU(s) ({', '.join(gpus[:4])})"
         + (f" of {', '.join(hosts)}" if hosts else "")
         + (f"; the first error was Xid {', '.join(map(str, causes))}" if causes else ""),
-        [f"{x['pci']}: Xid {x['xid']}" + (f" pid {x['pid']} ({x['name']})" if x["pid"] else "")
-         + (f", caused by Xid {x['cause']}" if x["cause"] else "") for x in ev.xids[:6]],
+        [f"{x.pci}: Xid {x.xid}" + (f" pid {x.pid} ({x.name})" if x.pid else "")
+         + (f", caused by Xid {x.cause}" if x.cause else "") for x in ev.xids[:6]],
         "a GPU, NVLink or driver fault on that node: drain it, look up the Xid in NVIDIA's Xid "
         "catalogue, collect `nvidia-bug-report.sh`, reset the GPUs or reboot, and run "
         "`invoke preflight` there before it rejoins")]
@@ -291,10 +309,10 @@ def _stuck(ev: Events) -> list[Finding]:
     if not ev.stuck:
         return []
     return [Finding(
-        "job.watchdog_stuck", Status.FAIL,
+        FindingId.JOB_WATCHDOG_STUCK, Status.FAIL,
         f"the NCCL watchdog of {_who(ev.stuck)} got stuck for "
-        f"{max(s['seconds'] for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
-        [f"{_where(s['rank'], s['host'])}: stuck for {s['seconds']} s" for s in ev.stuck[:6]],
+        f"{max(s.seconds for s in ev.stuck)} s: a CUDA or NCCL call itself hung",
+        [f"{_where(s.rank, s.host)}: stuck for {s.seconds} s" for s in ev.stuck[:6]],
         "a call that never returns is a GPU fault (Xid lines in `dmesg` on that host) or a "
         "deadlock around the GIL: take `py-spy dump --native --pid` of the process while it "
         "hangs, run `invoke preflight` on the host; TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC only helps "
@@ -308,8 +326,8 @@ def _nccl_debug(ev: Events) -> list[Finding]:
     if ev.nccl is None:
         return []
     fs = [f for f in nccl_log.findings(ev.nccl) if f.status is not Status.SKIP]
-    if any(e["errno"] for e in ev.ibv):  # `_ibv` says it, with the advice of its errno
-        fs = [f for f in fs if f.id != "nccl.system_error"
+    if any(e.errno for e in ev.ibv):  # `_ibv` says it, with the advice of its errno
+        fs = [f for f in fs if f.id != FindingId.NCCL_SYSTEM_ERROR
               or not all("ibv_" in x for x in f.evidence)]
     return fs
 
@@ -334,50 +352,133 @@ _IBV_FIX = {
 def _ibv(ev: Events) -> list[Finding]:
     """Failed ibv_* calls, one finding per errno: the advice depends on the errno, not on which
     call failed."""
-    by: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+    by: dict[str | None, list[Ibv]] = defaultdict(list)
     for e in ev.ibv:
-        if e["errno"]:  # without one, the NCCL analysis' system error says what is known
-            by[e["errno"]].append(e)
+        if e.errno:  # without one, the NCCL analysis' system error says what is known
+            by[e.errno].append(e)
     out = []
     for errno, es in by.items():
-        calls = sorted({e["call"] for e in es})
-        who = sorted({describe(ev.who(e)) for e in es if e["rank"] is not None or e["host"]
-                      or e["pid"]})
+        calls = sorted({e.call for e in es})
+        who = sorted({describe(ev.who(e)) for e in es if e.rank is not None or e.host
+                      or e.pid})
         op = _op(ev, es)
         out.append(Finding(
-            "nccl.ibverbs_call", Status.FAIL,
+            FindingId.NCCL_IBVERBS_CALL, Status.FAIL,
             f"{', '.join(calls)} failed" + (f" with {errno}" if errno else "")
-            + (f" ({es[0]['error']})" if es[0]["error"] else "")
+            + (f" ({es[0].error})" if es[0].error else "")
             + (f" on {', '.join(who[:4])}" if who else "") + (f" in {op}" if op else ""),
-            [e["line"] for e in es[:4]],
+            [e.line for e in es[:4]],
             _IBV_FIX.get(errno or "", "look up the errno the call failed with (`errno -l`); rerun "
                                 "with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET")))
     return out
 
 
-ORDER = ["job.gpu_xid", "job.hardware", "job.oom_killer", "job.disk", "job.cuda_error",
-         "job.device_assert", "job.kernel_abi", "job.script", "nccl.ib_completion", "nccl.cuda",
-         "job.cuda_oom", "job.accelerator_oom", "job.compiler", "job.numerics", "job.data",
-         "nccl.ibverbs_call", "nccl.system_error", "nccl.shm", "job.signal", "job.mpi_abort",
-         "nccl.ibverbs",
-         "job.hang",  # the flight recorder's root rank: before what the other ranks saw
-         "job.watchdog_stuck", "job.desync", "job.stall", "job.odd_rank", "job.bootstrap",
-         "job.rendezvous", "nccl.socket", "job.nccl_net", "job.nccl_error", "job.root_cause",
-         "job.ray_worker", "nccl.peer_lost", "job.timeout", "job.scheduler",
-         "nccl.net", "nccl.transport"]
+ORDER: list[str] = [  # FindingId members (each the string it names)
+    FindingId.JOB_GPU_XID,
+    FindingId.JOB_HARDWARE,
+    FindingId.JOB_OOM_KILLER,
+    FindingId.JOB_DISK,
+    FindingId.JOB_CUDA_ERROR,
+    FindingId.JOB_DEVICE_ASSERT,
+    FindingId.JOB_KERNEL_ABI,
+    FindingId.JOB_SCRIPT,
+    FindingId.NCCL_IB_COMPLETION,
+    FindingId.NCCL_CUDA,
+    FindingId.JOB_CUDA_OOM,
+    FindingId.JOB_ACCELERATOR_OOM,
+    FindingId.JOB_COMPILER,
+    FindingId.JOB_NUMERICS,
+    FindingId.JOB_DATA,
+    FindingId.JOB_EXCEPTION,  # a rank's own exception: before what other processes did after it
+    FindingId.NCCL_IBVERBS_CALL,
+    FindingId.NCCL_SYSTEM_ERROR,
+    FindingId.NCCL_SHM,
+    FindingId.JOB_SIGNAL,
+    FindingId.JOB_MPI_ABORT,
+    FindingId.NCCL_IBVERBS,
+    FindingId.JOB_HANG,  # the flight recorder's root rank: before what the other ranks saw
+    FindingId.JOB_WATCHDOG_STUCK,
+    FindingId.JOB_DESYNC,
+    FindingId.JOB_STALL,
+    FindingId.JOB_ODD_RANK,
+    FindingId.JOB_BOOTSTRAP,
+    FindingId.JOB_RENDEZVOUS,
+    FindingId.NCCL_SOCKET,
+    FindingId.JOB_NCCL_NET,
+    FindingId.JOB_NCCL_ERROR,
+    FindingId.JOB_ROOT_CAUSE,
+    FindingId.JOB_RAY_WORKER,
+    FindingId.NCCL_PEER_LOST,
+    FindingId.JOB_TIMEOUT,
+    FindingId.JOB_SCHEDULER,
+    FindingId.NCCL_NET,
+    FindingId.NCCL_TRANSPORT,
+]
 
 
-def _rank_of(f: Finding) -> tuple[int, int]:
+def _rank_of(f: Finding, ev: Events | None = None) -> tuple[int, int]:
     rank = ORDER.index(f.id) if f.id in ORDER else len(ORDER)
-    if f.id == "job.root_cause" and f.kind in ("user", "framework"):  # the rank's own error
-        rank = ORDER.index("job.signal") - 1
-    elif f.id == "job.root_cause" and "SIGABRT" in f.summary:  # the watchdog's doing
-        rank = ORDER.index("job.timeout") + 1
-    if f.id == "job.signal" and f.kind == "launcher":  # the root cause's exit code, again
-        rank = ORDER.index("job.root_cause") + 1
-    if f.id == "job.signal" and f.kind in ("agent", "SIGTERM"):  # sent from outside
-        rank = ORDER.index("job.scheduler") + 1
+    if ev is not None and _is_consequence(f, ev):  # listed after (and under) its cause
+        return (f.status is not Status.FAIL, ORDER.index(_CAUSE[f.id]) + 1)
+    # the rank's own error
+    if f.id == FindingId.JOB_ROOT_CAUSE and f.kind in ("user", "framework"):
+        rank = ORDER.index(FindingId.JOB_SIGNAL) - 1
+    elif f.id == FindingId.JOB_ROOT_CAUSE and "SIGABRT" in f.summary:  # the watchdog's doing
+        rank = ORDER.index(FindingId.JOB_TIMEOUT) + 1
+    if f.id == FindingId.JOB_SIGNAL and f.kind == "launcher":  # the root cause's exit code, again
+        rank = ORDER.index(FindingId.JOB_ROOT_CAUSE) + 1
+    if f.id == FindingId.JOB_SIGNAL and f.kind in ("agent", "SIGTERM"):  # sent from outside
+        rank = ORDER.index(FindingId.JOB_SCHEDULER) + 1
     return (f.status is not Status.FAIL, rank)
+
+
+# a consequence's finding id -> the id of the finding of its cause
+_CAUSE: dict[str, str] = {FindingId.JOB_SIGNAL: FindingId.JOB_TIMEOUT,
+                          FindingId.JOB_ROOT_CAUSE: FindingId.JOB_TIMEOUT,
+                          FindingId.JOB_CUDA_ERROR: FindingId.JOB_CUDA_OOM}
+
+
+def _aborted(ev: Events) -> list[tuple[int | None, str]]:
+    """The processes a SIGABRT ended (rank, 'SIGABRT' or the exit code): a signal line or a
+    launcher's table entry with exit code -6."""
+    out: list[tuple[int | None, str]] = [(s.rank, "SIGABRT") for s in ev.signals
+                                         if s.signal == "SIGABRT"]
+    out += [(f.rank, "SIGABRT (exit code -6)") for f in ev.failures if f.exitcode == -6]
+    return out
+
+
+def _is_consequence(f: Finding, ev: Events) -> bool:
+    """A finding another one explains: an abort after NCCL's watchdog timed out (the watchdog
+    aborts its process), a math library's allocation failure after running out of memory."""
+    if f.id == FindingId.JOB_CUDA_ERROR:
+        return f.kind == ALLOC and bool(ev.ooms)
+    if f.id == FindingId.JOB_SIGNAL and f.kind in ("SIGABRT", "launcher"):
+        return bool(ev.timeouts) and bool(_aborted(ev))
+    if f.id == FindingId.JOB_ROOT_CAUSE:
+        return bool(ev.timeouts) and f.kind == "signal" and any(
+            x.exitcode == -6 for x in ev.failures)
+    return False
+
+
+def _under_causes(fs: list[Finding], ev: Events) -> list[Finding]:
+    """Each cause with what it explains listed in its evidence ("consequence: rank 7's SIGABRT
+    follows its NCCL watchdog timeout in BROADCAST")."""
+    notes: dict[str, list[str]] = defaultdict(list)
+    if ev.timeouts and any(_is_consequence(f, ev) for f in fs):
+        ops = {t.rank: t.op for t in ev.timeouts}
+        every = " and ".join(sorted(set(ops.values())))
+        for rank, how in dict.fromkeys(_aborted(ev)):
+            notes[FindingId.JOB_TIMEOUT].append(
+                f"consequence: rank {rank}'s {how} follows its NCCL watchdog timeout in "
+                f"{ops[rank]}" if rank in ops else
+                f"consequence: the {how} of {f'rank {rank}' if rank is not None else 'a process'}"
+                f" follows the NCCL watchdog timeout in {every}")
+    if ev.ooms and any(f.id == FindingId.JOB_CUDA_ERROR and _is_consequence(f, ev) for f in fs):
+        notes[FindingId.JOB_CUDA_OOM] += [
+            f"consequence: {e.what} follows running out of GPU memory"
+            for e in ev.cuda_errors if _ALLOC.search(e.what)][:2]
+    return [Finding(f.id, f.status, f.summary, f.evidence + notes.pop(f.id, []), f.fix, f.kind)
+            if f.id in notes else f for f in fs]
 
 
 def findings(ev: Events) -> list[Finding]:
@@ -386,9 +487,12 @@ def findings(ev: Events) -> list[Finding]:
     or a clean end."""
     fs = (_xids(ev) + _cuda(ev) + _nccl_debug(ev) + _desync(ev) + _timeouts(ev)
           + _stuck(ev) + rootcause.findings(ev) + _nccl_errors(ev) + _ibv(ev) + launch.findings(ev)
-          + outcome.table(ev, skip=frozenset({"job.rendezvous"} | (
-              {"job.scheduler"} if ev.cancelled else set()))))
-    fs.sort(key=_rank_of)
+          + outcome.table(ev, skip=frozenset({FindingId.JOB_RENDEZVOUS} | (
+              {FindingId.JOB_SCHEDULER} if ev.cancelled else set()))))
+    quoted = {e for f in fs if f.status is Status.FAIL for e in f.evidence}
+    fs += rootcause.exception_findings(ev, quoted)
+    fs.sort(key=lambda f: _rank_of(f, ev))
+    fs = _under_causes(fs, ev)
     fs += outcome.outcome(ev, any(f.status is Status.FAIL for f in fs))
     return [Finding(f.id, f.status, f.summary, f.evidence, f.fix,
                     families.family(f.id, f.kind).name) for f in fs]

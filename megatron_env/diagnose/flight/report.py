@@ -15,6 +15,7 @@ from pathlib import Path
 from megatron_env.diagnose import launch
 from megatron_env.diagnose.flight import analysis, dump
 from megatron_env.diagnose.flight.analysis import Hang, Wait
+from megatron_env.diagnose.ids import FindingId
 from megatron_env.diagnose.model import Events
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding, Status
@@ -54,9 +55,9 @@ def log_facts(evs: Iterable[Events]) -> tuple[list[Timeout], dict[int, str]]:
     hosts: dict[int, str] = {}
     for ev in evs:
         for t in ev.timeouts:
-            rank, host = t.get("rank"), t.get("host")
+            rank, host = t.rank, t.host
             if rank is not None:
-                timeouts.append((rank, t.get("seq"), t.get("op")))
+                timeouts.append((rank, t.seqnum, t.op or None))
                 if host:
                     hosts.setdefault(rank, host)
         for r, p in ev.job.by_rank.items():
@@ -189,13 +190,13 @@ def findings(dumps: list[dump.Dump], timeouts: list[Timeout] | None = None,
         h = analysis.analyse(dumps)
     entries = sum(len(d.entries) for d in dumps)
     if h is None:
-        return [Finding("job.hang", Status.PASS,
+        return [Finding(FindingId.JOB_HANG, Status.PASS,
                         f"the flight-recorder dumps of {ranks(d.rank for d in dumps)} show no "
                         f"collective waiting ({entries} entries)", [], "", "clean")]
     if h.all_arrived:
         w = h.waits[0]
         return [Finding(
-            "job.hang", Status.WARN,
+            FindingId.JOB_HANG, Status.WARN,
             f"every member of {_group(w.pg, w.desc)} entered {w.op} #{w.seq}, and the dumps do "
             "not show it completed: the transport hung, or the ranks were dumped while it "
             "completed; no rank is behind",
@@ -204,7 +205,7 @@ def findings(dumps: list[dump.Dump], timeouts: list[Timeout] | None = None,
             "and `invoke preflight` on the nodes")]
     roots = _who(h.roots, hosts)
     return [Finding(
-        "job.hang", Status.FAIL, "hang: " + summary(h, hosts),
+        FindingId.JOB_HANG, Status.FAIL, "hang: " + summary(h, hosts),
         evidence(h, dumps, timeouts or [], hosts),
         f"look at {roots} first: `py-spy dump --pid` of it while hung says where it is; a rank "
         "that skipped, reordered or changed a collective is a code path that differs between "
@@ -225,7 +226,7 @@ def join(logs: list[Finding], dumps: list[Finding]) -> list[Finding]:
              for f in dumps]
     if not hang:
         return kept + dumps
-    at = triage.ORDER.index("job.hang")
+    at = triage.ORDER.index(FindingId.JOB_HANG)
     i = next((k for k, f in enumerate(kept) if f.status is not Status.FAIL
               or f.id not in triage.ORDER or triage.ORDER.index(f.id) > at), len(kept))
     return kept[:i] + dumps + kept[i:]
