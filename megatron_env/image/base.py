@@ -12,13 +12,15 @@ profile whose Python is one of those (SUITES); any other needs a --base that has
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import hashlib
+import lzma
 import os
 import re
 import shutil
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -322,55 +324,19 @@ def _load_json(f: IO[bytes]) -> Any:
 def _gzip_stream(src: IO[bytes], dest: Path) -> tuple[str, int, str]:
     """src (a tar, or already gzip) as a gzip blob at dest -> (diff_id, size, digest)."""
     head = src.read(2)
-    raw, blob = hashlib.sha256(), hashlib.sha256()
     with open(dest, "wb") as out:
-        if head == b"\x1f\x8b":  # already compressed: kept, its content hashed for the diff_id
-            blob.update(head)
+        if head == b"\x1f\x8b":  # already compressed: kept as it is
             out.write(head)
-            rest = _Tee(src, blob, out)
-            with gzip.GzipFile(fileobj=rest, mode="rb") as gz:  # type: ignore[arg-type]
-                while chunk := gz.read(CHUNK):
-                    raw.update(chunk)
-            while chunk := src.read(CHUNK):  # trailing bytes gzip did not need
-                blob.update(chunk)
-                out.write(chunk)
+            shutil.copyfileobj(src, out, CHUNK)
         else:
-            class _Sink:
-                def write(self, b: bytes) -> int:
-                    blob.update(b)
-                    out.write(b)
-                    return len(b)
-
-                def flush(self) -> None:
-                    pass
-
-            with gzip.GzipFile(filename="", mode="wb", fileobj=_Sink(),  # type: ignore[arg-type]
-                               mtime=0) as gz:
-                raw.update(head)
+            with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0) as gz:
                 gz.write(head)
-                while chunk := src.read(CHUNK):
-                    raw.update(chunk)
-                    gz.write(chunk)
-    return "sha256:" + raw.hexdigest(), dest.stat().st_size, "sha256:" + blob.hexdigest()
-
-
-class _Tee:
-    """Reads of `src` (after its first two bytes, already passed on), hashed and copied."""
-
-    def __init__(self, src: IO[bytes], sha: Any, out: IO[bytes]) -> None:
-        self.src, self.sha, self.out, self.first = src, sha, out, True
-
-    def read(self, n: int = -1) -> bytes:
-        if self.first:
-            self.first = False
-            return b"\x1f\x8b" + self._more(max(n - 2, 0) if n > 0 else -1)
-        return self._more(n)
-
-    def _more(self, n: int) -> bytes:
-        b = self.src.read(n)
-        self.sha.update(b)
-        self.out.write(b)
-        return b
+                shutil.copyfileobj(src, gz, CHUNK)
+    raw = hashlib.sha256()
+    with gzip.open(dest, "rb") as plain:
+        while chunk := plain.read(CHUNK):
+            raw.update(chunk)
+    return "sha256:" + raw.hexdigest(), dest.stat().st_size, "sha256:" + digest.file_hex(dest)
 
 
 # --- a root file system tarball as one reproducible layer -----------------------------------
@@ -383,10 +349,13 @@ def rootfs_layer(src: Path, dest: Path, epoch: int, echo: output.Echo) -> oci.La
     try:
         with open(src, "rb") as f:
             magic = f.read(6)
-        if magic[:2] in (b"\x1f\x8b", b"BZ") or magic == b"\xfd7zXZ\x00":
+        openers: dict[bytes, Callable[[Path, str], IO[bytes]]] = {
+            b"\x1f\x8b": gzip.open, b"BZ": bz2.open, b"\xfd7": lzma.open}  # type: ignore[dict-item]
+        opener = openers.get(magic[:2])
+        if opener is not None:  # random access below: decompressed once, not per member
             echo(f"base: decompressing {src.name}")
-            with tarfile.open(src, "r:*") as t, open(plain, "wb") as out:
-                shutil.copyfileobj(t.fileobj, out, CHUNK)  # type: ignore[misc]
+            with opener(src, "rb") as z, open(plain, "wb") as out:
+                shutil.copyfileobj(z, out, CHUNK)
             src = plain
         with tarfile.open(src, "r:") as tar:
             members: dict[str, tarfile.TarInfo] = {}
@@ -418,11 +387,11 @@ def _copy_member(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name
             return  # a link to nothing in the archive: extraction would fail too
         f = tar.extractfile(target)
         if f is not None:
-            w.stream(name, f, target.size, target.mode, owner)  # type: ignore[arg-type]
+            w.stream(name, f, target.size, target.mode, owner)
     elif m.isfile():
         f = tar.extractfile(m)
         if f is not None:
-            w.stream(name, f, m.size, m.mode, owner)  # type: ignore[arg-type]
+            w.stream(name, f, m.size, m.mode, owner)
     elif m.ischr() or m.isblk() or m.isfifo():
         w.special(name, m)
 
@@ -430,7 +399,8 @@ def _copy_member(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name
 # --- the default base: a minimal Debian -----------------------------------------------------
 
 
-def debian(minor: str, cache: Path, epoch: int, echo: output.Echo) -> tuple[oci.Layer, dict[str, Any]]:
+def debian(minor: str, cache: Path, epoch: int, echo: output.Echo
+           ) -> tuple[oci.Layer, dict[str, Any]]:
     """mmdebstrap's minbase of the Debian release whose python3 is `minor`, with it installed;
     made once per (release, mirror, epoch) and kept in the cache, with the packages it holds."""
     suite = SUITES.get(minor)
@@ -513,10 +483,3 @@ def _status(text: str) -> list[str]:
             out.append(f"{fields['Package']}={fields.get('Version', '?')}")
     return sorted(out)
 
-
-def iter_layer(layer: oci.Layer) -> Iterator[tarfile.TarInfo]:  # pragma: no cover - helper
-    with _open_layer(layer.path) as tar:
-        yield from tar
-
-
-Reader = Callable[[Path], Any]

@@ -141,7 +141,7 @@ def with_bytecode(st: Staged, paths: Iterable[str], tag: str) -> list[str]:
         out.append(rel)
         if rel.endswith(".py"):
             d, _, leaf = rel.rpartition("/")
-            pyc = f"{d}/__pycache__/{leaf[:-3]}.{tag}.pyc" if d else f"__pycache__/{leaf[:-3]}.{tag}.pyc"
+            pyc = f"{d + '/' if d else ''}__pycache__/{leaf[:-3]}.{tag}.pyc"
             if (st.root / pyc).is_file():
                 out.append(pyc)
     return out

@@ -18,7 +18,7 @@ import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO
 
 from megatron_env.errors import UserError
 
@@ -59,7 +59,7 @@ class _Hashing(io.RawIOBase):
 class _Checked(io.RawIOBase):
     """A file read for the tar, every chunk searched for the forbidden byte strings."""
 
-    def __init__(self, f: BinaryIO, forbidden: tuple[bytes, ...], name: str) -> None:
+    def __init__(self, f: IO[bytes], forbidden: tuple[bytes, ...], name: str) -> None:
         self.f, self.forbidden, self.name = f, forbidden, name
         self.tail = b""
         self.keep = max((len(x) for x in forbidden), default=1) - 1
@@ -90,11 +90,11 @@ class LayerWriter:
         self.epoch, self.forbidden, self.check_driver = epoch, forbidden, check_driver
         self._file = open(dest, "wb")  # noqa: SIM115 - closed in close()
         self._blob = _Hashing(self._file)
-        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._blob,  # type: ignore[arg-type]
+        self._gz = gzip.GzipFile(filename="", mode="wb", fileobj=self._blob,
                                  compresslevel=GZIP_LEVEL, mtime=0)
-        self._tar_hash = _Hashing(self._gz)
-        self._tar = tarfile.open(fileobj=self._tar_hash, mode="w|",  # type: ignore[call-overload]
-                                 format=tarfile.PAX_FORMAT, bufsize=CHUNK)
+        self._tar_hash = _Hashing(self._gz)  # type: ignore[arg-type]
+        self._tar = tarfile.open(  # noqa: SIM115 - closed in close(), or abandoned in __exit__
+            fileobj=self._tar_hash, mode="w|", format=tarfile.PAX_FORMAT, bufsize=CHUNK)
         self.entries = 0
         self._last = ""
 
@@ -106,7 +106,7 @@ class LayerWriter:
             stream = getattr(self._tar, "fileobj", None)
             if stream is not None:
                 stream.closed = True
-            self._tar.closed = True
+            self._tar.closed = True  # type: ignore[attr-defined]
             self._file.close()
 
     def _info(self, name: str, kind: bytes, mode: int, owner: tuple[int, int] = (0, 0)
@@ -152,14 +152,14 @@ class LayerWriter:
     def data(self, name: str, data: bytes, mode: int = 0o644) -> None:
         ti = self._info(name, tarfile.REGTYPE, mode)
         ti.size = len(data)
-        self._tar.addfile(ti, _Checked(io.BytesIO(data), self.forbidden, name))  # type: ignore[arg-type]
+        self._tar.addfile(ti, _Checked(io.BytesIO(data), self.forbidden, name))
 
-    def stream(self, name: str, f: BinaryIO, size: int, mode: int = 0o644,
+    def stream(self, name: str, f: IO[bytes], size: int, mode: int = 0o644,
                owner: tuple[int, int] = (0, 0)) -> None:
         self._driver(name)
         ti = self._info(name, tarfile.REGTYPE, mode, owner)
         ti.size = size
-        self._tar.addfile(ti, _Checked(f, self.forbidden, name))  # type: ignore[arg-type]
+        self._tar.addfile(ti, _Checked(f, self.forbidden, name))
 
     def file(self, name: str, path: Path) -> None:
         """A file of the staging tree, as the entry `name` (its mode's x bits kept)."""
