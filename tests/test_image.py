@@ -49,9 +49,14 @@ def first(tmp_path_factory):
     root = tmp_path_factory.mktemp("image")
     house = wheelhouse(root / "house")
     repo = make_repo(root, house)
-    env = tool_env(house)
+    env = {**tool_env(house), "MEGATRON_ENV_CACHE": str(root / "cache")}
     doc = ok(build(repo, env, root / "A", "--sqsh", str(root / "a.sqsh")))
     return root, house, repo, env, doc
+
+
+def debian_base(root: Path) -> Path:
+    """The default base the first build made, from its cache: a root file system tarball."""
+    return next((root / "cache" / "image" / "base").glob("debian-*.tar.gz"))
 
 
 @needs_tools
@@ -123,12 +128,14 @@ def second(first):
     on the base the first build made (given as a root file system tarball), and once more
     in the first checkout on that same base."""
     root, _house, repo, env, doc = first
-    base = next((repo / ".cache" / "image" / "base").glob("debian-*.tar.gz"))
+    base = debian_base(root)
     a2 = ok(build(repo, env, root / "A2", "--base", str(base), "--sqsh", str(root / "a2.sqsh")))
     clone = root / "clone"
     git("clone", "-q", str(repo), str(clone), cwd=root)
     time.sleep(1.1)
-    b = ok(build(clone, env, root / "B", "--base", str(base), "--sqsh", str(root / "b.sqsh")))
+    fresh = {**env, "MEGATRON_ENV_CACHE": str(root / "cache-b"),
+             "MEGATRON_ENV_STATE": str(root / "state-b")}
+    b = ok(build(clone, fresh, root / "B", "--base", str(base), "--sqsh", str(root / "b.sqsh")))
     return base, clone, a2, b
 
 
@@ -147,7 +154,9 @@ def test_a_moved_pin_changes_exactly_the_layers_that_hold_it(first, second):
     root, house, _repo, env, _doc = first
     base, clone, _a2, b = second
     set_small(clone, house, "1.1")
-    c = ok(build(clone, env, root / "C", "--base", str(base)))
+    fresh = {**env, "MEGATRON_ENV_CACHE": str(root / "cache-b"),
+             "MEGATRON_ENV_STATE": str(root / "state-b")}
+    c = ok(build(clone, fresh, root / "C", "--base", str(base)))
     before = {x["what"]: x["digest"] for x in b["layers"]}
     after = {x["what"]: x["digest"] for x in c["layers"]}
     changed = {k for k in before if before[k] != after[k]}
@@ -202,9 +211,9 @@ def test_a_stale_lock_is_refused(first, tmp_path):
 
 @needs_tools
 def test_an_interrupted_build_leaves_nothing_at_out(first, tmp_path):
-    _root, _house, repo, env, _doc = first
+    root, _house, repo, env, _doc = first
     out = tmp_path / "out"
-    base = next((repo / ".cache" / "image" / "base").glob("debian-*.tar.gz"))
+    base = debian_base(root)
     p = subprocess.Popen([sys.executable, "-m", "invoke", "image", "--profile", NAME, "--out",
                           str(out), "--base", str(base)],
                          cwd=repo, env={**env, "PYTHONPATH": str(repo),
@@ -223,11 +232,39 @@ def test_an_interrupted_build_leaves_nothing_at_out(first, tmp_path):
 
 @needs_tools
 def test_a_full_disk_is_one_line_and_leaves_nothing(first, tmp_path):
-    _root, _house, repo, env, _doc = first
-    base = next((repo / ".cache" / "image" / "base").glob("debian-*.tar.gz"))
+    root, _house, repo, env, _doc = first
+    base = debian_base(root)
     with mounted(tmp_path / "small", "4m") as small:
         r = build(repo, env, small / "out", "--base", str(base))
         assert r.returncode == 2, r.stderr
         assert json.loads(r.stdout)["error"]["kind"] == "disk.full"
         assert "Traceback" not in r.stderr
         assert os.listdir(small) == []
+
+
+@needs_tools
+@pytest.mark.skipif(shutil.which("skopeo") is None, reason="needs skopeo (.ci/run installs it)")
+@pytest.mark.parametrize("form", ["oci-layout", "oci-archive", "docker-archive"])
+def test_an_image_is_a_base_in_each_form(first, tmp_path, form):
+    """The first image, as skopeo writes it in each form, is the base of another: its layers
+    come through unchanged (their diff_ids), under the new environment's."""
+    root, _house, repo, env, doc = first
+    if form == "oci-layout":
+        given = root / "A"
+    else:
+        given = tmp_path / f"base-{form}.tar"
+        subprocess.run(["skopeo", "copy", "-q", f"oci:{root / 'A'}:latest", f"{form}:{given}"],
+                       check=True, capture_output=True, timeout=300)
+    made = ok(build(repo, env, tmp_path / "out", "--base", str(given)))
+    layout = tmp_path / "out"
+
+    def diff_ids(layout: Path, digest: str) -> list[str]:
+        manifest = json.loads((layout / "blobs/sha256" / digest[7:]).read_bytes())
+        config = json.loads((layout / "blobs/sha256" / manifest["config"]["digest"][7:])
+                            .read_bytes())
+        return config["rootfs"]["diff_ids"]
+
+    first_ids = diff_ids(root / "A", doc["digest"])
+    assert diff_ids(layout, made["digest"])[:len(first_ids)] == first_ids
+    assert [x["what"] for x in made["layers"]][len(first_ids):] == \
+        ["torch", "packages", "megatron", "settings"]
