@@ -45,6 +45,7 @@ class Result:
     seconds: float
     sqsh: Path | None = None
     sqsh_sha256: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # seconds of each part
     labels: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -57,7 +58,8 @@ class Result:
                 "layers": [{"what": x.what, "digest": x.digest, "size": x.size,
                             "reused": x.what in self.reused} for x in self.layers],
                 "sqsh": str(self.sqsh) if self.sqsh else None,
-                "sqsh_sha256": self.sqsh_sha256, "labels": self.labels}
+                "sqsh_sha256": self.sqsh_sha256, "labels": self.labels,
+                "phases": {k: round(v, 2) for k, v in self.phases.items()}}
 
 
 def epoch_of(profile: Profile) -> int:
@@ -155,6 +157,7 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
     with files.scratch(out) as work:
         forbidden = (str(work).encode(),)
         b = base_mod.load(base, minor, need_glibc, work, cache_root, epoch, echo)
+        phases = {"base": time.monotonic() - t0}
         common = {"format": FORMAT, "epoch": epoch, "python": pyver, "prefix": envlayers.PREFIX,
                   "base-python": b.python, "platform": lock.PLATFORM, "tools": tools(pyver)}
         heavy, rest = envlayers.split_pins(lock_text)
@@ -188,14 +191,21 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
             return layer
 
         layers = list(b.layers)
+        t1 = time.monotonic()
         layers.append(env_layer("torch", heavy, True))
+        phases["torch"] = time.monotonic() - t1
+        t1 = time.monotonic()
         layers.append(env_layer("packages", rest, False))
+        phases["packages"] = time.monotonic() - t1
+        t1 = time.monotonic()
         kernels, kernel_layer = _kernels(profile, work, exe, minor, tag, epoch, common, cache,
                                          forbidden, reused, echo)
         if kernel_layer is not None:
             layers.append(kernel_layer)
         layers.append(_megatron(profile, work, exe, minor, epoch, common, cache, forbidden,
                                 reused, echo))
+        phases["kernels+megatron"] = time.monotonic() - t1
+        t1 = time.monotonic()
         labels = {"org.opencontainers.image.created": _iso(epoch),
                   "org.opencontainers.image.title": f"megatron-env {profile.name}",
                   "megatron-env.profile": profile.name,
@@ -225,10 +235,13 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
         mdigest = oci.write(staged, layers, config,
                             {"org.opencontainers.image.created": _iso(epoch)})
         _publish(staged, out)
-        res = Result(out, mdigest, layers, reused, kernels, 0.0, labels=labels)
+        phases["settings+layout"] = time.monotonic() - t1
+        res = Result(out, mdigest, layers, reused, kernels, 0.0, labels=labels, phases=phases)
         if sqsh is not None:
+            t1 = time.monotonic()
             squash.write(layers, config, sqsh, epoch, echo)
             res.sqsh, res.sqsh_sha256 = sqsh, digest.file_hex(sqsh)
+            phases["sqsh"] = time.monotonic() - t1
     res.seconds = time.monotonic() - t0
     return res
 
