@@ -32,6 +32,11 @@ from megatron_env.pyenv import lock, uv
 from megatron_env.sources import repos
 
 FORMAT = 1  # of the layers' keys: a change of how a layer is written changes it
+# The files' time in the layers that hold content (base, torch, packages, kernels, Megatron):
+# the same for every lock, so that a layer's bytes depend only on what it holds and a moved pin
+# changes only the layers that hold it. 1980-01-01, the earliest time a zip (a wheel built
+# from these files inside the container) can record. SOURCE_DATE_EPOCH, when set, is used instead.
+CONTENT_EPOCH = 315532800
 SETTINGS_FILE = "etc/megatron-env/image.json"
 
 
@@ -62,9 +67,16 @@ class Result:
                 "phases": {k: round(v, 2) for k, v in self.phases.items()}}
 
 
+def content_epoch() -> int:
+    """The files' time in the content layers: SOURCE_DATE_EPOCH, else CONTENT_EPOCH."""
+    given = os.environ.get("SOURCE_DATE_EPOCH")
+    return int(given) if given is not None and given.isdigit() else CONTENT_EPOCH
+
+
 def epoch_of(profile: Profile) -> int:
-    """SOURCE_DATE_EPOCH, else the commit time of the profile's lock (the same lock, the same
-    times, on every machine)."""
+    """The image's own time (its config's `created`, the settings layer): SOURCE_DATE_EPOCH,
+    else the commit time of the profile's lock (the same lock, the same time, on every
+    machine)."""
     given = os.environ.get("SOURCE_DATE_EPOCH")
     if given is not None:
         if not given.isdigit():
@@ -144,6 +156,7 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
                             fix=f"name a file: --sqsh {sqsh / (profile.name + '.sqsh')}",
                             kind="image.out-exists")
     epoch = epoch_of(profile)
+    files_epoch = content_epoch()
     lock_text = profile.lock_file.read_text()
     lock_digest = digest.of_file(profile.lock_file)
     minor = profile.python
@@ -156,10 +169,11 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
     reused: list[str] = []
     with files.scratch(out) as work:
         forbidden = (str(work).encode(),)
-        b = base_mod.load(base, minor, need_glibc, work, cache_root, epoch, echo)
+        b = base_mod.load(base, minor, need_glibc, work, cache_root, files_epoch, echo)
         phases = {"base": time.monotonic() - t0}
-        common = {"format": FORMAT, "epoch": epoch, "python": pyver, "prefix": envlayers.PREFIX,
-                  "base-python": b.python, "platform": lock.PLATFORM, "tools": tools(pyver)}
+        common = {"format": FORMAT, "epoch": files_epoch, "python": pyver,
+                  "prefix": envlayers.PREFIX, "base-python": b.python,
+                  "platform": lock.PLATFORM, "tools": tools(pyver)}
         heavy, rest = envlayers.split_pins(lock_text)
 
         def env_layer(what: str, names: set[str], with_skeleton: bool) -> oci.Layer:
@@ -186,7 +200,7 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
             extra = envlayers.skeleton(minor, b.python) if with_skeleton else {}
             echo(f"layer {what}: writing {len(paths)} files")
             layer = cache.put(key, what, lambda dest: envlayers.write_layer(
-                dest, epoch, envlayers.PREFIX, stage, paths, st.data, extra, forbidden))
+                dest, files_epoch, envlayers.PREFIX, stage, paths, st.data, extra, forbidden))
             shutil.rmtree(stage, ignore_errors=True)
             return layer
 
@@ -198,11 +212,11 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
         layers.append(env_layer("packages", rest, False))
         phases["packages"] = time.monotonic() - t1
         t1 = time.monotonic()
-        kernels, kernel_layer = _kernels(profile, work, exe, minor, tag, epoch, common, cache,
-                                         forbidden, reused, echo)
+        kernels, kernel_layer = _kernels(profile, work, exe, minor, tag, files_epoch, common,
+                                         cache, forbidden, reused, echo)
         if kernel_layer is not None:
             layers.append(kernel_layer)
-        layers.append(_megatron(profile, work, exe, minor, epoch, common, cache, forbidden,
+        layers.append(_megatron(profile, work, exe, minor, files_epoch, common, cache, forbidden,
                                 reused, echo))
         phases["kernels+megatron"] = time.monotonic() - t1
         t1 = time.monotonic()
@@ -239,7 +253,7 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
         res = Result(out, mdigest, layers, reused, kernels, 0.0, labels=labels, phases=phases)
         if sqsh is not None:
             t1 = time.monotonic()
-            squash.write(layers, config, sqsh, epoch, echo)
+            squash.write(layers, config, sqsh, files_epoch, echo)
             res.sqsh, res.sqsh_sha256 = sqsh, digest.file_hex(sqsh)
             phases["sqsh"] = time.monotonic() - t1
     res.seconds = time.monotonic() - t0
