@@ -177,7 +177,10 @@ def build(profile: Profile, out: Path, *, base: str | None = None, sqsh: Path | 
         heavy, rest = envlayers.split_pins(lock_text)
 
         def env_layer(what: str, names: set[str], with_skeleton: bool) -> oci.Layer:
-            sub = lock.subset(lock_text, names)
+            # the blocks only: lock.subset keeps the comment lines after the last block taken
+            # (the seal names every pin; a key must not change with a pin of another layer)
+            sub = "".join(line for line in lock.subset(lock_text, names).splitlines(True)
+                          if not line.startswith("#"))
             key = "env-" + digest.hexpart(digest.of({**common, "what": what, "pins": sub,
                                                      "skeleton": with_skeleton}), 24)
             hit = cache.get(key, what)
