@@ -155,7 +155,7 @@ def load(given: str | None, minor: str, need_glibc: str, work: Path, cache: Path
         layer, record = debian(minor, cache, epoch, echo)
         layers, env, where = [layer], {"PATH": DEFAULT_PATH}, f"debian {record['suite']}"
     else:
-        layers, env, record = _given(given, work, epoch, echo)
+        layers, env, record = _given(given, work, cache, epoch, echo)
         where = given
     echo(f"base: reading {len(layers)} layer(s) of {where} for python{minor} and glibc")
     facts = facts_of(layers, minor)
@@ -163,7 +163,7 @@ def load(given: str | None, minor: str, need_glibc: str, work: Path, cache: Path
     return Base(layers, env, python, glibc, {**record, "python": python, "glibc": glibc})
 
 
-def _given(given: str, work: Path, epoch: int, echo: output.Echo
+def _given(given: str, work: Path, cache: Path, epoch: int, echo: output.Echo
            ) -> tuple[list[oci.Layer], dict[str, str], dict[str, Any]]:
     p = Path(given)
     if "://" in given or not p.exists():
@@ -193,8 +193,9 @@ def _given(given: str, work: Path, epoch: int, echo: output.Echo
         layers, env = _from_docker_archive(p, work, given, echo)
         return layers, env, {"form": "docker-archive", "sha256": digest.file_hex(p)}
     if {"etc", "usr"} & {n.split("/")[0] for n in names}:
-        layer = rootfs_layer(p, work / "base-rootfs.tar.gz", epoch, echo)
-        return [layer], {"PATH": DEFAULT_PATH}, {"form": "rootfs", "sha256": digest.file_hex(p)}
+        sha = digest.file_hex(p)
+        layer = _cached_rootfs(p, sha, cache, epoch, echo)
+        return [layer], {"PATH": DEFAULT_PATH}, {"form": "rootfs", "sha256": sha}
     raise not_image(f"{given} (a tar archive that is no image and no root file system)")
 
 
@@ -394,6 +395,25 @@ def _copy_member(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name
             w.stream(name, f, m.size, m.mode, owner)
     elif m.ischr() or m.isblk() or m.isfifo():
         w.special(name, m)
+
+
+def _cached_rootfs(p: Path, sha: str, cache: Path, epoch: int, echo: output.Echo) -> oci.Layer:
+    """A root file system tarball's layer, made once per (its sha256, the epoch) and kept."""
+    key = digest.hexpart(digest.of({"sha256": sha, "epoch": epoch, "format": 1}), 16)
+    dest = cache / "image" / "base" / f"rootfs-{key}.tar.gz"
+    meta = dest.with_suffix(".json")
+    if dest.is_file() and meta.is_file():
+        doc, _why = files.read_json(meta)
+        if isinstance(doc, dict) and doc.get("size") == dest.stat().st_size:
+            echo(f"base: {p.name} from the cache")
+            return oci.Layer(dest, str(doc["digest"]), str(doc["diff_id"]), int(doc["size"]),
+                             oci.MEDIA_LAYER_GZIP, "base")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with files.publishing(dest) as tmp:
+        made = rootfs_layer(p, tmp, epoch, echo)
+    files.write_text(meta, _json({"digest": made.digest, "diff_id": made.diff_id,
+                                  "size": made.size}))
+    return oci.Layer(dest, made.digest, made.diff_id, made.size, oci.MEDIA_LAYER_GZIP, "base")
 
 
 # --- the default base: a minimal Debian -----------------------------------------------------
