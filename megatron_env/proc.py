@@ -12,9 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from megatron_env import redact
 
@@ -104,6 +106,37 @@ def run(
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(redact.text(f"$ {' '.join(args)}\n{result.output}"))
     return result
+
+
+def feed(argv: Sequence[str | os.PathLike[str]], produce: Callable[[IO[bytes]], object], *,
+         env: Mapping[str, str] | None = None) -> Result:
+    """Run `argv` with `produce` writing its standard input as a stream (a tar of gigabytes
+    into mksquashfs -tar): nothing of it is held here. The child's output goes to a temporary
+    file (a pipe it filled would stall it while this process writes); a child that stops
+    reading ends the feed, and its exit status and output say why."""
+    args = tuple(str(a) for a in argv)
+    with tempfile.TemporaryFile() as out:
+        try:
+            p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                 env=dict(env) if env is not None else None,
+                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        except FileNotFoundError:
+            return Result(args, 127, "", f"{args[0]}: command not found", missing=True)
+        assert p.stdin is not None
+        try:
+            try:
+                produce(p.stdin)
+                p.stdin.close()
+            except BrokenPipeError:
+                pass  # the child stopped reading: its status and output say why
+            rc = p.wait()
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
+        _interrupted(rc)
+        out.seek(0)
+        return Result(args, rc, out.read().decode(errors="replace"), "")
 
 
 def _interrupted(returncode: int) -> None:

@@ -313,7 +313,7 @@ def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, Packa
     return sorted(set(without))
 
 
-def _builds(prof: Profile, without: Iterable[str] = (),
+def cached_builds(prof: Profile, without: Iterable[str] = (),
             kernels: Mapping[str, Package] | None = None, *,
             cache: Path | None = None) -> list[tuple[str, Path]]:
     """Cached kernel wheels made for this profile's pins, variants, Python, torch and archs."""
@@ -505,7 +505,7 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
         carried = _resources(kernels, without, stage, entries, echo)
         bares = _git(prof, without, kernels, base, stage, entries, echo)
         if with_builds:
-            found = _builds(prof, without, kernels, cache=cache)
+            found = cached_builds(prof, without, kernels, cache=cache)
             echo(f"builds: {len({a.split('/')[1] for a, _ in found})} cached kernel build(s) "
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]

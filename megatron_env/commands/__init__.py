@@ -16,9 +16,9 @@ from megatron_env.commands.cli import Command
 
 def registry() -> dict[str, Command]:
     """Every command, in the order `--help` lists them."""
-    from megatron_env.commands import cli, host, places, pyenv, setup
+    from megatron_env.commands import cli, host, image, places, pyenv, setup
 
     return cli.table(host.profiles, host.collect, host.check, setup.setup, setup.megatron,
                      pyenv.lock, pyenv.lock_diff, pyenv.env, pyenv.build, pyenv.build_check,
                      host.kernels, host.triage, host.bug_report, host.preflight, setup.bundle,
-                     places.clean)
+                     image.image, places.clean)
