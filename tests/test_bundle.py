@@ -441,6 +441,7 @@ def test_a_bundle_made_by_a_tool_without_torch_takes_the_sdist_from_the_index(
                                   "PIP_INDEX_URL": served, "PYTHONPATH": path})
     finally:
         server.shutdown()
+        server.server_close()
     assert f"flash-attn: downloading {fa.source.url} from {served}" in flat(r), flat(r)[-3000:]
     assert tuple(p for p, _a in Index.seen if "simple/flash" in p) == ("/simple/flash-attn/", )
     with tarfile.open(out) as tar:
