@@ -9,8 +9,8 @@ import sysconfig
 import venv
 from pathlib import Path
 
+from megatron_env import bug_report as report
 from megatron_env import profile, redact
-from megatron_env.diagnose import report
 from megatron_env.host import snapshot
 from megatron_env.kernels import build
 

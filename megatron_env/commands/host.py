@@ -137,7 +137,7 @@ def triage(logs: str | list[str], json: bool = False) -> int:
 def bug_report(profile: str | None = None, prefix: str | None = None, json: bool = False,
                imports: bool = False) -> int:
     """One block to paste into a bug report: host, GPUs, environment, builds, check, variables."""
-    from megatron_env.diagnose import report
+    from megatron_env import bug_report as report
     from megatron_env.pyenv import env
 
     with json_error(json, "report"):
