@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from megatron_env import findings, output, project
+from megatron_env import findings, output, project, recipes
 from megatron_env.commands.cli import command, json_error
 from megatron_env.host import checks, snapshot
 from megatron_env.profile import check_default, default_name, load_all
@@ -91,8 +91,6 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
                  "what each stands in for and the pin it must hold")
 def kernels(profile: str | None = None, mirrors: bool = False) -> int:
     """List the kernel recipes with each profile's pins and variants."""
-    from megatron_env import recipes
-
     profs = [load_profile(profile)] if profile else load_all()
     if mirrors:
         from megatron_env.commands import mirrors as table

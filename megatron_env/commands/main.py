@@ -11,7 +11,7 @@ import inspect
 import sys
 from collections.abc import Sequence
 
-from megatron_env import __version__, project
+from megatron_env import __version__, commands, project
 from megatron_env.commands import cli, completion
 
 _PROG = "megatron-env"
@@ -58,8 +58,6 @@ def _add_option(sub: argparse.ArgumentParser, p: inspect.Parameter, help_: str,
 
 
 def parser() -> argparse.ArgumentParser:
-    from megatron_env import commands
-
     top = argparse.ArgumentParser(
         prog=_PROG, description="Reproducible, verified Megatron-LM training environments.")
     top.add_argument("--project", metavar="DIR",

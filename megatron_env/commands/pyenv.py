@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -117,8 +118,6 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
         bundle: list[str] | None = None, expect_sha256: list[str] | None = None,
         trust: str | None = None) -> int:
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
-    import sys
-
     from megatron_env.pyenv import env
 
     b = use_bundle(bundle, profile, (python or sys.executable) if adopt else python,
