@@ -100,8 +100,8 @@ def test_a_header_value_is_replaced_keeping_its_name_scheme_and_trailing_space()
 def test_a_header_name_in_an_argv_list_marks_the_next_item_secret() -> None:
     """`x-<anything>key` is a header name even where the name rules do not know it: the item
     after it in an argv list is masked."""
-    assert structure._header_kind("x-hubkey") == "strong"
-    assert structure._header_kind("path") is None
+    assert structure.header_name_kind("x-hubkey") == "strong"
+    assert structure.header_name_kind("path") is None
     assert redact.text("('x-hubkey', 'plainword')", NO_ENV) == "('x-hubkey', '<redacted>')"
 
 

@@ -153,7 +153,7 @@ def conda_packages(prof: Profile) -> list[dict[str, Any]]:
     return out
 
 
-def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo, *,
+def fetch_conda_packages(pkgs: list[dict[str, Any]], echo: output.Echo, *,
                  cache: Path | None = None) -> list[Path]:
     """Each conda package downloaded once into the cache and checked against the lock's sha256
     (md5 where the lock has none), as the lock's wheels are."""
@@ -440,8 +440,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             prof.python, echo, prof.lock_file,
             frozenset() if adopt else frozenset(tool.normal_names(prof.lock_file)))
             if f"wheels/{w.name}" not in have]
-        entries += [Entry(c["path"], f, "")
-                    for c, f in zip(conda, _conda_fetch(conda, echo, cache=cache), strict=True)]
+        entries += [Entry(c["path"], f, "") for c, f in
+                    zip(conda, fetch_conda_packages(conda, echo, cache=cache), strict=True)]
         sdists = _sdists(kernels, without, entries, echo, cache)
         carried = _resources(kernels, without, stage, entries, echo)
         bares = _git(prof, without, kernels, base, stage, entries, echo)
