@@ -6,17 +6,18 @@ else lives here."""
 import inspect
 import signal
 
-from invoke import Collection, Exit, Task
+from invoke import Collection, Exit, Program, Task
 
 from megatron_env import commands
 from megatron_env.commands import cli
 
 
 class _Task(Task):
-    """invoke's short flags, but those cli.SHORTS fixes (-j: --jobs; --json: none)."""
+    """invoke's short flags, but those cli.SHORTS fixes (-j: --jobs; --json: none), and -h is
+    always the help, as in the `megatron-env` command (before: `invoke lock -h` was --channel)."""
 
     def arg_opts(self, name, default, taken_names):
-        fixed = {s for s in cli.SHORTS.values() if s}
+        fixed = {s for s in cli.SHORTS.values() if s} | {"h"}
         opts = super().arg_opts(name, default, taken_names | fixed)
         if name in cli.SHORTS:
             opts["names"] = [opts["names"][0], *filter(None, [cli.SHORTS[name]])]
@@ -24,18 +25,25 @@ class _Task(Task):
 
 
 def _task(cmd: cli.Command) -> Task:
+    params = inspect.signature(cmd.fn).parameters.values()
+    positional = [p.name for p in params if p.default is inspect.Parameter.empty]
+
     def body(c, **options):
+        # invoke fills a positional still missing with the next word, `--help` too: that word
+        # asks for this task's help, as argparse reads it (never a directory named --help)
+        if any(options.get(name) in cli.HELP_WORDS for name in positional):
+            Program(namespace=namespace).run(["invoke", "--help", cmd.name], exit=False)
+            return
         if code := cmd.fn(**options):
             raise Exit(code=code)
 
-    params = inspect.signature(cmd.fn).parameters.values()
     body.__signature__ = inspect.Signature(  # invoke reads options from the signature
         [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD),
          *(p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params)])
     body.__doc__ = cmd.fn.__doc__
     # invoke's help shows no value for a repeatable option: its help line names it
     helps = {k: f"{k.upper()} (repeatable): {v}" if k in cmd.iterable else v
-             for k, v in cmd.help.items()}
+             for k, v in ((k, cli.shown_help(v)) for k, v in cmd.help.items())}
     return _Task(body, name=cmd.name, help=helps, iterable=list(cmd.iterable))
 
 

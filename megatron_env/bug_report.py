@@ -73,7 +73,7 @@ def gather(profile: Profile, prefix: Path, environ: Mapping[str, str] | None = N
                         "profile.toml": digest.of_file(profile.path),
                         profile.lock_file.name: (digest.of_file(profile.lock_file)
                                          if (profile.lock_file).exists() else None)}
-    py = env.python_of(prefix)
+    py = env.interpreter(prefix)
     kernels = list(build.packages(profile).values())
     env_facts: dict[str, Any] = {"prefix": str(prefix)}
     seen: dict[str, Any] | None = None

@@ -240,6 +240,20 @@ def unsealed(tree: Path, marker: str) -> str | None:
 STATE_MAX_BYTES = 64 * 1024 * 1024
 
 
+def read_text(path: Path, fix: str = "restore it as UTF-8 text (from git, or the command "
+                                        "that wrote it)") -> str:
+    """The UTF-8 text of an input file (a lock, a profile's files): bytes that are not UTF-8
+    are the user's file, said as one UserError naming it and where the bad byte is, never a
+    UnicodeDecodeError from deep in a parser."""
+    raw = path.read_bytes()
+    try:  # newlines as Path.read_text reads them
+        return raw.decode().replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path} is not UTF-8 text (line {line}, byte {e.start}: "
+                        f"{raw[e.start:e.start + 1]!r})", fix=fix, kind="input.encoding") from None
+
+
 def read_json(path: Path) -> tuple[Any, str]:
     """(the JSON value in `path`, "") or (None, why it is absent or unusable): a missing file,
     a directory in its place, unreadable bytes, text that is not JSON or nests too deep."""

@@ -207,7 +207,7 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
     """This interpreter's torch, with a profile that pins the same torch for another CUDA: the
     difference is of kind torch-cuda, and adopt refuses it (it used to pass by message text)."""
     torch = pytest.importorskip("torch")
-    from megatron_env.setup import pipeline
+    from megatron_env.setup import pipeline, steps
 
     base = profile.load(DEFAULT)
     d = tmp_path / "other"
@@ -222,14 +222,14 @@ def test_adopting_a_torch_built_for_another_cuda_is_refused(tmp_path):
     prof = profile.load_file(d / "profile.toml")
     ctx = pipeline.Context(prof, tmp_path / "env", adopt=Path(sys.executable))
     with pytest.raises(UserError) as e:
-        pipeline._adopt(ctx)
+        steps.adopt_checked(ctx)
     assert f"torch.version.cuda is {torch.version.cuda}, profile wants {want}" in e.value.message
 
 
 def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
     """A node without an index (the H200 node): the sdist fetch fails, and the fix names both
     ways on: a local copy of the sdist, or going on without the kernels."""
-    from megatron_env.kernels import build
+    from megatron_env.kernels import build, source_trees
     from megatron_env.recipes import recipe
 
     monkeypatch.setenv(build.CACHE_DIR_ENV, str(tmp_path / "cache"))
@@ -239,7 +239,7 @@ def test_offline_flash_attn_fetch_offers_no_builds(tmp_path, monkeypatch):
     monkeypatch.delenv(recipe.source_var("flash-attn"), raising=False)
     pkg = build.packages(profile.load(DEFAULT))["flash-attn"]
     with pytest.raises(UserError) as e:
-        build.fetch(pkg, echo=lambda *_: None)
+        source_trees.fetch(pkg, echo=lambda *_: None)
     assert "cannot fetch the flash-attn" in e.value.message
     assert "MEGATRON_ENV_SOURCE_FLASH_ATTN" in e.value.fix and "--no-builds" in e.value.fix
 

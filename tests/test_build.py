@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env import files
-from megatron_env.kernels import build, progress, toolkit
+from megatron_env import files, units
+from megatron_env.kernels import build, progress, source_trees, toolkit
 from megatron_env.pyenv import uv
 from megatron_env.recipes import recipe
 
@@ -271,22 +271,22 @@ def test_git_source_with_a_moved_tag_is_refused(tmp_path, monkeypatch):
     subprocess.run([*git, "tag", "25.09"], cwd=work, check=True)
     pkg = recipe.Package("apex", pinned, recipe.Source(repo=str(work), commit=pinned, tag="25.09"))
     with user_error("source.tag-moved") as e:
-        build.fetch(pkg, echo=lambda *_: None)
+        source_trees.fetch(pkg, echo=lambda *_: None)
     assert "25.09" in e.value.message and pinned in e.value.message  # the tag and the pin
     ok = recipe.Package("apex", pinned, recipe.Source(repo=str(work), commit=pinned))
-    tree = build.fetch(ok, echo=lambda *_: None)
+    tree = source_trees.fetch(ok, echo=lambda *_: None)
     assert (tree / "setup.py").read_text() == ""
 
 
 def test_max_jobs_comes_from_memory_not_cores(monkeypatch):
     monkeypatch.delenv("MAX_JOBS", raising=False)
-    monkeypatch.setattr(build.resources, "memory", lambda: (40 * build.GIB, "free"))
+    monkeypatch.setattr(build.resources, "memory", lambda: (40 * units.GIB, "free"))
     monkeypatch.setattr(build.resources, "cores", lambda: 64)
     assert build.max_jobs(9.0).max_jobs == 4  # 40 GiB / 9 GiB a job, not 64 cores
     assert build.max_jobs(3.0).max_jobs == 13
     monkeypatch.setattr(build.resources, "cores", lambda: 2)
     assert build.max_jobs(3.0).max_jobs == 2  # and never more than the cores
-    monkeypatch.setattr(build.resources, "memory", lambda: (4 * build.GIB, "free"))
+    monkeypatch.setattr(build.resources, "memory", lambda: (4 * units.GIB, "free"))
     assert build.max_jobs(9.0).max_jobs == 1  # at least one
     monkeypatch.setenv("MAX_JOBS", "7")
     assert (build.max_jobs(9.0).max_jobs, build.max_jobs(9.0).why) == (7, "MAX_JOBS set")

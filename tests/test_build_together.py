@@ -16,7 +16,8 @@ import pytest
 
 from megatron_env import proc
 from megatron_env.errors import UserError
-from megatron_env.kernels import build, jobserver, together
+from megatron_env.kernels import build, together
+from megatron_env.kernels import pool as pools
 from megatron_env.recipes.recipe import Package, Source
 
 NINJA = proc.which("ninja", path=f"{Path(os.sys.executable).parent}{os.pathsep}"
@@ -40,7 +41,9 @@ def project(root: Path, name: str, objects: int, depth: int = 150, broken: int |
     d = root / name
     d.mkdir(parents=True)
     rules = ["rule cxx\n  command = g++ -O1 -c $in -o $out\n",
-             f"rule nvcc\n  command = {NVCC} -O1 -c $in -o $out "
+             # nvcc through the pool's client, as torch (PYTORCH_NVCC) and CMake (its launcher)
+             # run it in a pooled build: its host compiler's steps hold no slot of their own
+             f"rule nvcc\n  command = $$MEGATRON_ENV_SLOT_CLIENT {NVCC} -O1 -c $in -o $out "
              "-gencode arch=compute_90,code=sm_90\n"]
     builds = []
     for i in range(objects):
@@ -54,17 +57,24 @@ def project(root: Path, name: str, objects: int, depth: int = 150, broken: int |
     return d
 
 
-def ninja_builder(projects: dict[str, Path], started: list[str]):
+def ninja_builder(projects: dict[str, Path], started: list[str],
+                  after: dict[str, Path] | None = None):
     """A kernel build of the same shape, with both kinds of driver seen on an H200 node:
     - torch's cpp_extension: the real ninja first on PATH (`uv build` puts the environment's
       bin/ before the shim) and `-j MAX_JOBS` only when MAX_JOBS is a number;
     - a driver calling `ninja -j8` by name (its own number; the shim drops it).
-    The cache entry is written only when the build finished."""
+    The cache entry is written only when the build finished. `after`: a build starts its ninja
+    only once that file exists (an order between builds that no scheduling can change)."""
 
     def builder(pkg, python, archs, *, echo, given, cache, child_env, pool):
         started.append(pkg.name)
-        env = {**os.environ, **pool,
-               **jobserver.driver_env({}, int(pool["MEGATRON_ENV_POOL_WIDTH"]))}
+        wait_for = (after or {}).get(pkg.name)
+        deadline = time.monotonic() + 300
+        while wait_for is not None and not wait_for.exists():
+            if time.monotonic() > deadline:
+                raise UserError(f"{pkg.name}: {wait_for} never appeared", kind="build.failed")
+            time.sleep(0.05)
+        env = {**os.environ, **pool.env, **pools.driver_env({}, pool.width)}
         if pkg.name.startswith("t"):  # torch-like
             env["PATH"] = f"{Path(NINJA).parent}{os.pathsep}{env['PATH']}"
             jobs = env["MAX_JOBS"]
@@ -166,10 +176,14 @@ def test_a_failure_stops_the_others_and_keeps_what_finished(tmp_path):
                 "long": project(tmp_path / "src", "long", 40)}
     started: list[str] = []
     cache = tmp_path / "cache"
+    # ordered, not raced: `broken` and `long` start once `quick` is cached (on a busy machine
+    # `broken` failed before `quick` finished, and `quick` was stopped)
+    quick_done = cache / "wheels" / "quick-key" / "meta.json"
     t0 = time.monotonic()
     outcomes = together.build_together(
         [pkg("quick"), pkg("broken"), pkg("long")], Path(os.sys.executable), ["9.0"],
-        echo=lambda *a: None, cache=cache, jobs=2, builder=ninja_builder(projects, started))
+        echo=lambda *a: None, cache=cache, jobs=2,
+        builder=ninja_builder(projects, started, {"broken": quick_done, "long": quick_done}))
     took = time.monotonic() - t0
     by = {o.name: o for o in outcomes}
     assert by["quick"].result is not None  # finished: its cache entry stays
@@ -186,7 +200,7 @@ def test_a_failure_stops_the_others_and_keeps_what_finished(tmp_path):
 
 
 def test_the_shim_sets_the_width_and_keeps_the_rest(tmp_path):
-    d = jobserver.shim(tmp_path, str(Path(NINJA).parent), 72)
+    d = pools.shim(tmp_path, str(Path(NINJA).parent), 72)
     text = (d / "ninja").read_text()
     assert f"exec '{NINJA}'" in text
     out = tmp_path / "args"
@@ -202,7 +216,7 @@ def test_the_shim_sets_the_width_and_keeps_the_rest(tmp_path):
 def test_no_ninja_is_refused_with_the_fix(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError) as e:
-        jobserver.shim(tmp_path, str(tmp_path / "empty"), 8)
+        pools.shim(tmp_path, str(tmp_path / "empty"), 8)
     assert e.value.kind == "build.no-ninja"
 
 
@@ -234,10 +248,10 @@ def test_the_no_ninja_warning_says_what_it_means(tmp_path, monkeypatch, capsys):
 
 def test_pool_width_from_cores_memory_and_cap():
     gib = 2**30
-    assert jobserver.size(16, 125 * gib, "free", 5.0).slots == 16
-    assert jobserver.size(16, 40 * gib, "free", 5.0).slots == 8
-    assert jobserver.size(16, 125 * gib, "free", 5.0, cap=6).slots == 6
-    assert jobserver.size(2, 1 * gib, "free", 5.0).slots == 1
+    assert pools.size(16, 125 * gib, "free", 5.0).slots == 16
+    assert pools.size(16, 40 * gib, "free", 5.0).slots == 8
+    assert pools.size(16, 125 * gib, "free", 5.0, cap=6).slots == 6
+    assert pools.size(2, 1 * gib, "free", 5.0).slots == 1
     # apex's extensions wait in the pool holding no slot: as many at once as it has, to 16
     assert together.extensions_at_once(16) == 16
     assert together.extensions_at_once(64) == 16
@@ -256,11 +270,10 @@ def test_a_pooled_plan_hands_the_pool_to_every_compiler(tmp_path):
              "platlib": None}
     if not NVCC.exists():
         pytest.skip("needs a CUDA 13 toolkit")
-    pool = {"PATH": f"/slots{os.pathsep}/shim{os.pathsep}/bin", "MEGATRON_ENV_SLOTS": "/s",
-            "MEGATRON_ENV_SLOTS_KERNEL": "flash-attn", "MEGATRON_ENV_SLOT_CLIENT": "/slots/slot",
-            "MEGATRON_ENV_POOL_SLOTS": "4", "MEGATRON_ENV_POOL_WIDTH": "24",
-            "MEGATRON_ENV_POOL_WHY": "one pool", "MEGATRON_ENV_POOL_CLIENTS": "4",
-            together.MARK: "m"}
+    pool = pools.Pool({"PATH": f"/slots{os.pathsep}/shim{os.pathsep}/bin",
+                       "MEGATRON_ENV_SLOTS": "/s", "MEGATRON_ENV_SLOTS_KERNEL": "flash-attn",
+                       "MEGATRON_ENV_SLOT_CLIENT": "/slots/slot", together.MARK: "m"},
+                      slots=4, width=24, why="one pool", clients=4, client="/slots/slot")
     py = Path(os.sys.executable)
     pooled = build.plan(pk, py, ["9.0"], facts=facts, cache=tmp_path, pool=pool)
     alone = build.plan(pk, py, ["9.0"], facts=facts, cache=tmp_path)
@@ -273,7 +286,8 @@ def test_a_pooled_plan_hands_the_pool_to_every_compiler(tmp_path):
     assert "PYTORCH_NVCC" not in alone.env or alone.env["PYTORCH_NVCC"] == os.environ.get(
         "PYTORCH_NVCC")
     te = build.packages(profile.load("core_v0.19.0-cu130"))["transformer-engine"]
-    assert te.pool_env == {"NVTE_BUILD_MAX_JOBS": "0"}  # a bare `cmake --build --parallel`
+    # empty: TE's build_tools skips it and gives CMake `--parallel <MAX_JOBS>`, the pool's width
+    assert te.pool_env == {"NVTE_BUILD_MAX_JOBS": ""}
     assert pooled.key == alone.key
     assert not any("MEGATRON_ENV_" in line or "/slots" in line for line in pooled.lines())
 
@@ -310,7 +324,7 @@ def test_the_longest_waiting_object_starts_first_through_the_real_pool(tmp_path)
     def builder(p, python, archs, *, echo, given, cache, child_env, pool):
         if p.name == "long":
             time.sleep(0.5)
-        env = {**os.environ, **pool}
+        env = {**os.environ, **pool.env}
         r = proc.run(["ninja", "-j8", "-C", projects[p.name]], env=env, timeout=120)
         assert r.ok, r.tail(5)
         return build.Result(p.name, projects[p.name], False, 0.0, 1.0, None, {})
@@ -350,7 +364,7 @@ def test_nvcc_asks_for_its_split_compile_threads_and_runs_on_those_granted():
 def test_a_wide_job_gets_what_is_free_and_the_longest_goes_first():
     from megatron_env.kernels import schedule
 
-    s = schedule.Scheduler(16, widest=8)
+    s = schedule.Scheduler(16, widest=8, spare_only=False)
     s.want(1, "a", 50.0)
     s.want(2, "b", 200.0, width=8)
     s.want(3, "b", 190.0, width=8)
@@ -365,7 +379,30 @@ def test_a_wide_job_gets_what_is_free_and_the_longest_goes_first():
     two.want(1, "b", 200.0, width=8)
     two.want(2, "b", 190.0, width=8)
     assert two.grants(0.0) == [(1, 2), (2, 1)]
+    spare = schedule.Scheduler(4)  # more than one slot only where no other job waits for it
+    for r in range(1, 4):
+        spare.want(r, "b", 200.0 - r, width=8)
+    assert spare.grants(0.0) == [(1, 2), (2, 1), (3, 1)]
+    spare.done(1)
+    spare.want(4, "a", 10.0)
+    spare.want(5, "a", 9.0)
+    assert spare.grants(1.0) == [(4, 1), (5, 1)]  # one slot each: the other waits
 
+
+def test_probes_try_compiles_and_links_start_at_once_and_hold_no_slot():
+    from megatron_env.kernels import schedule
+
+    assert schedule.at_once("") and schedule.at_once("build/lib/x.so")
+    assert schedule.at_once("CMakeFiles/cmTC_918dc.dir/CMakeCUDACompilerABI.cu.o")
+    assert not schedule.at_once("CMakeFiles/transformer_engine.dir/gemm/g.cu.o")
+    s = schedule.Scheduler(1)
+    s.want(1, "a", 300.0)
+    s.want(2, "a", 200.0)
+    assert s.grants(0.0) == [(1, 1)]
+    s.want(3, "b", 0.0, at_once=True)
+    assert s.grants(0.1) == [(3, 0)]  # the pool is full, the probe runs
+    s.done(3)
+    assert s.busy() == 1 and s.waiting() == 1
 
 def test_slots_are_held_for_known_long_objects_not_yet_asked_for():
     """A kernel whose costs are known and that has not asked yet: slots stay free for its
@@ -382,7 +419,7 @@ def test_slots_are_held_for_known_long_objects_not_yet_asked_for():
     assert [r for r, _n in s.grants(2.0)] == [4]  # one still held for its second
     assert [r for r, _n in s.grants(29.0)] == []
     assert [r for r, _n in s.grants(31.0)] == [3]  # the hold is over
-    u = schedule.Scheduler(4, {"unknown": None})
+    u = schedule.Scheduler(4, {"unknown": None}, hold_s=30)
     u.want(1, "short", 10.0)
     assert u.grants(1.0) == []
     u.want(2, "unknown", 5.0)

@@ -17,7 +17,7 @@ import pytest
 from megatron_env import digest, profile
 from megatron_env.bundle.manifest import Item
 from megatron_env.errors import UserError
-from megatron_env.kernels import build
+from megatron_env.kernels import build, source_trees
 from megatron_env.pyenv import lock, lock_conda
 from megatron_env.recipes import recipe
 from megatron_env.sources import patches, repos
@@ -351,7 +351,7 @@ def test_a_git_kernel_travels_with_its_pinned_submodules_as_bare_repos(tmp_path,
     shutil.rmtree(top_repo)
     given = Given(mirrors={name: root / layout.repo_path(name, commit)  # what `use` passes on
                            for name, _url, commit, _tag in pins[1:]})
-    tree = build.fetch(pkg, echo=lambda *_: None, given=given)
+    tree = source_trees.fetch(pkg, echo=lambda *_: None, given=given)
     assert (tree / "third_party/headers/include/h.h").read_text() == "// one\n"
     assert (tree / "setup.py").exists()
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env.kernels import build
+from megatron_env.kernels import source_trees
 from megatron_env.recipes import recipe
 from megatron_env.sources import http as http_mod
 from megatron_env.sources import index, index_config
@@ -159,7 +159,7 @@ def test_a_source_url_with_credentials_keeps_them_at_home(servers, tmp_path, mon
                          cuda=False)
     monkeypatch.setenv(recipe.source_var("tinyk"), f"{a.with_user()}/dl/{NAME}")
     said: list[str] = []
-    origin = build._download(pkg, tmp_path / NAME, said.append, None)
+    origin = source_trees.download(pkg, tmp_path / NAME, said.append, None)
     assert (tmp_path / NAME).read_bytes() == BODY
     assert a.seen == [(f"/dl/{NAME}", BASIC)] and b.seen == [(f"/cdn/{NAME}", None)]
     assert "s3cret-pass" not in origin + " ".join(said)
@@ -234,7 +234,7 @@ def test_origin_fills_default_ports_and_ignores_case():
 def test_the_builds_sdist_fetch_with_pip_index_url_keeps_the_password_home(servers, tmp_path,
                                                                            monkeypatch):
     """The path of `invoke build flash-attn` without a local sdist: PIP_INDEX_URL as the user
-    sets it, read by the build's own fetch (build._download -> index.fetch)."""
+    sets it, read by the build's own fetch (source_trees.download -> index.fetch)."""
     a, b = servers["a"], servers["b"]
     a.route("/simple/tinyk/", "redirect", f"{b.base}/simple/tinyk/")
     b.route("/simple/tinyk/", "page", f"{b.base}/files/{NAME}")
@@ -245,7 +245,7 @@ def test_the_builds_sdist_fetch_with_pip_index_url_keeps_the_password_home(serve
     monkeypatch.setenv("PIP_INDEX_URL", a.with_user() + "/simple")
     monkeypatch.delenv(recipe.source_var("tinyk"), raising=False)
     pkg = recipe.Package("tinyk", "1.0", recipe.Source(sha256=SHA, url=NAME), cuda=False)
-    build._download(pkg, tmp_path / NAME, lambda _s: None, None)
+    source_trees.download(pkg, tmp_path / NAME, lambda _s: None, None)
     assert (tmp_path / NAME).read_bytes() == BODY
     assert a.seen == [("/simple/tinyk/", BASIC)]
     assert [auth for _p, auth in b.seen] == [None, None]

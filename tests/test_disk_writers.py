@@ -108,3 +108,56 @@ def test_errors_under_json_are_one_object_on_stdout(argv, kind):
     assert doc["ok"] is False and doc["command"] == argv[0]
     assert doc["error"]["message"] and (kind is None or doc["error"]["kind"] == kind), doc
     assert r.stderr.startswith("error: ")
+
+
+def test_a_bundle_too_big_for_its_disk_is_refused_before_any_download(small_fs, wheelhouse,
+                                                                      tmp_path):
+    """Before: on a 30 MiB --out every wheel was downloaded first, then the run said "2.5 GiB
+    needed, 1 MiB free", the free space measured after its own staging. Now the lock's sizes
+    (here: the files already in the cache) are weighed against the free space measured before
+    anything is written: refused up front, nothing downloaded, nothing left on the disk."""
+    mnt = small_fs(30)
+    house = tmp_path / "cache" / "bundle-wheels"  # the cache holds the lock's files already
+    house.mkdir(parents=True)
+    for w in wheelhouse.glob("*.whl"):
+        (house / w.name).symlink_to(w)
+    lock_size = sum(w.stat().st_size for w in wheelhouse.glob("*.whl"))
+    r = _run("bundle", "--profile", "core_v0.4.0-cu121", "--out", str(mnt / "b.tar"),
+             MEGATRON_ENV_CACHE=str(tmp_path / "cache"), PIP_NO_INDEX="1", UV_NO_INDEX="1",
+             PIP_CONFIG_FILE=os.devnull, UV_OFFLINE="1")
+    assert r.returncode == 2, r.stderr[-2000:]
+    (err,) = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert err.startswith(f"error: no space on {mnt} for bundle b.tar: the files of "
+                          "requirements.lock"), err
+    assert f": {lock_size / 2**30:,.1f} GiB needed, 30 MiB free" in err, err
+    assert "wheels:" not in r.stderr  # no download began
+    assert list(mnt.iterdir()) == []
+    assert sorted(p.name for p in house.iterdir()) == sorted(
+        w.name for w in wheelhouse.glob("*.whl"))
+
+
+def test_env_filling_its_disk_is_said_once_as_a_full_disk(small_fs, wheelhouse):
+    """Before, `invoke env` on a disk that filled while uv installed: uv's error printed twice
+    (as it came, then again in the message), the hint blamed the index, the "full log" it
+    named was already deleted with the failed environment, and uv's temporary file name (Rust
+    tempfile's `.tmpXXXXXX`) was masked as a secret. Now: one `no space` line with the free
+    space as it is after the failed install is gone, a log that exists, nothing masked."""
+    mnt = small_fs(300)
+    r = _run("env", "--profile", "core_v0.4.0-cu121", "--prefix", str(mnt / "env"),
+             "--find-links", str(wheelhouse), "--no-index", MEGATRON_ENV_MIN_FREE_GB="0")
+    assert r.returncode == 2, r.stderr[-3000:]
+    (err,) = [x for x in r.stderr.splitlines() if x.startswith("error: no space")]
+    assert err.startswith(f"error: no space on {mnt} for the packages of requirements.lock: ")
+    assert err.endswith(" free") and int(err.split(": ")[-1].split()[0]) > 250, err  # ~300 MiB
+    (hint,) = [x for x in r.stderr.splitlines() if x.startswith("hint: ")]
+    assert "index" not in hint, hint
+    log = Path(hint.rsplit("full log: ", 1)[1].rstrip(")"))
+    try:
+        assert log.is_file() and os.strerror(28) in log.read_text()
+        assert not log.is_relative_to(mnt)
+    finally:
+        log.unlink(missing_ok=True)
+    uv_error = [x for x in r.stderr.splitlines() if "Failed to install" in x]
+    assert len(uv_error) == 1, r.stderr  # as uv printed it, not again in the message
+    assert "<redacted>" not in r.stderr, r.stderr
+    assert list(mnt.iterdir()) == []

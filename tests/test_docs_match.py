@@ -60,3 +60,40 @@ def test_the_readme_starts_with_a_venv_and_says_what_the_first_setup_costs():
     assert int(cited.group(1)) == round(record["cold_s"]), (cited.group(0), record["cold_s"])
     bundle = (ROOT / "docs" / "bundle.md").read_text()
     assert "tool: 50 MiB" not in bundle and "89.5 MiB (176 files)" in bundle
+
+
+def test_the_readme_profile_table_is_the_one_made_from_the_profiles(capsys):
+    """Before: written by hand, it listed two kernels for core_v0.19.0-cu130, which pins
+    three (transformer-engine was missing)."""
+    from megatron_env.commands import host, profile_table
+    from megatron_env.profile import default_name
+
+    items = load_all()
+    held = mirrors.in_doc((ROOT / "README.md").read_text(), profile_table.BEGIN,
+                          profile_table.END)
+    assert held is not None, "README.md has no profiles table between its markers"
+    made = profile_table.markdown(items, default_name(items))
+    assert held == made, "README.md's table differs: paste `megatron-env profiles --markdown`"
+    for p in items:  # every kernel a profile pins is in its row
+        (row,) = [r for r in made.splitlines() if f"`{p.name}`" in r]
+        assert all(k in row for k in p.kernels), (p.name, row)
+    assert host.profiles.fn(markdown=True) == 0
+    assert capsys.readouterr().out == made
+
+
+def test_prefix_help_names_where_a_wheel_really_writes(tmp_path, monkeypatch):
+    """Before: from a wheel, `--prefix`'s help said `.megatron-env/<profile>`, a directory it
+    never writes there (it writes to the user's data directory)."""
+    from megatron_env import project
+    from megatron_env.commands import main
+
+    monkeypatch.setattr(project, "_root", (project.SHIPPED, "shipped"))
+    monkeypatch.delenv(project.STATE_ENV, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    subs = next(a for a in main.parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    helps = {name: a.help for name, sub in subs.choices.items() for a in sub._actions
+             if a.dest == "prefix" and name != "clean"}
+    assert helps, "no command takes --prefix"
+    for name, text in helps.items():
+        assert f"{tmp_path / 'data' / 'megatron-env' / 'envs'}/<profile>" in text, (name, text)
+        assert ".megatron-env" not in text, (name, text)

@@ -21,7 +21,7 @@ import pytest
 
 from megatron_env import profile
 from megatron_env.errors import UserError
-from megatron_env.kernels import build, toolkit
+from megatron_env.kernels import build, source_trees, toolkit
 from megatron_env.sources import patches
 
 from .conftest import cache_root
@@ -69,7 +69,7 @@ def patched(request, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # the sdist is fetched and hash-checked for real
         # into the test runs' cache: fetched once per machine, checked by sha256 every run
         mp.setenv(build.CACHE_DIR_ENV, str(cache_root() / "kernel-cache"))
-        pristine = build.fetch(pkg, echo=lambda *_: None)
+        pristine = source_trees.fetch(pkg, echo=lambda *_: None)
     series = patches.series("flash-attn", version)
     assert any(PATCH_NAME in p.name for p in series)
     tree = root / "src"

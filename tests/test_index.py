@@ -17,7 +17,7 @@ import pytest
 
 from megatron_env import profile
 from megatron_env.errors import UserError
-from megatron_env.kernels import build
+from megatron_env.kernels import build, source_trees
 from megatron_env.recipes import recipe
 from megatron_env.redact import mask_urls
 from megatron_env.sources import index, index_config
@@ -206,7 +206,7 @@ def test_build_fetches_the_pinned_sdist_from_the_index_without_running_it(
                 "UV_FIND_LINKS", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL"):
         monkeypatch.delenv(var, raising=False)
     said = []
-    tree = build.fetch(_pkg(sdist), said.append)
+    tree = source_trees.fetch(_pkg(sdist), said.append)
     assert (tree / "setup.py").read_text() == RAISES and not (tree / "RAN").exists()
     assert said[0] == "tinyk: fetching tinyk-1.0.tar.gz from the package index"
     assert said[1].startswith(f"tinyk: downloading tinyk-1.0.tar.gz from {served}")
@@ -240,7 +240,7 @@ def test_build_names_a_yanked_sdist_in_a_warning(served, tmp_path, monkeypatch, 
     monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("PIP_INDEX_URL", served)
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-    build.fetch(_pkg(sdist), lambda *_: None)
+    source_trees.fetch(_pkg(sdist), lambda *_: None)
     err = " ".join(capsys.readouterr().err.split())
     assert ("warning: tinyk: tinyk-1.0.tar.gz is yanked on its index (do not use); using it "
             "because the profile pins its sha256") in err
@@ -301,7 +301,7 @@ def test_an_unreachable_index_says_so_and_offers_the_ways_on(tmp_path, monkeypat
     monkeypatch.delenv(recipe.source_var("flash-attn"), raising=False)
     pkg = build.packages(profile.load("core_v0.4.0-cu121"))["flash-attn"]
     with pytest.raises(UserError) as e:
-        build.fetch(pkg, echo=lambda *_: None)
+        source_trees.fetch(pkg, echo=lambda *_: None)
     assert e.value.message.startswith("cannot fetch the flash-attn 2.5.8 sdist: cannot read "
                                       "http://127.0.0.1:9/simple/flash-attn/")
     assert "MEGATRON_ENV_SOURCE_FLASH_ATTN" in e.value.fix and "--no-builds" in e.value.fix

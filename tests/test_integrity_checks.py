@@ -27,7 +27,7 @@ from megatron_env.bundle.manifest import Manifest
 from megatron_env.errors import UserError
 from megatron_env.host import checks
 from megatron_env.host.snapshot import Snapshot
-from megatron_env.kernels import build, compiler, jobserver
+from megatron_env.kernels import build, compiler, pool, source_trees
 from megatron_env.pyenv import env, manifest
 from megatron_env.recipes import recipe
 from megatron_env.sources import index, index_config, repos
@@ -104,9 +104,9 @@ def test_a_local_sdist_with_another_hash_is_refused_and_not_cached(tmp_path, mon
     pkg = recipe.Package("tinyk", "1.0", recipe.Source(sha256=sha(good.read_bytes()),
                                                        url=good.name), cuda=False)
     with user_error("source.sha256") as e:
-        build.fetch(pkg, lambda *_: None)
+        source_trees.fetch(pkg, lambda *_: None)
     assert sha(other.read_bytes()) in e.value.message
-    assert not build.sdist_archive(pkg).exists()
+    assert not source_trees.sdist_archive(pkg).exists()
 
 
 def test_a_tag_that_moved_from_the_pinned_commit_is_refused(tmp_path, monkeypatch):
@@ -382,7 +382,7 @@ def test_the_shm_boundaries(make_snapshot, kib, want):
     assert next(f for f in found if f.id == "sys.shm").status == want
 
 
-# --- the build pool's ninja: kernels/jobserver.py ------------------------------------------------
+# --- the build pool's ninja: kernels/pool.py ------------------------------------------------
 
 
 def _ninja(d: Path, version: str) -> Path:
@@ -396,20 +396,20 @@ def _ninja(d: Path, version: str) -> Path:
 
 
 @pytest.mark.parametrize("versions, picked", [
-    (["1.11.1", "1.13.0"], 0),  # the pool needs no jobserver client: the first on PATH
+    (["1.11.1", "1.13.0"], 0),  # the pool needs no make-jobserver client: the first on PATH
     (["1.13.0", "1.12.1"], 0),
     (["1.13.0"], 0),
 ])
 def test_the_pool_takes_the_first_ninja_on_path(tmp_path, versions, picked):
     found = [_ninja(tmp_path / f"d{i}", v) for i, v in enumerate(versions)]
-    shim = jobserver.shim(tmp_path / "pool", os.pathsep.join(str(f.parent) for f in found), 8)
+    shim = pool.shim(tmp_path / "pool", os.pathsep.join(str(f.parent) for f in found), 8)
     assert str(found[picked]) in (shim / "ninja").read_text()
 
 
 def test_no_ninja_on_path_is_refused(tmp_path):
     (tmp_path / "d").mkdir()
     with user_error("build.no-ninja"):
-        jobserver.shim(tmp_path / "pool", str(tmp_path / "d"), 8)
+        pool.shim(tmp_path / "pool", str(tmp_path / "d"), 8)
 
 
 # --- profile files: profile._read_capped ---------------------------------------------------------

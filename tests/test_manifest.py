@@ -149,7 +149,7 @@ def test_adopted_deep_check_stops_on_pinned_packages_and_names_the_sites_own(
     stops the chain; one the lock does not pin (the H200 image's certifi CA bundle, here a package
     outside the lock's subset: six is removed from the pins) is a warning naming it."""
     from megatron_env.megatron import checkout
-    from megatron_env.setup import pipeline
+    from megatron_env.setup import pipeline, steps
 
     python, lockfile, _ = small_env
     prof = profile.load("core_v0.4.0-cu121")
@@ -159,19 +159,21 @@ def test_adopted_deep_check_stops_on_pinned_packages_and_names_the_sites_own(
     monkeypatch.setattr(type(prof), "dir", property(lambda _self: prof_dir))
     sites = probe(python, torch=False)["sites"]
     # megatron.core cannot import here (no torch): the import probe is the boundary
-    monkeypatch.setattr(checkout, "check_import", lambda _py: {
-        "sites": sites, "imported": {"megatron.core": "/x/megatron/core/__init__.py"}})
-    ctx = pipeline.Context(prof, tmp_path / "env", adopt=Path(python), deep=True)
+    core = checkout.source_dir(prof) / "megatron" / "core" / "__init__.py"
+    monkeypatch.setattr(checkout, "check_import", lambda _py, *_: {
+        "sites": sites, "imported": {"megatron.core": str(core)}})
+    ctx = pipeline.Context(prof, tmp_path / "env", adopt=Path(python), deep=True,
+                           no_builds=True)  # no kernels here: the stack without them
     ctx.stamps.mkdir(parents=True)
-    pipeline._verify_run(ctx)  # the first run records the adopted environment's manifest
+    steps.verify_stack(ctx)  # the first run records the adopted environment's manifest
     m = record(python)
     six = Path(next(p for d in m["dists"].values() if d["name"] == "six"
                     for p, *_ in d["files"] if p.endswith("six.py")))
     six.write_text(six.read_text() + "# a site's own change\n")
-    pipeline._verify_run(ctx)
+    steps.verify_stack(ctx)
     err = capsys.readouterr().err
     assert "warning: 1 package(s)" in err and "six" in err and "einops" not in err
     einops_file(m).write_text("# damaged\n")
     with user_error("env.changed") as e:
-        pipeline._verify_run(ctx)
+        steps.verify_stack(ctx)
     assert "einops" in e.value.message

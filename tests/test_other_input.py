@@ -118,7 +118,7 @@ def test_failure_hint_names_a_log_that_exists(tmp_path):
     (tmp_path / "gone").mkdir()
     with pytest.raises(UserError) as e:
         env.uv_install_lock(tmp_path / "v" / "bin" / "python", lockfile, env.Sources([], True),
-                        tmp_path / "gone" / "uv.log", temporary_log=True)
+                        tmp_path / "gone" / "uv.log")
     shutil.rmtree(tmp_path / "gone")  # what the TemporaryDirectory does on the way out
     named = Path(e.value.fix.rsplit("full log: ", 1)[1])
     try:

@@ -81,3 +81,38 @@ def test_clean_refuses_a_prefix_that_is_not_an_environment(proj, tmp_path):
     _environment(tmp_path / "mine", 1024)  # a --prefix environment elsewhere: stamped, removed
     assert places.clean.fn(prefix=str(tmp_path / "mine")) == 0
     assert not (tmp_path / "mine").is_symlink() and not (tmp_path / "mine.d").exists()
+
+
+def test_clean_removes_only_the_tools_own_entries(proj, tmp_path, capsys):
+    """Before: in a tagged cache or the marked environment root, every entry went, whoever put
+    it there. Now a foreign file, a foreign directory and links pointing outside stay (and
+    what they point at), beside the tool's own parts, which go."""
+    cache, root = project.cache_root(), project.env_root()
+    places.announce(prefix=root / "p", cache=cache)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    (cache / "wheels").mkdir()
+    (cache / "wheels" / "w.whl").write_bytes(b"\0" * 1024)
+    (cache / "notes.txt").write_text("mine")  # a file put in the cache
+    (cache / "datasets").mkdir()  # a directory put in the cache
+    (cache / "datasets" / "d.bin").write_text("mine")
+    (cache / "src").symlink_to(outside)  # a link with a part's name, pointing outside
+    (cache / "link").symlink_to(outside)
+    _environment(root / "p", 1024)
+    (root / "p2.setup").mkdir()  # what `setup --only lock` leaves: its stamp only
+    (root / "p2.setup" / "lock.json").write_text("{}")
+    (root / "scratch").mkdir()  # a directory put under the environments root
+    (root / "scratch" / "run.log").write_text("mine")
+    (root / "data.d").mkdir()  # one that only looks like a store
+    (root / "data.d" / "keep").write_text("mine")
+    (root / "elsewhere").symlink_to(outside)
+    assert places.clean.fn() == 0
+    out = capsys.readouterr().out
+    assert not (cache / "wheels").exists() and not list(root.glob("p*"))
+    for mine in (cache / "notes.txt", cache / "datasets" / "d.bin", root / "scratch" / "run.log",
+                 root / "data.d" / "keep", outside / "precious"):
+        assert mine.exists(), (mine, out)
+    for link in (cache / "src", cache / "link", root / "elsewhere"):
+        assert link.is_symlink(), (link, out)
+    assert "7 kept" in out, out

@@ -8,7 +8,7 @@ from pathlib import Path
 from megatron_env import profile, recipes
 from megatron_env.commands import host
 from megatron_env.findings import Finding
-from megatron_env.kernels import build, compiler
+from megatron_env.kernels import build, compiler, source_trees
 from megatron_env.recipes import recipe
 from megatron_env.setup import pipeline
 
@@ -273,13 +273,13 @@ def test_git_source_with_pinned_submodules(tmp_path, monkeypatch):
     pins = {"commit": top, "submodules": {"third_party/headers": first}}
     pkg = recipe.resolve(r, pins, [])
     assert pkg.source.digest == f"git:{top}+third_party/headers@{first}"
-    tree = build.fetch(pkg, echo=lambda *_: None)
+    tree = source_trees.fetch(pkg, echo=lambda *_: None)
     assert (tree / "third_party/headers/include/h.h").read_text() == "// one\n"
     assert (tree / "setup.py").exists()
     # pinning the submodule elsewhere is another source: another tree
     second = git("rev-parse", "HEAD", cwd=headers)
     moved = recipe.resolve(r, {**pins, "submodules": {"third_party/headers": second}}, [])
-    other = build.fetch(moved, echo=lambda *_: None)
+    other = source_trees.fetch(moved, echo=lambda *_: None)
     assert other != tree and (other / "third_party/headers/include/h.h").read_text() == "// two\n"
 
 

@@ -103,6 +103,19 @@ def test_invoke_megatron_after_setup_is_up_to_date_and_setup_after_it_too(world)
     assert world.ran == [] and rows["megatron"] is Outcome.UP_TO_DATE
 
 
+def test_invoke_megatron_after_a_failed_lock_then_setup_installs_megatron_once(world):
+    """`invoke megatron` while the lock step had no stamp (its last run failed), then `invoke
+    setup`: the two disagreed on the megatron step's digest and Megatron was installed twice."""
+    world.skip = {"sources", "patches", "builds"}
+    world.fails = {"lock"}
+    world.execute()  # the lock step fails: no stamp of it
+    world.fails = set()
+    assert world.execute(["megatron"]) == {"megatron": Outcome.DONE}
+    rows = world.execute()
+    assert rows["lock"] is Outcome.DONE and rows["megatron"] is Outcome.UP_TO_DATE, rows
+    assert world.ran.count("megatron") == 0
+
+
 def test_a_skipped_step_passes_on_its_stamp_as_an_unchosen_one_does(world):
     """--no-builds after a run that built: the builds' stamp still describes what is installed,
     so the steps after them are not re-run."""
@@ -291,10 +304,10 @@ def test_unknown_step_is_refused_with_a_kind():
     from .conftest import user_error
 
     with user_error("input.value"):
-        pipeline._chosen("nope", None)
-    assert pipeline._chosen(None, "megatron") == ["megatron", "verify"]
-    assert pipeline._chosen("env", None) == ["env"]
-    assert pipeline._chosen(None, None) == NAMES
+        pipeline.chosen_steps("nope", None)
+    assert pipeline.chosen_steps(None, "megatron") == ["megatron", "verify"]
+    assert pipeline.chosen_steps("env", None) == ["env"]
+    assert pipeline.chosen_steps(None, None) == NAMES
 
 
 def test_one_step_writes_the_stamp_the_chain_would(world, monkeypatch):
@@ -304,8 +317,11 @@ def test_one_step_writes_the_stamp_the_chain_would(world, monkeypatch):
     assert pipeline.one_step(world.ctx, "env", lambda: ("result", "built by invoke env")) == \
         "result"
     d = world.decide()
-    assert d["env"].action is Action.RUN  # lock has no stamp yet: env's digest names it
-    ready(world)
+    # the lock has no stamp yet: it passes on the digest it would be stamped with, so the full
+    # chain, whose lock step runs with the same inputs, finds env up to date (not built twice)
+    assert d["env"].action is Action.VERIFY
+    rows = world.execute()
+    assert rows["lock"] is Outcome.DONE and rows["env"] is Outcome.UP_TO_DATE, rows
     assert pipeline.one_step(world.ctx, "env", lambda: (1, "again")) == 1
     assert world.decide()["env"].action is Action.VERIFY
     assert state.read(world.ctx.stamps, "env")[0].detail == "again"

@@ -38,17 +38,17 @@ with files.publishing(dest, tree=True) as tmp:
 print(dest)
 """
 
-# argv: host, cache, the pinned sha256: the kernel source fetch (build.fetch) as a node runs it
+# argv: host, cache, the pinned sha256: the kernel source fetch (source_trees.fetch) as a node runs it
 FETCH = """
 import sys
 from pathlib import Path
 from megatron_env import files
-from megatron_env.kernels import build
+from megatron_env.kernels import build, source_trees
 from megatron_env.recipes import recipe
 files.set_host(sys.argv[1])
 pkg = recipe.Package("tinyk", "1.0", recipe.Source(sha256=sys.argv[3], url="tinyk-1.0.tar.gz"),
                      cuda=False)
-print(build.fetch(pkg, lambda s: None, cache=Path(sys.argv[2])))
+print(source_trees.fetch(pkg, lambda s: None, cache=Path(sys.argv[2])))
 """
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from megatron_env import files
 from megatron_env.bundle import make
-from megatron_env.kernels import build
+from megatron_env.kernels import build, source_trees
 from megatron_env.pyenv import manifest
 from megatron_env.recipes import recipe
 from megatron_env.setup import state
@@ -54,11 +54,11 @@ def tinyk(tmp_path, monkeypatch):
 
 def test_a_truncated_cached_sdist_is_fetched_again_or_refused(tinyk, capsys, monkeypatch):
     """The bundle's sdist (make._sdists, what `invoke bundle` runs) and a build's source
-    (build.fetch) are checked against the pin each time they are taken from the cache."""
+    (source_trees.fetch) are checked against the pin each time they are taken from the cache."""
     pkg, sdist, cache = tinyk
     entries: list[make.Entry] = []
     make._sdists({"tinyk": pkg}, [], entries, lambda _s: None, cache)
-    archive = build.sdist_archive(pkg)
+    archive = source_trees.sdist_archive(pkg)
     assert entries[0].path == archive and archive.read_bytes() == sdist.read_bytes()
     archive.write_bytes(sdist.read_bytes()[:200])  # truncated in the cache
     make._sdists({"tinyk": pkg}, [], entries, lambda _s: None, cache)
@@ -68,7 +68,7 @@ def test_a_truncated_cached_sdist_is_fetched_again_or_refused(tinyk, capsys, mon
     monkeypatch.delenv(recipe.source_var("tinyk"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # and nowhere to fetch it from: refused
     with user_error("source.unreachable"):
-        build.fetch(pkg, lambda _s: None)
+        source_trees.fetch(pkg, lambda _s: None)
     assert not archive.exists()  # the altered copy is not left for the next run
     assert sorted(p.name for p in archive.parent.iterdir()) == []
 
@@ -77,13 +77,13 @@ def test_a_line_appended_to_a_cached_source_tree_is_not_built(tinyk, capsys):
     """The unpacked source and the patched tree a build copies carry the digest of their
     content; a tree that changed since is made again from the verified sdist."""
     pkg, _sdist_path, cache = tinyk
-    tree = build.fetch(pkg, lambda _s: None)
-    patched = build.patched(pkg, [], lambda _s: None)
+    tree = source_trees.fetch(pkg, lambda _s: None)
+    patched = source_trees.patched(pkg, [], lambda _s: None)
     for t in (tree, patched):
         with (t / "tinyk" / "__init__.py").open("a") as f:
             f.write("import os; os.system('id')\n")
     (tree / "planted.py").write_text("x = 1\n")
-    assert build.patched(pkg, [], lambda _s: None) == patched
+    assert source_trees.patched(pkg, [], lambda _s: None) == patched
     assert (patched / "tinyk" / "__init__.py").read_text() == "ANSWER = 42\n"
     assert not (patched / "planted.py").exists()
     err = capsys.readouterr().err
@@ -91,7 +91,7 @@ def test_a_line_appended_to_a_cached_source_tree_is_not_built(tinyk, capsys):
     assert "the cached source tree" in err  # the pristine one was caught too, remade first
     assert (tree / "tinyk" / "__init__.py").read_text() == "ANSWER = 42\n"
     (tree / "tinyk" / "__init__.py").chmod(0o755)  # a mode change is a change
-    build.fetch(pkg, lambda _s: None)
+    source_trees.fetch(pkg, lambda _s: None)
     assert not os.access(tree / "tinyk" / "__init__.py", os.X_OK)
     assert [p.name for p in (cache / "src").iterdir()] == [tree.name]  # nothing left aside
 
@@ -99,10 +99,10 @@ def test_a_line_appended_to_a_cached_source_tree_is_not_built(tinyk, capsys):
 def test_an_unmarked_cached_tree_is_never_used(tinyk):
     """A tree an older version marked with a bare line, or one a kill left without a mark."""
     pkg, _s, _cache = tinyk
-    tree = build.fetch(pkg, lambda _s: None)
-    (tree / build.PRISTINE).write_text(pkg.source.sha256 + "\n")  # older versions' marker
+    tree = source_trees.fetch(pkg, lambda _s: None)
+    (tree / source_trees.PRISTINE).write_text(pkg.source.sha256 + "\n")  # older versions' marker
     (tree / "tinyk" / "__init__.py").write_text("changed\n")
-    build.fetch(pkg, lambda _s: None)
+    source_trees.fetch(pkg, lambda _s: None)
     assert (tree / "tinyk" / "__init__.py").read_text() == "ANSWER = 42\n"
 
 

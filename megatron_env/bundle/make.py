@@ -29,7 +29,7 @@ from megatron_env.bundle.layout import (
 )
 from megatron_env.bundle.manifest import FileEntry, Item, MadeFor, Manifest
 from megatron_env.errors import UserError
-from megatron_env.kernels import build, compiler
+from megatron_env.kernels import build, compiler, source_trees
 from megatron_env.profile import Profile
 from megatron_env.pyenv import lock, lock_conda
 from megatron_env.recipes.recipe import Package
@@ -76,13 +76,77 @@ def _source_tree(prof: Profile, dest: Path) -> None:
     shutil.copytree(prof.dir, dest / "envs" / prof.name, ignore=ignore)
 
 
+def _house(cache: Path | None) -> Path:
+    """Where the lock's files are downloaded once, for every bundle of every profile."""
+    return (cache or repos.cache_dir()) / "bundle-wheels"
+
+
+def lock_bytes(prof: Profile, house: Path) -> tuple[int, int, int]:
+    """(bytes of the lock's files, of those the bytes still to download, how many files' sizes
+    are unknown), known before anything is downloaded or written: a file already in `house`
+    by its size there, any other by the size the package index gives for the file the lock
+    pins (as lock-diff reads it), where an index is configured and answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+
+    from megatron_env.pyenv import lockdiff
+    from megatron_env.sources import index, index_config
+
+    text = lock.read(prof.lock_file)
+    pins, hashes = lock.parse_lock(text), lock.parse_hashes(text)
+    cached: dict[tuple[str, str], int] = {}
+    for f in house.glob("*.whl") if house.is_dir() else ():
+        try:
+            name, version, _build, _tags = parse_wheel_filename(f.name)
+        except InvalidWheelFilename:
+            continue
+        cached[(canonicalize_name(name), str(version))] = f.stat().st_size
+    have = {n: cached.get((canonicalize_name(n), v)) for n, v in pins.items()}
+    rest = sorted(n for n, size in have.items() if size is None)
+    fetched: list[int | None] = [None] * len(rest)
+    cfg = index_config.configured()
+    if rest and not cfg.no_index:
+        url = index_config.installer_index()
+        ask = index_config.Config(timeout=lockdiff.INDEX_TIMEOUT)
+
+        def one(name: str) -> int | None:
+            try:
+                f = lockdiff.pick(index.files(name, url, ask), hashes.get(name, set()),
+                                  prof.python)
+                return index.size(f, url, ask) if f else None
+            except UserError:  # an index that does not answer: that size is unknown
+                return None
+
+        with ThreadPoolExecutor(8) as pool:
+            fetched = list(pool.map(one, rest))
+    known = sum(size for size in have.values() if size is not None)
+    to_get = sum(size for size in fetched if size is not None)
+    return known + to_get, to_get, sum(size is None for size in fetched)
+
+
+def _room(prof: Profile, out: Path, house: Path) -> None:
+    """Refuse, before the first download or write, an --out (and a cache) without room for
+    the lock's files: their sizes are known up front, and the free space is measured before
+    this run has written anything (before: every wheel was downloaded first, then the free
+    space left after the run's own staging was compared with the whole)."""
+    total, to_get, unknown = lock_bytes(prof, house)
+    what = f"bundle {out.name}: the files of {prof.lock_file.name}" + (
+        f" ({unknown} of unknown size not counted)" if unknown else "")
+    if files.mount_of(out.parent) == files.mount_of(house):
+        files.ensure(out.parent, total + to_get, what + ", and their download")
+        return
+    files.ensure(out.parent, total, what)
+    files.ensure(house, to_get, f"the download of the files of {prof.lock_file.name}")
+
+
 def _env_wheels(prof: Profile, echo: output.Echo, *, cache: Path | None = None) -> list[Path]:
     """The lock's files, downloaded once into the cache and each checked against the lock."""
     lockfile = prof.lock_file
-    text = lockfile.read_text()
+    text = lock.read(lockfile)
     allowed = lock.parse_hashes(text)
     total = len(allowed)
-    house = (cache or repos.cache_dir()) / "bundle-wheels"
+    house = _house(cache)
     house.mkdir(parents=True, exist_ok=True)
     seen = [0]
 
@@ -235,7 +299,7 @@ def git_pins(prof: Profile, without: Iterable[str] = (),
     return [("megatron", m["repo"], m["commit"], m["tag"]),
             *((name, url, commit, tag) for k in kernels.values()
               if k.name not in without
-              for name, url, commit, tag, _path in build.git_sources(k))]
+              for name, url, commit, tag, _path in source_trees.git_sources(k))]
 
 
 def _left_out(prof: Profile, without: Iterable[str], kernels: Mapping[str, Package]
@@ -306,9 +370,9 @@ def _sdists(kernels: Mapping[str, Package], without: Iterable[str], entries: lis
         if k.source.repo or k.name in without:  # a repository (git pins), or left out
             continue
         echo(f"{k.name}: the {k.pin} source ({k.source.digest[:19]})")
-        build.fetch(k, echo, cache=cache)  # once by file name, sha256 checked, nothing run
+        source_trees.fetch(k, echo, cache=cache)  # once by file name, sha256 checked, nothing run
         name = f"sources/{k.name}/{k.name}-{k.pin}.tar.gz"
-        entries.append(Entry(name, build.sdist_archive(k, cache), ""))
+        entries.append(Entry(name, source_trees.sdist_archive(k, cache), ""))
         sdists.append({"name": k.name, "path": name, "sha256": k.source.sha256})
     return sdists
 
@@ -419,6 +483,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
                         kind="lock.stale")
     out = check_out(out, [since] if since else [])
     base = read_manifest(since) if since else None
+    if not adopt and base is None:  # a delta leaves out what its base holds: said at _write
+        _room(prof, out, _house(cache))
     out.parent.mkdir(parents=True, exist_ok=True)
     files.sweep(out.parent, out.name)  # what killed runs left: this host's, or long dead
     with files.scratch(out) as stage:

@@ -150,7 +150,7 @@ def check_serves(doc: Manifest, prof: Profile, python: Path | str | None) -> Non
 def local_conda_lock(prof: Profile, root: Path, conda: Sequence[Item]) -> Path:
     """The profile's conda-lock.yml with each package URL pointing at the bundle's copy: what
     `invoke env` installs offline (written under the cache; the bundle may be read-only)."""
-    text = (prof.conda_lock_file).read_text()
+    text = lock.read(prof.conda_lock_file)
     for c in conda:
         if c["url"] not in text:
             raise UserError(f"{prof.conda_lock_file} does not list {c['url']}, "

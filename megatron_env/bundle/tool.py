@@ -143,7 +143,7 @@ def kernel_requirements(kernels: list[Package], dest: Path, python: str,
 
 def normal_names(lockfile: Path) -> list[str]:
     """The package names a lock pins, normalised as _name does."""
-    return [_name(n) for n in lock.parse_lock(lockfile.read_text())]
+    return [_name(n) for n in lock.parse_lock(lock.read(lockfile))]
 
 
 def _name(pin: str) -> str:

@@ -144,15 +144,35 @@ def _bug(e: Exception) -> int:
     return 70
 
 
+#: The words that ask for a command's help, wherever a front door reads them.
+HELP_WORDS = ("--help", "-h")
+
 #: Short flags fixed by name, the same in both front doors (others: a letter of the name not
 #: yet taken): -j is a number of jobs, as in make and ninja, never --json (which has none).
 SHORTS: dict[str, str | None] = {"jobs": "j", "json": None}
 
 
+#: In an option's help: where environments go by default here (`shown_help` fills it in).
+ENVS = "{envs}"
+
+
+def shown_help(text: str) -> str:
+    """An option's help as a front door shows it: ENVS said as the environments root of the
+    project in use (a checkout's .megatron-env, or the user's data directory from a wheel),
+    so the help names where the tool really writes."""
+    if ENVS not in text:
+        return text
+    from megatron_env import project
+
+    root, home = project.env_root(), Path.home()
+    return text.replace(ENVS, f"~/{root.relative_to(home)}" if root.is_relative_to(home)
+                        else str(root))
+
+
 #: What each option means, written once for every command that takes it.
 OPTIONS = {
     "profile": "profile name (default: the default profile)",
-    "prefix": "where the environment lives (default .megatron-env/<profile>)",
+    "prefix": f"where the environment lives (default {ENVS}/<profile>)",
     "python": "the interpreter to use instead of the profile's environment",
     "json": "print {\"findings\": [...]} on stdout instead of a table",
     "dry_run": "print the plan (what would run and why) and stop",

@@ -7,17 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from megatron_env import findings, output, project, recipes
+from megatron_env.commands import cli
 from megatron_env.commands.cli import command, json_error
 from megatron_env.host import checks, snapshot
 from megatron_env.profile import check_default, default_name, load_all
 from megatron_env.profile import load as load_profile
 
 
-@command()
-def profiles() -> int:
+@command(markdown="print the README's table of profiles (markdown) instead")
+def profiles(markdown: bool = False) -> int:
     """List the profiles under envs/ (* marks the default)."""
     items = load_all()
     default = default_name(items)
+    if markdown:
+        from megatron_env.commands import profile_table
+
+        output.block(profile_table.markdown(items, default))
+        return 0
     output.table([("*" if p.name == default else " ", p.name, f"python {p.python}",
                    f"torch {p.torch}", f"cuda {p.cuda}", f"megatron {p.megatron['tag']}")
                   for p in items])
@@ -128,7 +134,7 @@ def triage(logs: str | list[str], json: bool = False) -> int:
     return findings.exit_code(found)
 
 
-@command(name="report", prefix="the environment to report on (default .megatron-env/<profile>)",
+@command(name="report", prefix=f"the environment to report on (default {cli.ENVS}/<profile>)",
          json="print the facts as JSON instead of the block",
          imports="import torch and every compiled module (10-30 s) instead of reading versions "
                  "from the files")

@@ -10,9 +10,11 @@ import argparse
 import inspect
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from megatron_env import __version__, commands, project
 from megatron_env.commands import cli, completion
+from megatron_env.errors import UserError
 
 _PROG = "megatron-env"
 
@@ -57,8 +59,25 @@ def _add_option(sub: argparse.ArgumentParser, p: inspect.Parameter, help_: str,
                              help=argparse.SUPPRESS)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is the front door's: one `error:` line with its `hint:` and
+    exit 2 (with --json, the JSON error object on stdout too), never argparse's usage block.
+    The command's parsers are made of this class too (add_subparsers takes the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _usage(message, self.prog)
+
+
+def _usage(message: str, prog: str) -> UserError:
+    sub = prog[len(_PROG):].strip()
+    return UserError(f"{prog}: {message}",
+                     fix=f"`{_PROG} {sub} --help` lists its options" if sub else
+                     f"`{_PROG} --help` lists the commands, `{_PROG} COMMAND --help` their "
+                     "options", kind="input.usage")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog=_PROG, description="Reproducible, verified Megatron-LM training environments.")
     top.add_argument("--project", metavar="DIR",
                      help=f"the directory with envs/, patches/, scripts/ (or {project.ENV}; "
@@ -73,7 +92,8 @@ def parser() -> argparse.ArgumentParser:
         sub = subs.add_parser(cmd.name, help=cmd.summary, description=cmd.summary)
         shorts = {"-h"}
         for p in inspect.signature(cmd.fn).parameters.values():
-            _add_option(sub, p, cmd.help[p.name], cmd.iterable, shorts, cmd.rest)
+            _add_option(sub, p, cli.shown_help(cmd.help[p.name]), cmd.iterable, shorts,
+                        cmd.rest)
         sub.set_defaults(_cmd=cmd)
     comp = subs.add_parser("completion", help="print a shell completion script",
                            description="print a shell completion script: "
@@ -103,6 +123,15 @@ def _main(argv: list[str]) -> int:
     known, _ = pre.parse_known_args(argv)
     project.choose(known.project)  # before any module reads the project root
     project.choose_cache(known.cache_dir)
+    from megatron_env import commands
+
+    # the command named (the first word that is one), for the JSON error object of --json
+    named = next((w for w in argv if w in commands.registry()), _PROG)
+    with cli.json_error("--json" in argv, named):
+        return _run(argv)
+
+
+def _run(argv: list[str]) -> int:
     project.root()  # a --project that holds no profile: refused here, before anything runs
     top = parser()
     args = top.parse_args(argv)
@@ -126,7 +155,8 @@ def _main(argv: list[str]) -> int:
             value = [value, *positional]
         if value is None and inspect.signature(cmd.fn).parameters[name].default is \
                 inspect.Parameter.empty:
-            top.parse_args([cmd.name, "--help"])  # exits 0 with the usage: a missing value
+            raise _usage(f"{_flag(name)} is required (or give it as the first word after "
+                         f"{cmd.name})", f"{_PROG} {cmd.name}")
         options[name] = value
     return cmd.fn(**{k: v for k, v in options.items() if v is not None or
                      inspect.signature(cmd.fn).parameters[k].default is None})

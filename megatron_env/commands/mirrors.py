@@ -50,8 +50,8 @@ def markdown(profiles: list[Profile]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def in_doc(text: str) -> str | None:
+def in_doc(text: str, begin: str = BEGIN, end: str = END) -> str | None:
     """The table between the markers of a document (None: no markers)."""
-    if BEGIN not in text or END not in text:
+    if begin not in text or end not in text:
         return None
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n") + "\n"

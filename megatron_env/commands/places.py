@@ -5,8 +5,11 @@
 A directory is removed only when it is provably the tool's: a cache root holding the
 CACHEDIR.TAG the tool wrote (the standard tag, which backup tools also skip), the default
 environment root holding ROOT_MARK, or an environment `--prefix` whose store (`<prefix>.d`)
-holds only stamped environments. Anything else is listed as kept, with why, and never
-touched: a `--cache-dir` pointed at a home directory by mistake must not empty it."""
+holds only stamped environments. Inside a marked place, too, only what the tool makes goes:
+the cache's own parts (CACHE_PARTS, real directories), and environments with a stamped store
+or the tool's setup stamps; a file, a link or a directory someone put there stays. Anything
+else is listed as kept, with why, and never touched: a `--cache-dir` pointed at a home
+directory by mistake must not empty it."""
 
 from __future__ import annotations
 
@@ -117,12 +120,30 @@ def _is_tagged(cache: Path) -> bool:
         return False
 
 
+#: What the tool makes in its cache root, one directory each (git mirrors, sdists, source and
+#: patched trees, built wheels, their build trees, logs and facts, the bundles' parts); any
+#: other entry (a file, a link, a directory of another name) is not the tool's to remove.
+CACHE_PARTS = ("build", "bundle-conda", "bundle-wheels", "bundles", "conda-pkgs", "facts", "git",
+               "logs", "object-costs", "patched", "sdists", "src", "toolchain", "uv-offline",
+               "wheels")
+
+
+def _cache_part(p: Path) -> bool:
+    """A directory (never a link, whatever it points at) of a name the tool gives, or the
+    temporary of one a run left."""
+    return (p.is_dir() and not p.is_symlink()
+            and (p.name in CACHE_PARTS or p.name.split(".tmp-")[0] in CACHE_PARTS))
+
+
 def caches(cache: Path) -> list[Place]:
-    """The cache root's parts (git mirrors, sources, wheels, builds ...), one place each."""
+    """The cache root's parts (git mirrors, sources, wheels, builds ...), one place each; an
+    entry the tool does not make there is listed as kept."""
     if not cache.is_dir():
         return []
-    kept = "" if _is_tagged(cache) else f"no {CACHEDIR_TAG} of megatron-env in {cache}"
-    return [Place("cache", p.name, (p,), size_of(p), kept)
+    tagged = _is_tagged(cache)
+    kept = "" if tagged else f"no {CACHEDIR_TAG} of megatron-env in {cache}"
+    return [Place("cache", p.name, (p,), size_of(p),
+                  kept or ("" if _cache_part(p) else "not a part of megatron-env's cache"))
             for p in sorted(cache.iterdir()) if p.name != CACHEDIR_TAG]
 
 
@@ -137,14 +158,38 @@ def _stamped_store(store: Path) -> bool:
                for p in store.iterdir() if p.is_dir() and not p.is_symlink())
 
 
+def _stamps(d: Path) -> bool:
+    """A directory of setup stamps the tool made: a real directory holding a step's stamp or
+    the lock every setup run takes there."""
+    from megatron_env.setup.steps import STEPS
+
+    if d.is_symlink() or not d.is_dir():
+        return False
+    return (d / ".lock").is_file() or any((d / f"{step}.json").is_file() for step in STEPS)
+
+
+def _link(prefix: Path, store: Path) -> bool:
+    """The prefix as the tool leaves it: a link into its store, or a stamped directory."""
+    from megatron_env.pyenv import env
+
+    if prefix.is_symlink():
+        return prefix.resolve().parent == store.resolve()
+    return (prefix / env.STAMP).is_file()
+
+
 def environment(prefix: Path) -> Place:
-    """The environment at `prefix` with its store, setup stamps and Megatron checkouts."""
-    paths = tuple(p for p in (prefix.with_name(prefix.name + s) for s in _ENV_PARTS)
-                  if p.exists() or p.is_symlink())
+    """The environment at `prefix` with its store, setup stamps and Megatron checkouts: the
+    tool's when its store is stamped or (under the marked default root) it has the tool's
+    setup stamps; a prefix that is neither a link into that store nor stamped stays."""
     store = prefix.with_name(prefix.name + ".d")
-    ours = (prefix.parent == project.env_root() and (prefix.parent / ROOT_MARK).is_file()) \
-        or _stamped_store(store)
-    kept = "" if ours else f"{prefix} is not an environment megatron-env made (no stamped {store})"
+    marked_root = prefix.parent == project.env_root() and (prefix.parent / ROOT_MARK).is_file()
+    stamped = _stamped_store(store)
+    ours = stamped or (marked_root and _stamps(prefix.with_name(prefix.name + ".setup")))
+    paths = tuple(p for p in (prefix.with_name(prefix.name + s) for s in _ENV_PARTS)
+                  if (p.exists() or p.is_symlink()) and (p != prefix or _link(prefix, store))
+                  and (p != store or stamped))
+    kept = "" if ours and paths else \
+        f"{prefix} is not an environment megatron-env made (no stamped {store})"
     return Place("environment", prefix.name, paths, sum(size_of(p) for p in paths), kept)
 
 
@@ -184,8 +229,10 @@ def clean(dry_run: bool = False, prefix: str | None = None, cache_dir: str | Non
     if only != "caches":
         places += environments(project.env_root())
         if prefix:
-            named = environment(Path(prefix).expanduser().absolute())
-            if not named.paths:
+            at = Path(prefix).expanduser().absolute()
+            named = environment(at)
+            if not any(p.exists() or p.is_symlink()
+                       for p in (at.with_name(at.name + s) for s in _ENV_PARTS)):
                 raise UserError(f"no environment at {prefix}", fix="check the --prefix",
                                 kind="input.path")
             if named.kept:

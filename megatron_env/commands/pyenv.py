@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from megatron_env import REPO_ROOT, output, project
-from megatron_env.commands import places
+from megatron_env import output, project
+from megatron_env.commands import cli, places
 from megatron_env.commands.cli import command, json_error
 from megatron_env.errors import UserError
 from megatron_env.findings import Status
@@ -67,7 +68,8 @@ def lock(profile: str | None = None, check: bool = False, upgrade_package: list[
         res = lock.compile_lock(prof, python=python, upgrade=upgrade_package, refresh=refresh)
         lock_conda.conda_lock(prof, solver=conda, lookup=lookup, channels=channel)
         output.summary(f"locked {prof.name}: {res.packages} packages, every file hashed -> "
-                       f"{res.path.relative_to(REPO_ROOT)}" + " (unchanged)" * (not res.changed))
+                       f"{res.path.relative_to(project.root())}"
+                       + " (unchanged)" * (not res.changed))
     return 0
 
 
@@ -118,8 +120,10 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
         bundle: list[str] | None = None, expect_sha256: list[str] | None = None,
         trust: str | None = None) -> int:
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
+
     from megatron_env.pyenv import env
 
+    python = os.path.abspath(python) if python else None  # probes run in another directory
     b = use_bundle(bundle, profile, (python or sys.executable) if adopt else python,
                     None, "--adopt --python PYTHON", provenance=(expect_sha256, trust))
     prof = b.profile if b else load_profile(profile)
@@ -159,8 +163,8 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
 def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
     from megatron_env.pyenv import env
 
-    py = Path(python).absolute() if python else env.python_of(
-        Path(prefix) if prefix else env.default_prefix(prof))
+    py = env.interpreter(Path(prefix).absolute() if prefix else env.default_prefix(prof),
+                         python)
     if not py.exists():
         raise UserError(f"no environment at {py}", fix="run `invoke env` (or pass --python)",
                         kind="env.missing")
@@ -169,7 +173,7 @@ def _interpreter(prof: Profile, prefix: str | None, python: str | None) -> Path:
 
 @command(iterable=("bundle", "expect_sha256"),
          what="a kernel recipe (`invoke kernels` lists them) or all the profile pins",
-         prefix="the environment to build for (default .megatron-env/<profile>)",
+         prefix=f"the environment to build for (default {cli.ENVS}/<profile>)",
          python="build for this interpreter instead (an adopted environment)",
          arch="compute capabilities, e.g. 9.0 or 8.0,9.0, or native (default: profile)",
          dry_run="print the build plan (sources, patches, flags, cache key) and stop",

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_env import findings, output
-from megatron_env.commands import places, pyenv
+from megatron_env.commands import cli, places, pyenv
 from megatron_env.commands.cli import command, guarded, json_error
 from megatron_env.errors import UserError
 from megatron_env.profile import load as load_profile
@@ -47,9 +47,9 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
         b = pyenv.use_bundle(bundle, profile, adopt, None if no_builds else "all", "--adopt PYTHON",
                         provenance=(expect_sha256, trust))
         prof = b.profile if b else load_profile(profile)
-        ctx = pipeline.Context(prof, Path(prefix).absolute() if prefix
-                               else env.default_prefix(prof),
-                               adopt=Path(adopt).absolute() if adopt else None,
+        where = Path(prefix).absolute() if prefix else env.default_prefix(prof)
+        ctx = pipeline.Context(prof, where,
+                               adopt=env.interpreter(where, adopt) if adopt else None,
                                no_builds=no_builds, deep=verify_deep, bundle=b,
                                jobs=_jobs(jobs))
         if not dry_run:
@@ -59,8 +59,9 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
             rows, ok = pipeline.run(ctx, only=only, start=from_, dry_run=dry_run)
     if ctx.jobs is not None:
         _jobs_unused(ctx.jobs, rows)
+    verdict = _verdict(ok, dry_run, only, from_)
     if json:
-        return _setup_json(ctx, rows, ok, dry_run, time.monotonic() - t0)
+        return _setup_json(ctx, rows, verdict, ok, time.monotonic() - t0)
     if ctx.findings and not only:
         findings.print_findings(ctx.findings, f"check: this host against {prof.name}")
     output.table([(r.step, r.status.value, f"{r.seconds:.1f}", r.detail) for r in rows],
@@ -68,11 +69,22 @@ def setup(profile: str | None = None, prefix: str | None = None, dry_run: bool =
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
-    verdict = "dry run" if dry_run else "ready" if ok else "stopped"
-    output.summary(f"setup {verdict}: {prof.name} at {ctx.prefix}; "
+    part = (f" (--only {only}" if only else f" (--from {from_}" if from_ else "")
+    part += "; `invoke setup` says whether the environment is ready)" if part else ""
+    output.summary(f"setup {verdict}{part}: {prof.name} at {ctx.prefix}; "
                    + ", ".join(f"{n} {s}" for s, n in counts.items())
                    + f"; {time.monotonic() - t0:.1f} s", status=verdict)
     return 0 if ok else 1
+
+
+def _verdict(ok: bool, dry_run: bool, only: str | None, from_: str | None) -> str:
+    """The verdict's word: "ready" only for a run of the whole chain that ended well; a part of
+    it (--only check, --from megatron) proves nothing about the steps it left out: "done"."""
+    if dry_run:
+        return "dry run"
+    if not ok:
+        return "stopped"
+    return "done" if only or from_ else "ready"
 
 
 def _jobs_unused(jobs: int, rows: list[pipeline.Row]) -> None:
@@ -89,7 +101,7 @@ def _jobs_unused(jobs: int, rows: list[pipeline.Row]) -> None:
     output.warning(f"--jobs {jobs} changed nothing: no kernel compiles here ({why})")
 
 
-def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_run: bool,
+def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], verdict: str, ok: bool,
                 seconds: float) -> int:
     """setup's rows as JSON, each with the digest its stamp recorded (None when not stamped)."""
     import json
@@ -102,7 +114,7 @@ def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_r
 
     output.block(json.dumps({
         "profile": ctx.profile.name, "prefix": str(ctx.prefix),
-        "verdict": "dry run" if dry_run else "ready" if ok else "stopped", "seconds": seconds,
+        "verdict": verdict, "seconds": seconds,
         "steps": [{"step": r.step, "status": r.status.value, "digest": stamped(r.step),
                    "seconds": round(r.seconds, 3), "detail": r.detail,
                    **({"kind": r.kind} if r.kind else {})} for r in rows],
@@ -110,7 +122,7 @@ def _setup_json(ctx: pipeline.Context, rows: list[pipeline.Row], ok: bool, dry_r
     return 0 if ok else 1
 
 
-@command(prefix="the environment to install into (default .megatron-env/<profile>)")
+@command(prefix=f"the environment to install into (default {cli.ENVS}/<profile>)")
 def megatron(profile: str | None = None, prefix: str | None = None) -> int:
     """Check out Megatron-LM at the profile's tag (pinned commit), patch it, install it."""
     return setup(profile, prefix, only="megatron")

@@ -20,8 +20,9 @@ from megatron_env.pyenv import env, probe
 
 
 def interpreter(profile: Profile, python: str | None) -> Path:
-    """The interpreter a job would run: --python, else the profile's environment."""
-    return Path(python) if python else env.python_of(env.default_prefix(profile))
+    """The interpreter a job would run: --python, else the profile's environment's (built or
+    adopted: env.interpreter)."""
+    return env.interpreter(env.default_prefix(profile), python)
 
 
 def collect(profile: Profile, python: Path) -> dict[str, Any]:

@@ -24,20 +24,10 @@ from typing import Any
 from megatron_env import digest, files, mutex, output, proc, recipes
 from megatron_env.errors import UserError
 from megatron_env.host import resources
-from megatron_env.kernels import compiler, jobserver, libstdcxx
+from megatron_env.kernels import compiler, libstdcxx
 from megatron_env.kernels.jobs import Jobs, derive
-from megatron_env.kernels.source_trees import (  # the build's sources, named from here too
-    PATCHED as PATCHED,
-)
-from megatron_env.kernels.source_trees import PRISTINE as PRISTINE
-from megatron_env.kernels.source_trees import _download as _download
-from megatron_env.kernels.source_trees import fetch as fetch
-from megatron_env.kernels.source_trees import git_sources as git_sources
-from megatron_env.kernels.source_trees import patched as patched
-from megatron_env.kernels.source_trees import patched_path as patched_path
-from megatron_env.kernels.source_trees import pristine_path as pristine_path
-from megatron_env.kernels.source_trees import sdist_archive as sdist_archive
-from megatron_env.kernels.source_trees import seal as seal
+from megatron_env.kernels.pool import Pool, driver_env
+from megatron_env.kernels.source_trees import patched
 from megatron_env.kernels.toolkit import cuda_home, site_paths
 from megatron_env.profile import Profile
 from megatron_env.pyenv import probe, uv
@@ -47,7 +37,6 @@ from megatron_env.sources import patches, repos
 from megatron_env.sources.given import Given
 
 CACHE_DIR_ENV = repos.CACHE_ENV
-GIB = 2**30
 
 
 def packages(profile: Profile, archs: list[str] | None = None) -> dict[str, Package]:
@@ -140,9 +129,9 @@ def static_key_docs(profile: Profile, torch: str, patch_root: Path
 
 def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None = None,
          facts: dict[str, Any] | None = None, cache: Path | None = None,
-         pool: Mapping[str, str] | None = None) -> Plan:
+         pool: Pool | None = None) -> Plan:
     """`facts`: probe.torch_facts(python) when the caller has them already (one torch import);
-    `cache`: the build cache (default: cache_dir()); `pool`: the shared jobserver's variables
+    `cache`: the build cache (default: cache_dir()); `pool`: the shared pool of compile jobs
     (kernels.together), in place of this build's own job counts."""
     cache = cache or cache_dir()
     facts = facts or torch_facts(python, cache)
@@ -162,14 +151,13 @@ def plan(pkg: Package, python: Path, archs: list[str], patch_root: Path | None =
     if pkg.parallel_var:
         build_env[pkg.parallel_var] = str(derived.extensions)
     if pool:  # one pool of compile jobs for every kernel: its width, not this build's own -j
-        build_env.update(pool)
-        jobs, why = int(pool["MEGATRON_ENV_POOL_SLOTS"]), pool["MEGATRON_ENV_POOL_WHY"]
+        build_env.update(pool.env)
+        jobs, why = pool.slots, pool.why
         build_env.pop("CMAKE_BUILD_PARALLEL_LEVEL", None)
-        build_env.update(jobserver.driver_env(pkg.pool_env,
-                                              int(pool["MEGATRON_ENV_POOL_WIDTH"])))
+        build_env.update(driver_env(pkg.pool_env, pool.width))
         if pkg.parallel_var:
-            build_env[pkg.parallel_var] = pool["MEGATRON_ENV_POOL_CLIENTS"]
-        build_env.update(_slot_launchers(pool["MEGATRON_ENV_SLOT_CLIENT"],
+            build_env[pkg.parallel_var] = str(pool.clients)
+        build_env.update(_slot_launchers(pool.client,
                                          build_env.get("CUDA_HOME") if pkg.cuda else None))
     elif not proc.which("ninja", path=build_env["PATH"]):
         why += "; ninja missing: builds will be serial"
@@ -259,10 +247,10 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                       patch_root: Path | None = None, echo: output.Echo = output.status,
                       given: Given | None = None, cache: Path | None = None,
                       child_env: Mapping[str, str] | None = None,
-                      pool: Mapping[str, str] | None = None) -> Result | Plan:
+                      pool: Pool | None = None) -> Result | Plan:
     """`given`: a bundle's sources; `cache`: the build cache (default MEGATRON_ENV_CACHE);
     `child_env`: what uv is told besides (a bundle's offline settings); `pool`: the shared
-    jobserver's variables (kernels.together)."""
+    pool of compile jobs (kernels.together)."""
     t0 = time.monotonic()
     cache = cache or cache_dir()
     p = plan(pkg, python, archs, patch_root, cache=cache, pool=pool)

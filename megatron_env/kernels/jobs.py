@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from megatron_env.errors import UserError
-
-GIB = 2**30
+from megatron_env.units import GIB
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,18 @@ class Costs:
         return max(self.priority.values(), default=0.0)
 
 
+def at_once(output: str) -> bool:
+    """A job that starts without waiting for a slot and holds none: a compiler probe (no
+    output named: `c++ -v`, torch's compiler check), a CMake configure's try-compile (cmTC_*)
+    and a link (a .so). Each takes well under a second or two of one core, and the step after
+    it (the build's ninja, the next check, the wheel) waits on it: queued behind the objects,
+    one kernel's probe held its ninja back 35.7 s (bench/results/2026-12-06-h100-ac60c25), and
+    recorded at 0.05-1.1 s a CMake kernel's try-compiles ranked last and held its CMake
+    build back. A host compiler's preprocessing for an nvcc outside the pool (-o x.ii) is
+    compile work: it waits like an object."""
+    return not output or "cmTC_" in output or output.endswith(".so")
+
+
 def stage(log_name: str) -> int:
     """Where a ninja run sits in its kernel's chain, from the build's structure (ninja logs
     hold no edges): a CMake build (its build directory is named so: a kernel's C++ library)
@@ -118,6 +130,7 @@ class _Wait:
     kernel: str
     priority: float
     width: int = 1  # slots it can use at once (nvcc's --split-compile threads)
+    at_once: bool = False  # starts now, holds no slot (kernels.schedule.at_once)
 
 
 class Scheduler:
@@ -128,13 +141,22 @@ class Scheduler:
     `opened`, a slot stays free for each of those that outranks a waiting job and has not
     asked yet; each request of the kernel takes one off (the one of its priority, else its
     highest). None: not known (a first build of its pins): nothing starts until it asked once,
-    so that the kernel whose setup.py starts a second earlier does not take every core."""
+    so that the kernel whose setup.py starts a second earlier does not take every core.
+
+    `spare_only`: a job gets more than one slot only where no other job waits for it (a slot
+    would otherwise idle); the device's second build gave one kernel's six objects two each
+    while others waited, and their uneven split parts left 3-5 of 16 cores idle for ~350 s.
+    The pool runs with spare_only; the replay (bench/setup_replay.py) gives
+    ac60c25's hold_s=30 and spare_only=False to replay the records it made."""
 
     def __init__(self, slots: int,
                  expected: Mapping[str, Iterable[float] | None] | None = None,
-                 opened: float = 0.0, hold_s: float = 30.0, widest: int = WIDEST) -> None:
+                 opened: float = 0.0, hold_s: float = 30.0, widest: int = WIDEST,
+                 spare_only: bool = True) -> None:
         self.slots = slots
         self.widest = widest
+        self.spare_only = spare_only
+        self._now: list[_Wait] = []
         self.running: dict[int, int] = {}  # request -> slots it holds
         self._heap: list[tuple[float, int, _Wait]] = []
         self._seq = itertools.count()
@@ -143,9 +165,16 @@ class Scheduler:
             for k, v in (expected or {}).items()}
         self._until = opened + hold_s
 
-    def want(self, rid: int, kernel: str, priority: float, width: int = 1) -> None:
+    def want(self, rid: int, kernel: str, priority: float, width: int = 1,
+             at_once: bool = False) -> None:
         """A compile job asks for a slot, or up to `width` (it can use that many threads; it is
-        given between 1 and `width`, as many as are free)."""
+        given between 1 and `width`, as many as are free). `at_once`: it starts at the next
+        grants() and holds no slot (a probe, a try-compile, a link: schedule.at_once)."""
+        if at_once:  # it asked: an unknown kernel's hold ends (its setup.py is running)
+            if kernel in self._expected and self._expected[kernel] is None:
+                del self._expected[kernel]
+            self._now.append(_Wait(rid, kernel, priority, 0, True))
+            return
         exp = self._expected.get(kernel, [])
         if exp is None:
             del self._expected[kernel]
@@ -157,6 +186,7 @@ class Scheduler:
     def done(self, rid: int) -> None:
         """A job ended (or gave up waiting): its slot is free, or it leaves the queue."""
         if self.running.pop(rid, None) is None:
+            self._now = [w for w in self._now if w.rid != rid]
             self._heap = [e for e in self._heap if e[2].rid != rid]
             heapq.heapify(self._heap)
 
@@ -165,7 +195,7 @@ class Scheduler:
         self._expected.pop(kernel, None)
 
     def waiting(self) -> int:
-        return len(self._heap)
+        return len(self._heap) + len(self._now)
 
     def busy(self) -> int:
         return sum(self.running.values())
@@ -173,6 +203,10 @@ class Scheduler:
     def grants(self, now: float) -> list[tuple[int, int]]:
         """The jobs to start now, in order, each with the slots it is given."""
         out = []
+        for w in self._now:  # they hold no slot
+            self.running[w.rid] = 0
+            out.append((w.rid, 0))
+        self._now = []
         while self._heap and self.busy() < self.slots:
             w = self._heap[0][2]
             held = 0
@@ -185,6 +219,7 @@ class Scheduler:
             if free <= 0:
                 break
             heapq.heappop(self._heap)
-            self.running[w.rid] = min(w.width, free, self.widest)
+            spare = free - len(self._heap) if self.spare_only else free
+            self.running[w.rid] = max(1, min(w.width, spare, self.widest))
             out.append((w.rid, self.running[w.rid]))
         return out

@@ -172,8 +172,9 @@ class Broker:
         costs = self.costs.get(c.kernel)
         c.priority = costs.of(c.output) if costs else 0.0
         c.asked = self.now()
-        with self._lock:
-            self._sched.want(c.rid, c.kernel, c.priority, c.width)
+        with self._lock:  # a probe, a try-compile, a link: at once (schedule.at_once)
+            self._sched.want(c.rid, c.kernel, c.priority, c.width,
+                             at_once=schedule.at_once(c.output))
 
     def _drop(self, c: _Conn) -> None:
         self._sel.unregister(c.sock)
@@ -195,7 +196,7 @@ class Broker:
             c.granted = Grant(c.kernel, c.output, c.priority, c.asked, self.now(), n)
             self.grants.append(c.granted)
             try:
-                c.sock.sendall(f"go {n}\n".encode())
+                c.sock.sendall(f"go {max(1, n)}\n".encode())  # one thread for a slotless job
             except OSError:
                 self._drop(c)
 

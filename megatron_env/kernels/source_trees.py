@@ -49,7 +49,7 @@ def fetch(pkg: Package, echo: output.Echo = output.status, *, given: Given | Non
         files.discard(archive)
     if not archive.exists():
         with files.publishing(archive) as tmp:
-            origin = _download(pkg, tmp, echo, given)
+            origin = download(pkg, tmp, echo, given)
             got = digest.file_hex(tmp)
             if got != src.sha256:
                 raise UserError(f"{pkg.name} source {origin}: sha256 {got}, the profile pins "
@@ -132,7 +132,7 @@ def sdist_archive(pkg: Package, cache: Path | None = None) -> Path:
     return (cache or repos.cache_dir()) / "sdists" / f"{pkg.source.sha256}.tar.gz"
 
 
-def _download(pkg: Package, target: Path, echo: output.Echo, given: Given | None) -> str:
+def download(pkg: Package, target: Path, echo: output.Echo, given: Given | None) -> str:
     """The sdist written to `target` (its sha256 checked by the caller); -> where it came from.
 
     In order: the bundle's copy, the user's MEGATRON_ENV_SOURCE_<NAME> (a path or URL), the

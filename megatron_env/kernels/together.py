@@ -27,7 +27,7 @@ from pathlib import Path
 from megatron_env import digest, files, output
 from megatron_env.errors import UserError
 from megatron_env.host import resources
-from megatron_env.kernels import build, jobserver, ninjalog, schedule, slots
+from megatron_env.kernels import build, ninjalog, pool, schedule, slots
 from megatron_env.recipes.recipe import Package
 from megatron_env.sources.given import Given
 
@@ -184,7 +184,7 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
     nothing for a build's failure: the caller reads the outcomes. `builder` is
     build.build_and_install (a test gives a plain ninja build of the same shape)."""
     avail, source = resources.memory()
-    size = jobserver.size(resources.cores(), avail, source,
+    size = pool.size(resources.cores(), avail, source,
                           max(p.gb_per_job for p in pkgs), cap(jobs, os.environ))
     known = {p.name: costs(p, cache, size.slots) for p in pkgs}
     path = f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -194,7 +194,7 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
     failing: list[str] = []
     with tempfile.TemporaryDirectory(prefix="megatron-env-pool-") as tmp:
         try:
-            shim = jobserver.shim(Path(tmp), path, width(size.slots))
+            shim = pool.shim(Path(tmp), path, width(size.slots))
         except UserError as e:  # no ninja: each kernel with its own jobs, in turn
             output.warning(f"{e.message}: so the {len(pkgs)} kernels build one after another, "
                            "each with its own compile jobs, instead of side by side from one "
@@ -211,21 +211,20 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
                          for k, c in known.items()))
 
         def one(pkg: Package) -> None:
-            env = {**broker.env(pkg.name), **compilers,
-                   "PATH": f"{wrappers}{os.pathsep}{shim}{os.pathsep}{path}",
-                   MARK: markers[pkg.name],
-                   "MEGATRON_ENV_SLOT_CLIENT": str(wrappers / "slot"),
-                   "MEGATRON_ENV_POOL_SLOTS": str(size.slots),
-                   "MEGATRON_ENV_POOL_WIDTH": str(width(size.slots)),
-                   "MEGATRON_ENV_POOL_WHY": f"one pool of {size.slots} jobs for "
-                                            f"{len(pkgs)} kernels: {size.why}",
-                   "MEGATRON_ENV_POOL_CLIENTS": str(extensions_at_once(size.slots))}
+            given_pool = pool.Pool(
+                env={**broker.env(pkg.name), **compilers,
+                     "PATH": f"{wrappers}{os.pathsep}{shim}{os.pathsep}{path}",
+                     MARK: markers[pkg.name],
+                     "MEGATRON_ENV_SLOT_CLIENT": str(wrappers / "slot")},
+                slots=size.slots, width=width(size.slots),
+                why=f"one pool of {size.slots} jobs for {len(pkgs)} kernels: {size.why}",
+                clients=extensions_at_once(size.slots), client=str(wrappers / "slot"))
             try:
                 if failed.is_set():
                     outcomes[pkg.name] = Outcome(pkg.name, None, stopped=True)
                     return
                 r = builder(pkg, python, archs, echo=echo, given=given, cache=cache,
-                            child_env=child_env, pool=env)
+                            child_env=child_env, pool=given_pool)
                 assert isinstance(r, build.Result)
                 outcomes[pkg.name] = Outcome(pkg.name, r)
             except UserError as e:

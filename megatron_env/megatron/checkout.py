@@ -41,6 +41,19 @@ def source_dir(profile: Profile) -> Path:
     return env.env_root() / f"{profile.name}.megatron" / key(profile)
 
 
+def not_pinned(profile: Profile, imported_core: str) -> str | None:
+    """Why the megatron.core that imported (its __init__.py) is not the profile's pinned
+    checkout (None: it is): another Megatron earlier on sys.path (PYTHONPATH, an image's own
+    install) would train with other code than the one the setup installed and verified."""
+    src = source_dir(profile).resolve()
+    try:
+        Path(imported_core).resolve().relative_to(src)
+    except ValueError:
+        return (f"megatron.core imports from {Path(imported_core).parent}, not from the pinned "
+                f"checkout {src} ({profile.megatron['tag']} @ {profile.megatron['commit'][:12]})")
+    return None
+
+
 def prepare(profile: Profile, echo: output.Echo = output.status,
             given: Given | None = None) -> Path:
     """The patched source tree of the profile's Megatron, made once per commit and patch series
@@ -94,9 +107,12 @@ def install(profile: Profile, python: Path, src: Path, echo: output.Echo = outpu
     return check_import(python)
 
 
-def check_import(python: Path) -> dict[str, Any]:
-    """torch, megatron.core and its compiled dataset helpers import; returns the probe's facts."""
-    missing, facts = probe.missing_modules(python, MODULES)
+def check_import(python: Path, also: tuple[str, ...] = ()) -> dict[str, Any]:
+    """torch, megatron.core and its compiled dataset helpers import; returns the probe's facts,
+    whose "imported" also says which of the modules `also` imported (in the same interpreter
+    run: importing torch once costs seconds)."""
+    missing, facts = probe.missing_modules(python, (*MODULES, *also))
+    missing = [m for m in missing if m in MODULES]
     if missing or "torch" not in facts:
         raise UserError(f"{', '.join(missing) or 'torch'} does not import for {python}: "
                         + "; ".join(facts["errors"])[-600:], fix="re-run `invoke megatron`",

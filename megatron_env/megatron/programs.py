@@ -61,15 +61,17 @@ def parse(args: list[str]) -> Options:
 
 
 def interpreter(o: Options) -> str:
+    """--python (made absolute), --current, else the profile's environment's interpreter,
+    built or adopted (env.interpreter)."""
     if o.python:
-        return o.python
+        return os.path.abspath(o.python)
     if o.current:
         return sys.executable
     from megatron_env import profile
     from megatron_env.pyenv import env
 
     prof = profile.load(o.profile)
-    py = env.python_of(env.default_prefix(prof))
+    py = env.interpreter(env.default_prefix(prof))
     if not py.exists():
         raise UserError(
             f"no environment for profile {prof.name} at {py}",

@@ -64,7 +64,7 @@ def verify(python: Path | str, profile: Profile, lockfile: Path,
     was verified in full; it catches anything installed, removed or changed since.
     """
     facts = probe(python, torch=not quick)
-    pins = lock.parse_lock(lockfile.read_text())
+    pins = lock.parse_lock(lock.read(lockfile))
     have = facts["dists"]
     v = Verification(facts)
 

@@ -32,7 +32,7 @@ from typing import Any
 from megatron_env import digest, files, mutex, output, proc, project
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
-from megatron_env.pyenv import audit, lock, lock_conda, manifest, uv
+from megatron_env.pyenv import aside, audit, lock, lock_conda, manifest, uv
 from megatron_env.pyenv.audit import MEGATRON, ON_TOP, TOOLING, Verification, verify
 from megatron_env.pyenv.probe import probe
 from megatron_env.units import GIB
@@ -55,7 +55,57 @@ def env_root() -> Path:
 
 
 def python_of(prefix: Path) -> Path:
+    """The interpreter of an environment this tool built at `prefix` (not an adopted one: ask
+    `interpreter` which one an environment's commands run)."""
     return prefix / "bin" / "python"
+
+
+ADOPTED = "adopted.json"  # in setup_dir(prefix): the interpreter the setup adopted for it
+
+
+def setup_dir(prefix: Path) -> Path:
+    """Where the setup of `prefix` keeps its state (its steps' stamps, what it adopted): beside
+    the prefix, so that an adopted environment, which has no directory of its own, has one."""
+    return prefix.with_name(prefix.name + ".setup")
+
+
+def record_adopted(prefix: Path, python: Path, torch_stamp: Any = None) -> None:
+    """Remember that `prefix` is served by the adopted interpreter `python` (the setup's env
+    step, once it has checked it): every command that runs the environment's interpreter then
+    runs this one (`interpreter`). `torch_stamp`: what probe.torch_stamp said of its torch then
+    (a torch replaced since is checked again: `adopted_torch_stamp`)."""
+    files.write_text(setup_dir(prefix) / ADOPTED, json.dumps(
+        {"python": os.path.abspath(python), "torch_stamp": torch_stamp}) + "\n")
+
+
+def adopted_torch_stamp(prefix: Path) -> Any:
+    """The torch stamp recorded with the adoption of `prefix`'s interpreter (None: none)."""
+    doc, _why = files.read_json(setup_dir(prefix) / ADOPTED)
+    return doc.get("torch_stamp") if isinstance(doc, dict) else None
+
+
+def forget_adopted(prefix: Path) -> None:
+    """`prefix` is built by this tool again: its own bin/python serves it."""
+    (setup_dir(prefix) / ADOPTED).unlink(missing_ok=True)
+
+
+def adopted(prefix: Path) -> Path | None:
+    """The interpreter recorded as adopted for `prefix` (None: none, or a record that names
+    none; then the environment's own bin/python is its interpreter)."""
+    doc, _why = files.read_json(setup_dir(prefix) / ADOPTED)
+    py = doc.get("python") if isinstance(doc, dict) else None
+    return Path(py) if isinstance(py, str) and os.path.isabs(py) else None
+
+
+def interpreter(prefix: Path, python: str | Path | None = None) -> Path:
+    """The one answer to "which interpreter runs this environment's code": `python` when the
+    caller names one (made absolute, `..` folded, links kept: a venv's python is one; a command
+    may run it from another directory), else the
+    one the setup adopted for `prefix`, else the environment's own bin/python. Whether it
+    exists is the caller's to say (with its own hint)."""
+    if python:
+        return Path(os.path.abspath(python))
+    return adopted(prefix) or python_of(prefix)
 
 
 def read_stamp(prefix: Path) -> dict[str, Any] | None:
@@ -107,11 +157,15 @@ def check_free_space(where: Path, echo: output.Echo = output.status) -> None:
                              "sets the need)")
 
 
+_PACKAGES = "the packages of {}"  # what a full disk had no room for
+
+
 def uv_install_lock(python: Path, lockfile: Path, sources: Sources, log: Path,
-                    extra: tuple[str, ...] | list[str] = (), temporary_log: bool = False) -> None:
+                    extra: tuple[str, ...] | list[str] = ()) -> None:
     """uv installs `lockfile` into `python`; on failure the hint names the full log, which
-    must still exist when it is read: a log in a temporary directory (`temporary_log`) is
-    copied out to a file of its own first."""
+    must still exist when it is read: the log (in a temporary directory, or beside the
+    environment a failed install removes) is copied out to a file of its own first. A disk
+    that filled is said as one `no space` line, not as uv's lines again under an index hint."""
     # --link-mode copy: an environment never shares an inode with uv's cache, so a file edited
     # in place in one environment cannot change the cache and, through it, the next environment
     argv = [uv.exe(), "pip", "install", "--python", python, "--require-hashes",
@@ -124,21 +178,38 @@ def uv_install_lock(python: Path, lockfile: Path, sources: Sources, log: Path,
     uv.raise_for_cache(r)
     if not r.ok:
         text = r.output
+        # the log lies beside (or in) what a failed install removes: a copy that outlives it
+        kept = _kept(log)
+        said = f"full log: {kept}" if kept else "uv's output is above"
+        if files.said_full(text):  # the disk, not the index: said as every writer says it
+            where = python.parent.parent
+            mount = files.mount_of(where)
+            raise files.full(where, what=_PACKAGES.format(lockfile.name),
+                             fix=f"free space on {mount} or choose another --prefix "
+                                 f"(nothing was changed; {said})")
         cause = ("a downloaded file does not match the hash in the lock"
                  if "hash" in text.lower() and "mismatch" in text.lower()
                  else "uv could not install the lock")
-        if temporary_log:
-            log = _kept(log)
-        raise UserError(f"{cause}; nothing was changed. uv said:\n{r.tail(8)}",
+        # uv's lines were shown as they came: its first error line, not all of them again
+        first = next((line.strip() for line in r.tail(40).splitlines()
+                      if line.lstrip().startswith("error:")), r.tail(1).strip())
+        raise UserError(f"{cause}; nothing was changed ({first})",
                         fix="check the index/mirror (UV_INDEX_URL, --find-links) serves the "
-                            f"original files; full log: {log}", kind="env.install-failed")
+                            f"original files; {said}", kind="env.install-failed")
 
 
-def _kept(log: Path) -> Path:
-    """A copy of `log` that outlives the temporary directory it was written in."""
-    fd, name = tempfile.mkstemp(prefix="megatron-env-uv-", suffix=".log")
-    with os.fdopen(fd, "wb") as out:
-        out.write(log.read_bytes() if log.exists() else b"")
+def _kept(log: Path) -> Path | None:
+    """A copy of `log` in the temporary directory, where it outlives the failed environment
+    (or temporary directory) it was written in; None where even that cannot be written."""
+    name = None
+    try:
+        fd, name = tempfile.mkstemp(prefix="megatron-env-uv-", suffix=".log")
+        with os.fdopen(fd, "wb") as out:
+            out.write(log.read_bytes() if log.exists() else b"")
+    except OSError:  # a full temporary directory too: no copy, not half of one
+        if name:
+            Path(name).unlink(missing_ok=True)
+        return None
     return Path(name)
 
 
@@ -379,7 +450,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     """Reinstall `names` from the lock, with uv's cache entries of them refreshed from the
     package source (an entry edited in place would otherwise be installed again), then prove
     every reinstalled file against its wheel's RECORD."""
-    pins = lock.parse_lock(lockfile.read_text())
+    pins = lock.parse_lock(lock.read(lockfile))
     outside = [n for n in names if n not in pins]
     if outside:
         raise UserError(f"{', '.join(outside)} changed, and the lock does not install "
@@ -390,11 +461,14 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     echo(f"repairing {', '.join(names)}: reinstalling from {lockfile.name}, uv's cache entry "
          "refreshed")
     extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
-    with tempfile.TemporaryDirectory() as tmp:
+    sites = probe(python, torch=False)["sites"]
+    # all or nothing: an interrupt or a failure puts the files of `names` back as they were
+    with aside.reinstalling(Path(python).parent.parent, sites, set(names), echo), \
+            tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
-        subset.write_text(lock.subset(lockfile.read_text(), set(names)))
-        uv_install_lock(python, subset, sources, Path(tmp) / "uv.log", extra, temporary_log=True)
-    bad = manifest.hash_check(manifest.scan(probe(python, torch=False)["sites"]), set(names))
+        subset.write_text(lock.subset(lock.read(lockfile), set(names)))
+        uv_install_lock(python, subset, sources, Path(tmp) / "uv.log", extra)
+    bad = manifest.hash_check(manifest.scan(sites), set(names))
     if bad:
         raise UserError("reinstalling from the lock still gives files that differ from their "
                         "wheel's RECORD: " + "; ".join(manifest.summarize(bad)),
@@ -436,8 +510,10 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | Non
     echo(f"installing {lockfile} with hashes required")
     try:
         uv_install_lock(python_of(target), lockfile, sources, log)
-    except UserError:
+    except UserError as e:
         shutil.rmtree(target, ignore_errors=True)
+        if e.kind == "disk.full":  # the free space said as it is with the failed install gone
+            raise files.full(target, what=_PACKAGES.format(lockfile.name), fix=e.fix) from None
         raise
     log.unlink(missing_ok=True)
     return mode
@@ -463,8 +539,8 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
     if install_missing and v.missing:
         with tempfile.TemporaryDirectory() as tmp:
             subset = Path(tmp) / "missing.txt"
-            subset.write_text(lock.subset(lockfile.read_text(), set(v.missing)))
+            subset.write_text(lock.subset(lock.read(lockfile), set(v.missing)))
             how = Sources(find_links or [], no_index, dict(child_env or {}))
-            uv_install_lock(Path(exe), subset, how, Path(tmp) / "uv.log", temporary_log=True)
+            uv_install_lock(Path(exe), subset, how, Path(tmp) / "uv.log")
         v = verify(exe, profile, lockfile)
     return v

@@ -130,9 +130,15 @@ def compare(have: dict[str, str], ref: dict[str, str]) -> list[tuple[str, str]]:
     return out
 
 
+def read(path: Path) -> str:
+    """A lock file's text; bytes that are not UTF-8 are one UserError naming the file."""
+    return files.read_text(path, fix="restore it (`git checkout -- FILE`) or write it again "
+                                     "with `invoke lock`")
+
+
 def hand_edits(path: Path) -> list[str]:
     """Packages whose pin or hashes differ from what the lock's seal recorded (empty: none)."""
-    text = path.read_text()
+    text = read(path)
     got = blocks(text)
     sealed = {m.group(1): (m.group(2), m.group(3)) for m in _SEALED.finditer(text)}
     recorded = _BODY_DIGEST.search(text)
@@ -244,7 +250,7 @@ def compile_lock(profile: Profile, *, python: str | None = None,
     target = profile.lock_file
     body = _resolve(profile, exe, None if refresh else target, upgrade, fresh_index=refresh)
     text = seal(profile, body)
-    changed = not target.exists() or target.read_text() != text
+    changed = not target.exists() or read(target) != text
     if changed:
         files.write_text(target, text)  # a reader never sees half a lock
     return LockResult(target, exe, where, len(parse_lock(text)), changed)
@@ -258,8 +264,8 @@ def resolve_check(profile: Profile, python: str | None = None,
     path = profile.lock_file
     exe, _ = find_python(profile.python, python)
     echo(f"Resolving {profile.name} again with {exe} to compare with {path.name}")
-    fresh = blocks(_resolve(profile, exe, None, pinned=parse_lock(path.read_text())))
-    have = blocks(path.read_text())
+    fresh = blocks(_resolve(profile, exe, None, pinned=parse_lock(read(path))))
+    have = blocks(read(path))
     out = []
     for name, kind in compare(have, fresh):
         if kind == "only-ref":
@@ -323,7 +329,7 @@ def subset(text: str, names: set[str]) -> str:
 def recorded_digest(path: Path) -> str | None:
     if not path.exists():
         return None
-    m = _DIGEST.search(path.read_text())
+    m = _DIGEST.search(read(path))
     return m.group(1) if m else None
 
 
@@ -339,6 +345,6 @@ def stale(profile: Profile) -> list[str]:
     else:
         problems += hand_edits(lock)
     env = profile.env_file
-    if not env.exists() or env.read_text() != lock_conda.environment_yml(profile):
+    if not env.exists() or read(env) != lock_conda.environment_yml(profile):
         problems.append(f"{env}: differs from what {profile.path} generates")
     return problems

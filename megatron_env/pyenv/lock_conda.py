@@ -31,7 +31,7 @@ def environment_yml(profile: Profile) -> str:
 def write_environment_yml(profile: Profile) -> None:
     """envs/<name>/environment.yml, written only when it changes (a refresh touches nothing)."""
     path, text = profile.env_file, environment_yml(profile)
-    if not path.exists() or path.read_text() != text:
+    if not path.exists() or path.read_bytes() != text.encode():
         files.write_text(path, text)
 
 

@@ -31,7 +31,7 @@ from packaging.version import InvalidVersion, Version
 from megatron_env import REPO_ROOT, output, proc
 from megatron_env.errors import UserError
 from megatron_env.profile import LOCK_FILE, PROFILE_FILE, Profile, load_file
-from megatron_env.pyenv.lock import WHEEL_PLATFORMS, parse_hashes, parse_lock
+from megatron_env.pyenv.lock import WHEEL_PLATFORMS, parse_hashes, parse_lock, read
 from megatron_env.redact import mask_urls
 from megatron_env.sources import archive, index, index_config
 
@@ -219,7 +219,7 @@ def _load(path: Path) -> Profile | None:
 def _megatron(path: Path) -> str | None:
     try:
         return str(tomllib.loads(path.read_text())["megatron"]["commit"])
-    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
+    except (OSError, KeyError, TypeError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return None
 
 
@@ -258,8 +258,7 @@ def kernel_changes(old: dict[str, dict[str, Any]] | None, new: dict[str, dict[st
 
 def _texts(base: Path, head: Path) -> tuple[str | None, str | None]:
     """A lock's text at the base and in the work tree (None where it does not exist)."""
-    return (base.read_text() if base.exists() else None,
-            head.read_text() if head.exists() else None)
+    return (read(base) if base.exists() else None, read(head) if head.exists() else None)
 
 
 def _profile_report(name: str, base_root: Path, pages: dict[str, Any],

@@ -38,10 +38,17 @@ RECIPE = Recipe(
         Choice("dtypes", "dtypes to compile kernels for", "FLASH_ATTN_DTYPES", ("fp16", "bf16")),
     ),
     requires=("einops",),  # setup.py's install_requires, but torch
-    # the pool's order in a first build of a pin (kernels.schedule): a cold setup on an H100
-    # compiled its six kernel objects in 151-235 s each, flash_api.cpp in 44 s
-    # (bench/results/2026-12-05-h100-cold-setup-e883413)
-    object_seconds=(("csrc/flash_attn/src/*", 200.0), ("*", 45.0)),
+    # the pool's order in a first build of a pin (kernels.schedule), no ties among the long
+    # ones: one slot each on an H100 (bench/results/2026-12-06-h100-ac60c25, hdim 128 bf16),
+    # the longest the non-causal split-KV forward, 324 s; the split ones before the plain ones
+    # (fnmatch: the first pattern that matches)
+    object_seconds=(("csrc/flash_attn/src/flash_fwd_split_*_causal_sm*.o", 200.0),
+                    ("csrc/flash_attn/src/flash_fwd_split_*_sm*.o", 324.0),
+                    ("csrc/flash_attn/src/flash_bwd_*_causal_sm*.o", 178.0),
+                    ("csrc/flash_attn/src/flash_bwd_*_sm*.o", 265.0),
+                    ("csrc/flash_attn/src/flash_fwd_*_causal_sm*.o", 176.0),
+                    ("csrc/flash_attn/src/flash_fwd_*_sm*.o", 208.0),
+                    ("csrc/flash_attn/src/*", 200.0), ("*", 30.0)),
     gpu_check="flash_attn",
     proves="causal bf16 forward and backward match torch's scaled_dot_product_attention",
 )

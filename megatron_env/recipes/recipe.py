@@ -115,8 +115,8 @@ class Recipe:
     # what its Python package imports at run time (its install_requires but torch, which the
     # environment has): installed beside the wheel, so a bare image imports what was built
     requires: tuple[str, ...] = ()
-    # what its build driver must be told, besides MAX_JOBS=jobserver (not a number), to pass
-    # ninja no -j when it builds from the shared pool (kernels.jobserver)
+    # what its build driver must be told, besides MAX_JOBS (the pool's width), so that its
+    # ninja shows the shared pool every object (kernels.pool.driver_env)
     pool_env: Mapping[str, str] = field(default_factory=dict)
     # seconds one object takes to compile, by fnmatch pattern on its name under the build
     # directory (first match wins): the shared pool's order for a first build of a pin, when no
@@ -221,7 +221,7 @@ def resolve(recipe: Recipe, pins: Mapping[str, Any], archs: list[str]) -> Packag
     if recipe.source == "sdist":
         version = pins["version"]
         # the file's name on the index; a bundle's copy or MEGATRON_ENV_SOURCE_<NAME> stands in
-        # for it where it is fetched (kernels.build.fetch)
+        # for it where it is fetched (kernels.source_trees.fetch)
         url = recipe.sdist.format(version=version)
         source, pin = Source(sha256=pins["sha256"], url=url), version
     else:

@@ -68,9 +68,12 @@ RECIPE = Recipe(
     # --split-compile: its longest objects (fused attention, casts) each hold many kernels
     env={"NVTE_FRAMEWORK": "pytorch", "NVTE_WITH_NCCL_EP": "0", "NVTE_NO_LOCAL_VERSION": "1",
          "NVTE_SKIP_SUBMODULE_CHECKS_DURING_BUILD": "1", "NVCC_APPEND_FLAGS": "--split-compile=4"},
-    # build_tools reads NVTE_BUILD_MAX_JOBS before MAX_JOBS (int() of it): 0 gives CMake a bare
-    # `--parallel`, so its ninja runs without -j and joins the jobserver
-    pool_env={"NVTE_BUILD_MAX_JOBS": "0"},
+    # build_tools (v2.17.1 utils.get_max_jobs_for_parallel_build) reads NVTE_BUILD_MAX_JOBS
+    # before MAX_JOBS, skipping an empty one: empty, CMake gets `--parallel <MAX_JOBS>` (the
+    # pool's width), and its ninja shows the pool every object. (0 gave a bare `--parallel`:
+    # ninja's own default, 18 on 16 cores, since the isolated build's ninja comes before the
+    # pool's shim on PATH; its longest objects reached the pool at 193-274 s.)
+    pool_env={"NVTE_BUILD_MAX_JOBS": ""},
     site_paths={"CPATH": ("nvidia/cudnn/include", "nvidia/nccl/include"),
                 "CUDNN_PATH": ("nvidia/cudnn",)},
     archs_var="NVTE_CUDA_ARCHS",
@@ -83,21 +86,31 @@ RECIPE = Recipe(
     # torch; `import transformer_engine.pytorch` fails without pydantic
     requires=("pydantic", "importlib-metadata>=1.0", "packaging", "einops", "onnxscript", "onnx",
               "nvdlfw-inspect"),
-    # the pool's order in a first build of a pin (kernels.schedule), from an H100's cold build
-    # of v2.17.1 (bench/results/2026-12-05-h100-cold-setup-e883413): the torch extension's
-    # objects took 0-51 s; an object of the CMake library before it, its own seconds plus the
-    # ~60 s the extension takes after it. Its longest: cast_transpose_fusion 148 s, gelu 144,
-    # relu 129, ln_fwd 127, the fused attention ~100, swiglu 95, the norms 82-94, the grouped
-    # GEMM 85; the first build with only "activation" and "normalization" ranked high left
-    # cast_transpose_fusion and ln_fwd to the end (bench/results/2026-12-05-h100-cold-setup-f0008dd)
-    object_seconds=(("transformer_engine/pytorch/csrc/*", 30.0),
-                    ("transpose/cast_transpose_fusion.cu.o", 208.0),
-                    ("activation/gelu.cu.o", 204.0), ("activation/relu.cu.o", 189.0),
-                    ("normalization/layernorm/ln_fwd_cuda_kernel.cu.o", 187.0),
-                    ("fused_attn/fused_attn_*", 160.0), ("activation/swiglu.cu.o", 155.0),
-                    ("normalization/*_kernel.cu.o", 150.0),
-                    ("gemm/cutlass_grouped_gemm.cu.o", 145.0), ("fused_attn/*", 136.0),
-                    ("fused_router/*", 125.0), ("activation/*", 110.0), ("*", 85.0)),
+    # the pool's order in a first build of a pin (kernels.schedule), no ties among the long
+    # objects: each CMake object's seconds on one slot of an H100 plus the ~57 s the torch
+    # extension takes after the library (bench/results/2026-12-06-h100-ac60c25). Its longest:
+    # cast_transpose_fusion 171 s, ln_fwd 144, gelu 131, relu 119, fused_topk 112, the grouped
+    # GEMM 106, fused attention f16 105, swiglu 104. The extension's: pybind 56 s, quantizer
+    # 38, the rest 22-31; tied at 30 s, pybind started last and ended at 476 s.
+    object_seconds=(("transformer_engine/pytorch/csrc/extensions/pybind.o", 56.0),
+                    ("transformer_engine/pytorch/csrc/quantizer.o", 38.0),
+                    ("transformer_engine/pytorch/csrc/*", 30.0),
+                    ("transpose/cast_transpose_fusion.cu.o", 228.0),
+                    ("normalization/layernorm/ln_fwd_cuda_kernel.cu.o", 201.0),
+                    ("activation/gelu.cu.o", 188.0), ("activation/relu.cu.o", 176.0),
+                    ("fused_router/fused_topk_with_score_function.cu.o", 169.0),
+                    ("gemm/cutlass_grouped_gemm.cu.o", 163.0),
+                    ("fused_attn/fused_attn_f16_arbitrary_seqlen.cu.o", 162.0),
+                    ("activation/swiglu.cu.o", 161.0), ("fused_attn/fused_attn_fp8.cu.o", 158.0),
+                    ("normalization/layernorm/ln_bwd_semi_cuda_kernel.cu.o", 156.0),
+                    ("transpose/quantize_transpose_vector_blockwise_fp4.cu.o", 153.0),
+                    ("normalization/rmsnorm/rmsnorm_bwd_semi_cuda_kernel.cu.o", 143.0),
+                    ("normalization/rmsnorm/rmsnorm_fwd_cuda_kernel.cu.o", 137.0),
+                    ("normalization/*_kernel.cu.o", 134.0), ("fused_attn/utils.cu.o", 126.0),
+                    ("activation/gelu_grouped.cu.o", 120.0),
+                    ("activation/relu_grouped.cu.o", 119.0),
+                    ("normalization/common.cpp.o", 117.0), ("fused_attn/*", 100.0),
+                    ("fused_router/*", 95.0), ("activation/*", 90.0), ("*", 70.0)),
     gpu_check="transformer_engine",
     proves="bf16 te.Linear and te.LayerNormLinear forward and backward match fp32 PyTorch",
 )

@@ -68,8 +68,9 @@ _BIGRAM_TEXT = (
 _BIGRAMS = frozenset(_BIGRAM_TEXT[i:i + 2] for i in range(0, len(_BIGRAM_TEXT), 2))
 # a host name: lower-case labels joined by dots, the last one a word (`svc.cluster.local`)
 _HOST = re.compile(r"(?:[\w-]+=)?[a-z0-9-]+(?:\.[a-z0-9-]+)+\.[a-z]{2,}(?::\d+)?")
-# a temporary name Python's tempfile made (`tmpa8x_3kz9`): random, but the tool's or the user's
-_TEMP = re.compile(r"tmp[a-z0-9_]{8}")
+# a temporary name Python's tempfile made (`tmpa8x_3kz9`), or Rust's tempfile crate, which uv
+# copies a wheel's files through (`.tmpAbC9xY`: 6 letters or digits): random, but a tool's
+_TEMP = re.compile(r"tmp[a-z0-9_]{8}|tmp[A-Za-z0-9]{6}")
 # and one mktemp(1) made (`tmp.Xk3aB9qLm2`), judged whole: its dot would cut it in two pieces
 _MKTEMP = re.compile(r"tmp\.[A-Za-z0-9]{10}")
 _NIC = re.compile(r"(?:en|ib|eth|wl|ww|bond)[a-z]?\d+(?:[a-z]{1,3}\d+)*")
@@ -308,7 +309,7 @@ _KEPT = re.compile(
     r"|(?<![\w-])(?:sha(?:1|256|384|512)-|h1:)[A-Za-z0-9+/]{27,86}={0,2}(?![\w+/=-])"
     r"|(?i:x-amz-id-2|extended request id)[\"']?[ \t]*[:=][ \t]*[\"']?[A-Za-z0-9+/]{40,}={0,2}"
     r"|/runs/[a-z0-9]{8}(?![\w-])|/(?:d|d-solo|uid)/[A-Za-z0-9_-]{9,14}(?=/|\?|[\s\"']|$)"
-    r"|/archive-v0/[A-Za-z0-9_-]{21}(?![\w-])|/var/folders/\w{2}/\w{30}/T/")
+    r"|/archive-v0/(?:[A-Za-z0-9_-]{21}|[A-Za-z0-9_-]{16})(?![\w-])|/var/folders/\w{2}/\w{30}/T/")
 _KEPT_HINT = ("-", "raysubmit", "h1:", "amz", "equest", "/runs/", "/d", "/uid/", "archive",
               "/var/folders/")
 

@@ -34,19 +34,16 @@ from megatron_env.host import checks
 from megatron_env.setup import state
 from megatron_env.setup.state import Action, Outcome
 from megatron_env.setup.steps import (  # the chain's names, used from here
-    ADOPTED_MANIFEST,
     STEPS,
     Context,
     Row,
     Step,
-    _adopt,
-    _digest,
-    _verify_run,
+    chain_digest,
     steps,
 )
 
-__all__ = ["ADOPTED_MANIFEST", "STEPS", "Context", "Decision", "Row", "Step", "_adopt",
-           "_verify_run", "decide", "execute", "one_step", "predict", "run", "steps"]
+__all__ = ["STEPS", "Context", "Decision", "Row", "Step", "chosen_steps", "decide", "execute",
+           "one_step", "predict", "run", "steps"]
 
 
 @dataclass(frozen=True)
@@ -80,16 +77,33 @@ def decide(ctx: Context, chosen: list[str], chain: list[Step] | None = None) -> 
         elif step.inputs is None:
             out.append(Decision(step, Action.RUN, None, "runs every time (host state)", upstream))
         else:
-            d = _digest(upstream, step.inputs(ctx))
+            d = chain_digest(upstream, step.inputs(ctx))
             if stamp is not None and stamp.digest == d:
                 out.append(Decision(step, Action.VERIFY, d, stamp.detail, upstream))
             else:
                 out.append(Decision(step, Action.RUN, d, missing or "its inputs changed",
                                     upstream))
         here = out[-1]
-        upstream = _digest(upstream, (here.digest or "") if here.action in (
-            Action.RUN, Action.VERIFY) else stamped)
+        upstream = chain_digest(upstream, (here.digest or "") if here.action in (
+            Action.RUN, Action.VERIFY) else _passed_on(ctx, here, stamped))
     return out
+
+
+def _passed_on(ctx: Context, d: Decision, stamped: str) -> str:
+    """What a step that does not run now passes on to the chain: its stamp's digest; an
+    unchosen step without a stamp (never run, or its last run failed) passes on the digest it
+    would be stamped with, so that `invoke megatron` and a later `invoke setup`, whose lock step
+    then runs with the same inputs, agree on the megatron step's digest (it was installed twice).
+    A skipped step passes on its stamp only (nothing when it has none), and so does an
+    unchosen one that this machine would skip: as it does in the full chain."""
+    if stamped or d.action is not Action.UNCHOSEN or d.step.inputs is None:
+        return stamped
+    if d.step.skip and d.step.skip(ctx):
+        return stamped
+    try:
+        return chain_digest(d.upstream, d.step.inputs(ctx))
+    except UserError:
+        return ""  # its inputs cannot be read now: as a step that never ran
 
 
 def _again(ctx: Context, d: Decision, now: str | None, ran: list[str]) -> str | None:
@@ -110,7 +124,7 @@ def _inputs_now(upstream: str, step: Step, ctx: Context) -> str | None:
     # an earlier step of this run may have made this one's inputs (the env step writes the
     # manifest the verify step names; a repair rewrites it): the stamp records them as they
     # are now, and a stamped step whose inputs changed runs
-    return _digest(upstream, step.inputs(ctx)) if step.inputs else None
+    return chain_digest(upstream, step.inputs(ctx)) if step.inputs else None
 
 
 def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
@@ -132,14 +146,16 @@ def execute(ctx: Context, decisions: list[Decision]) -> tuple[list[Row], bool]:
             continue
         if d.action in (Action.UNCHOSEN, Action.SKIP):
             stamp, _ = state.read(ctx.stamps, name)
-            upstream = _digest(upstream, stamp.digest if stamp else "")
+            upstream = chain_digest(upstream, _passed_on(
+                ctx, Decision(d.step, d.action, None, d.why, upstream),
+                stamp.digest if stamp else ""))
             if d.action is Action.SKIP:
                 rows.append(Row(name, Outcome.SKIPPED, 0.0, d.why))
             continue
         t0 = time.monotonic()
         try:
             now = _inputs_now(upstream, d.step, ctx)
-            upstream = _digest(upstream, now or "")
+            upstream = chain_digest(upstream, now or "")
             if d.action is Action.VERIFY:
                 again = _again(ctx, d, now, ran)
                 if not again:
@@ -180,10 +196,12 @@ def predict(ctx: Context, decisions: list[Decision]) -> list[Row]:
     return rows
 
 
-def _chosen(only: str | None, start: str | None) -> list[str]:
+def chosen_steps(only: str | None, start: str | None) -> list[str]:
     for name in (only, start):
         if name and name not in STEPS:
-            raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}", kind="input.value")
+            raise UserError(f"unknown step {name!r}; steps: {', '.join(STEPS)}",
+                            fix="pass --only or --from one of those steps (`setup --dry-run` "
+                                "shows the plan)", kind="input.value")
     return [only] if only else STEPS[STEPS.index(start):] if start else STEPS
 
 
@@ -204,7 +222,7 @@ def run(ctx: Context, *, only: str | None = None, start: str | None = None,
         dry_run: bool = False) -> tuple[list[Row], bool]:
     """Check the host (a precondition: skip reasons come from its findings), decide every
     step, then run them, or with dry_run only say what would run and why."""
-    chosen = _chosen(only, start)
+    chosen = chosen_steps(only, start)
     if dry_run:  # a plan writes nothing (the prefix may be read-only)
         ctx.findings = checks.evaluate(ctx.profile, ctx.snapshot_dir)
         return predict(ctx, decide(ctx, chosen)), True

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from megatron_env import digest, findings, output
 from megatron_env.errors import UserError
 from megatron_env.findings import Finding
-from megatron_env.kernels import build, imports
+from megatron_env.kernels import build, gpu_proof, imports, source_trees
 from megatron_env.megatron import checkout
 from megatron_env.profile import Profile
-from megatron_env.pyenv import audit, env, lock, manifest
+from megatron_env.pyenv import audit, env, lock, manifest, probe
 from megatron_env.recipes.recipe import Package
 from megatron_env.setup.state import Outcome
 from megatron_env.sources import patches, repos
@@ -58,7 +58,7 @@ class Context:
 
     @property
     def stamps(self) -> Path:
-        return self.prefix.with_name(self.prefix.name + ".setup")
+        return env.setup_dir(self.prefix)
 
     @property
     def python(self) -> Path:
@@ -74,7 +74,9 @@ class Row:
     kind: str = ""  # a failed step's error kind (disk.full, lock.stale ...): what a program reads
 
 
-def _digest(*parts: str) -> str:
+def chain_digest(*parts: str) -> str:
+    """A step's input digest (16 hex digits) from its parts: one definition for the steps'
+    inputs and the chain that links them (pipeline.decide)."""
     return digest.hexpart(digest.of(list(parts)), 16)
 
 
@@ -89,7 +91,7 @@ def _check_run(ctx: Context) -> str:
 
 def _lock_inputs(ctx: Context) -> str:
     p = ctx.profile
-    return _digest(*(digest.of_file(f) for f in (p.path, p.lock_file,
+    return chain_digest(*(digest.of_file(f) for f in (p.path, p.lock_file,
                                                   p.env_file)))
 
 
@@ -105,18 +107,21 @@ def _lock_run(ctx: Context) -> str:
 
 def _env_run(ctx: Context) -> str:
     if ctx.adopt:
-        return _adopt(ctx)
+        return adopt_checked(ctx)
     b = ctx.bundle
     s = env.build(ctx.profile, ctx.prefix, deep=ctx.deep, echo=ctx.echo,
                   find_links=b.find_links if b else None, no_index=bool(b),
                   conda_lock=b.conda_lock if b else None, child_env=ctx.child_env)
+    env.forget_adopted(ctx.prefix)  # built here: its own interpreter serves it again
     return f"{s.action}: Python {s.facts['python']}, torch {s.facts.get('torch')}, CUDA " \
            f"{s.facts.get('torch_cuda')}, {len(s.facts['dists'])} packages"
 
 
-def _adopt(ctx: Context) -> str:
+def adopt_checked(ctx: Context) -> str:
     """An existing environment: Python, torch and its CUDA must match; other packages may differ
-    from the lock (an NGC container has its own), and each difference is listed."""
+    from the lock (an NGC container has its own), and each difference is listed. Once it
+    serves, the prefix records it (env.record_adopted): every command that runs the
+    environment's interpreter (preflight, report, the nox sessions) runs this one."""
     assert ctx.adopt is not None  # the env step adopts only with --adopt
     v = audit.verify(ctx.adopt, ctx.profile, ctx.profile.lock_file)
     f = v.facts
@@ -125,19 +130,26 @@ def _adopt(ctx: Context) -> str:
                         fix="adopt an environment with the profile's Python, torch and CUDA, "
                             "or build one (without --adopt)", kind="env.stack-mismatch")
     others = v.text() or "none"
+    env.record_adopted(ctx.prefix, ctx.adopt, probe.torch_stamp(ctx.adopt).get("stamp"))
     return (f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, CUDA "
             f"{f.get('torch_cuda')}, NCCL {f.get('nccl')}, cuDNN {f.get('cudnn')}; "
             f"other differences from the lock: {others}")
 
 
 def _env_inputs(ctx: Context) -> str:
-    return _digest(digest.of_file(ctx.profile.lock_file), str(ctx.adopt or ""))
+    return chain_digest(digest.of_file(ctx.profile.lock_file), str(ctx.adopt or ""))
 
 
 def _env_verify(ctx: Context) -> str | None:
     """The manifest's stat check: why the env step must run again (it then repairs what changed
     from the lock), or None when every installed file is as the build left it."""
     if ctx.adopt:
+        if env.adopted(ctx.prefix) != env.interpreter(ctx.prefix, ctx.adopt):
+            return f"{ctx.prefix} does not record {ctx.adopt} as its interpreter"
+        # torch's compiled core by path, size and mtime (read from files, ~50 ms): a torch
+        # replaced since the adoption is checked against the profile again
+        if probe.torch_stamp(ctx.adopt).get("stamp") != env.adopted_torch_stamp(ctx.prefix):
+            return f"the torch of {ctx.adopt} changed since it was adopted"
         return None
     if ctx.deep:
         return "--verify-deep given"
@@ -148,7 +160,10 @@ def _env_verify(ctx: Context) -> str | None:
 
 
 def _no_gpu_or_toolkit(ctx: Context) -> str | None:
-    """Why kernels cannot be built here, from the check step's findings (None: they can)."""
+    """Why kernels cannot be built here, from the check step's findings (None: they can). A
+    kernel without CUDA code (Recipe.cuda false) builds on any machine with a compiler."""
+    if not any(k.cuda for k in _kernel_packages(ctx)):
+        return None
     reasons = []
     by_id = {f.id: f for f in ctx.findings}
     drv = by_id.get("driver.version")
@@ -163,7 +178,37 @@ def _no_gpu_or_toolkit(ctx: Context) -> str | None:
 def _builds_skip(ctx: Context) -> str | None:
     if ctx.no_builds:
         return "--no-builds given"
+    if not ctx.kernels:
+        return f"profile {ctx.profile.name} builds no kernels"
     return _no_gpu_or_toolkit(ctx)
+
+
+def kernels_not_installed(ctx: Context) -> str | None:
+    """Quick (no import): why the kernels the builds step made are no longer what it left in
+    the environment's interpreter (None: every one is there). Its stamp stands for them: a
+    kernel uninstalled, a file of its RECORD deleted (a compiled module's .so), or an
+    installed distribution without the shared object a declared module needs runs the step
+    again, which reinstalls the cached wheel (seconds) or builds it when the cache lost it."""
+    kernels = _kernel_packages(ctx)
+    if not ctx.python.exists():
+        return f"no interpreter at {ctx.python}"
+    names = {manifest.normalize(k.name) for k in kernels}
+    dists = {d["name"]: d for d in manifest.scan(probe.sites(ctx.python), names)["dists"].values()}
+    problems = []
+    for k in kernels:
+        d = dists.get(manifest.normalize(k.name))
+        if d is None:
+            problems.append(f"{k.name} is not installed for {ctx.python}")
+            continue
+        if d["absent"]:
+            more = f" and {len(d['absent']) - 2} more" if len(d["absent"]) > 2 else ""
+            problems.append(f"{k.name} is missing {', '.join(d['absent'][:2])}{more}")
+            continue
+        have = [f[0] for f in d["files"] if f[0].endswith(".so")]
+        if lost := [lib for lib in k.wheel_libraries
+                    if not any(f"/{lib}." in p or p.endswith(f"/{lib}.so") for p in have)]:
+            problems.append(f"{k.name} {d['version']} has no compiled {', '.join(lost)}")
+    return "; ".join(problems) or None
 
 
 def _kernel_packages(ctx: Context) -> list[Package]:
@@ -176,45 +221,46 @@ def _builds_inputs(ctx: Context) -> str:
     p = ctx.profile
     kernels = {k.name: build.recipe_inputs(k, patches.series(k.name, k.pin), p.archs)
                for k in _kernel_packages(ctx)}
-    return _digest(digest.of(kernels), digest.of_file(p.lock_file), str(ctx.adopt or ""))
+    return chain_digest(digest.of(kernels), digest.of_file(p.lock_file), str(ctx.adopt or ""))
 
 
 def _sources_inputs(ctx: Context) -> str:
-    return _digest(*(k.source.digest for k in _kernel_packages(ctx)))
+    return chain_digest(*(k.source.digest for k in _kernel_packages(ctx)))
 
 
 def _sources_verify(ctx: Context) -> str | None:
     """A stamped fetch holds while each pristine tree is complete (its marker, written last)."""
     gone = [k.name for k in _kernel_packages(ctx)
-            if not (build.pristine_path(k, ctx.cache) / ".megatron-env-pristine").exists()]
+            if not (source_trees.pristine_path(k, ctx.cache) / ".megatron-env-pristine").exists()]
     return f"no complete source tree of {', '.join(gone)} in {ctx.cache}" if gone else None
 
 
 def _sources_run(ctx: Context) -> str:
     return "; ".join(f"{k.name} {k.source.digest[:19]} at "
-                     f"{build.fetch(k, ctx.echo, given=ctx.given, cache=ctx.cache)}"
+                     f"{source_trees.fetch(k, ctx.echo, given=ctx.given, cache=ctx.cache)}"
                      for k in _kernel_packages(ctx))
 
 
 def _patches_inputs(ctx: Context) -> str:
-    return _digest(*(digest.of([k.source.digest, digest.of_files(patches.series(k.name, k.pin))])
-                     for k in _kernel_packages(ctx)))
+    return chain_digest(*(digest.of([k.source.digest,
+                                     digest.of_files(patches.series(k.name, k.pin))])
+                          for k in _kernel_packages(ctx)))
 
 
 def _patches_verify(ctx: Context) -> str | None:
     """A stamped series holds while each patched tree is complete: nothing is applied again."""
     gone = [k.name for k in _kernel_packages(ctx)
-            if not (build.patched_path(k, patches.series(k.name, k.pin), ctx.cache)
+            if not (source_trees.patched_path(k, patches.series(k.name, k.pin), ctx.cache)
                     / ".megatron-env-patched").exists()]
     return f"no complete patched tree of {', '.join(gone)} in {ctx.cache}" if gone else None
 
 
 def _patches_run(ctx: Context) -> str:
-    """Each package's series applied once, into the tree its build copies (build.patched)."""
+    """Each package's series applied once, into the tree its build copies (source_trees.patched)."""
     done = []
     for k in _kernel_packages(ctx):
         series = patches.series(k.name, k.pin)
-        tree = build.patched(k, series, ctx.echo, given=ctx.given, cache=ctx.cache)
+        tree = source_trees.patched(k, series, ctx.echo, given=ctx.given, cache=ctx.cache)
         done.append(f"{k.name}: {len(series)} patch(es) applied in {tree}")
     return "; ".join(done)
 
@@ -240,7 +286,7 @@ def _builds_run(ctx: Context) -> str:
 def _megatron_inputs(ctx: Context) -> str:
     m = ctx.profile.megatron
     series = checkout.patch_series(ctx.profile)
-    return _digest(m["repo"], m["tag"], m["commit"], digest.of_files(series),
+    return chain_digest(m["repo"], m["tag"], m["commit"], digest.of_files(series),
                    digest.of_file(ctx.profile.lock_file))
 
 
@@ -263,8 +309,8 @@ def _verify_inputs(ctx: Context) -> str:
     """What the imports were proven for: the built environment's manifest (a repair writes a new
     one), or the adopted interpreter (whose own manifest `_verify_again` checks)."""
     if ctx.adopt:
-        return _digest(str(ctx.adopt))
-    return _digest((env.read_stamp(ctx.prefix) or {}).get("manifest", ""))
+        return chain_digest(str(ctx.adopt))
+    return chain_digest((env.read_stamp(ctx.prefix) or {}).get("manifest", ""))
 
 
 def _verify_again(ctx: Context) -> str | None:
@@ -281,14 +327,35 @@ def _verify_again(ctx: Context) -> str | None:
             if diffs else None)
 
 
-def _verify_run(ctx: Context) -> str:
-    facts = checkout.check_import(ctx.python)
+def verify_stack(ctx: Context) -> str:
+    """The whole stack proven in the environment's interpreter, in one run of it: torch,
+    Megatron from its pinned checkout with its dataset helpers, every compiled module of each
+    kernel the setup built, and (a built environment) every package of the lock installed."""
+    kernels = [] if _builds_skip(ctx) else _kernel_packages(ctx)
+    wanted = tuple(m for k in kernels for m in k.modules)
+    facts = checkout.check_import(ctx.python, wanted)
+    if failed := [m for m in wanted if m not in facts["imported"]]:
+        raise UserError(f"compiled modules of the kernels do not import for {ctx.python}: "
+                        f"{', '.join(failed)}: " + "; ".join(facts["errors"])[-600:],
+                        fix="run `invoke setup` again (it reinstalls the kernels from the "
+                            "wheel cache); if it says so again, rebuild them with `invoke build "
+                            "all`", kind="verify.kernel-import-failed")
+    if wrong := checkout.not_pinned(ctx.profile, facts["imported"]["megatron.core"]):
+        raise UserError(wrong, fix="remove the other Megatron from PYTHONPATH or the "
+                                   "environment, then run `invoke setup` again",
+                        kind="verify.megatron-not-pinned")
+    if not ctx.adopt:  # an adopted one may lack lock packages: the env step listed them
+        locked = lock.parse_lock(ctx.profile.lock_file.read_text())
+        if absent := sorted(n for n in locked if n not in facts.get("dists", {})):
+            raise UserError(f"packages of the lock are not installed for {ctx.python}: "
+                            + ", ".join(absent), fix="run `invoke setup --verify-deep` (it "
+                            "repairs the environment from the lock)", kind="verify.lock-missing")
     if ctx.adopt:
         if ctx.deep and (m := manifest.load(ctx.stamps / ADOPTED_MANIFEST)):
             # The lock's packages are what training imports: a change there stops the chain.
             # The rest is the site's own (an image's replaced CA bundle, its other tools): named.
             pinned = {manifest.normalize(n) for n in
-                      lock.parse_lock((ctx.profile.lock_file).read_text())}
+                      lock.parse_lock(lock.read(ctx.profile.lock_file))}
             diffs = manifest.hash_check(m)
             bad = [d for d in diffs if d.package in pinned]
             if others := [d for d in diffs if d.package not in pinned]:
@@ -301,10 +368,10 @@ def _verify_run(ctx: Context) -> str:
                                 fix="reinstall those packages in the adopted environment",
                                 kind="env.changed")
         manifest.save(manifest.scan(facts["sites"]), ctx.stamps / ADOPTED_MANIFEST)
+    proof = _gpu_proof(ctx, [k.name for k in kernels])
     core = Path(facts["imported"]["megatron.core"])
-    kernels = _kernel_packages(ctx)
     built = {m for k in kernels for m in k.modules}
-    if not _builds_skip(ctx) and (gone := imports.not_built(
+    if kernels and (gone := imports.not_built(
             core.parent.parent, [k.name for k in kernels], built)):
         raise UserError("Megatron imports compiled modules the setup did not build: "
                         + ", ".join(f"{m} ({at})" for m, at in sorted(gone.items())),
@@ -312,7 +379,32 @@ def _verify_run(ctx: Context) -> str:
                             "choice that lists its modules)", kind="verify.kernel-module-missing")
     where = core.parent.parent.parent.name
     return f"import torch {facts.get('torch')} (CUDA {facts.get('torch_cuda')}), " \
-           f"megatron.core from {where} and its dataset helpers: ok"
+           f"megatron.core from {where} and its dataset helpers" + (
+               f", {len(wanted)} compiled module(s) of {len(kernels)} kernel(s)"
+               if kernels else "") + proof + ": ok"
+
+
+def _has_gpu(ctx: Context) -> bool:
+    """The check step found a driver and GPUs (an absent driver is no GPU)."""
+    drv = next((f for f in ctx.findings if f.id == "driver.version"), None)
+    return drv is not None and drv.kind != "absent" and drv.status != "skip"
+
+
+def _gpu_proof(ctx: Context, kernels: list[str]) -> str:
+    """On a GPU, one small call of each built kernel that has a GPU check (gpu_proof); a kernel
+    that computes wrong, or cannot run, stops the chain. -> what the verify row says of it."""
+    wanted = gpu_proof.checks(kernels)
+    if not wanted or not _has_gpu(ctx):
+        return ""
+    got = gpu_proof.run(ctx.python, wanted)
+    if bad := {k: v for k, v in got.items() if v[0] not in ("pass", "skip")}:
+        raise UserError("kernels do not compute what PyTorch computes on this GPU: "
+                        + "; ".join(f"{k}: {summary}" for k, (_s, summary) in sorted(
+                            bad.items())),
+                        fix="rebuild them for this GPU's arch (`invoke build all`), then run "
+                            "`invoke setup` again", kind="verify.kernel-gpu-check")
+    passed = [k for k, (status, _s) in got.items() if status == "pass"]
+    return f", {len(passed)} of {len(wanted)} kernel(s) checked on the GPU"
 
 
 @dataclass
@@ -336,9 +428,10 @@ def steps() -> list[Step]:
              verify=_sources_verify),
         Step("patches", _patches_run, _patches_inputs, skip=_builds_skip,
              verify=_patches_verify),
-        Step("builds", _builds_run, _builds_inputs, skip=_builds_skip),
+        Step("builds", _builds_run, _builds_inputs, skip=_builds_skip,
+             verify=kernels_not_installed),
         Step("megatron", _megatron_run, _megatron_inputs, verify=_megatron_verify),
-        Step("verify", _verify_run, _verify_inputs, verify=_verify_again,
+        Step("verify", verify_stack, _verify_inputs, verify=_verify_again,
              recheck_after_run=True),
     ]
 

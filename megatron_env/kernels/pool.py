@@ -1,4 +1,5 @@
-"""The shared pool's width and how a build driver's ninja is made to run wide in it.
+"""The shared pool of compile jobs as the builds see it: its width, what one kernel's build is
+given (`Pool`, typed: together -> build) and how a build driver's ninja is made to run wide.
 
 Every compiler of every kernel waits for a slot of the pool (kernels.slots), so ninja's own -j
 only decides how many of its ready objects the pool can choose among: as many as it can show
@@ -20,8 +21,21 @@ from pathlib import Path
 from megatron_env import proc
 from megatron_env.errors import UserError
 from megatron_env.kernels.slots import sh_quote
+from megatron_env.units import GIB
 
-GIB = 2**30
+
+@dataclass(frozen=True)
+class Pool:
+    """The pool as one kernel's build is given it (kernels.together to kernels.build): what its
+    environment gets, and the numbers its plan says and its driver is told."""
+
+    env: Mapping[str, str]  # the broker's socket and kernel, PATH (wrappers, shim), CC/CXX,
+    # the stop marker, MEGATRON_ENV_SLOT_CLIENT
+    slots: int  # compile jobs at once, over all the kernels
+    width: int  # objects one ninja shows at once (together.width)
+    why: str
+    clients: int  # extensions a package that builds several at once runs (Recipe.parallel_var)
+    client: str  # the slot client: PYTORCH_NVCC and CMake's launchers run through it
 
 
 @dataclass(frozen=True)

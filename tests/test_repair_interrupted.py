@@ -1,0 +1,107 @@
+"""A repair in place is all or nothing (issue 49): a file deleted from a package of the live
+environment, `invoke env` reinstalling that package, and an interrupt (Ctrl-C to the whole
+process group, or SIGTERM to the tool alone) at several points after uv's "Prepared 1 package":
+the package is afterwards either exactly as it was (the deleted file still gone, every other
+file the same inode and bytes) and the message says the repair was undone, or repaired whole.
+Before, torch's directory went from 97 to 86 entries and the message named only uv's cache.
+
+Real uv on the setup chain's tiny world, with one more locked package of 1,500 files so that
+uv's uninstall and install take long enough to be cut in the middle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .test_setup_chain import invoke, make_wheel, make_world
+
+pytestmark = pytest.mark.slow
+
+FILES = 1500
+BIG = {"bigpkg/__init__.py": "", **{f"bigpkg/m{i:04d}.py": f"X = {i}\n" * 20
+                                    for i in range(FILES)}}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repair")
+    work, env = make_world(root)
+    make_wheel(root / "wheels", "bigpkg", "1.0", BIG)
+    prof = work / "envs/tiny/profile.toml"
+    prof.write_text(prof.read_text().replace('packages = ["torch", "tinytop"]',
+                                             'packages = ["torch", "tinytop", "bigpkg"]'))
+    r = invoke(work, env, "lock", "--profile", "tiny", "--python", sys.executable)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = invoke(work, env, "env", "--profile", "tiny")
+    assert r.returncode == 0, r.stdout + r.stderr
+    yield work, env
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def state(pkg: Path) -> dict[str, tuple[int, str]]:
+    """Every file of the package directory: name -> (inode, sha256)."""
+    return {p.name: (p.stat().st_ino, hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(pkg.iterdir()) if p.is_file()}
+
+
+def started_repairing(p: subprocess.Popen, err: Path) -> None:
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        if "Prepared 1 package" in err.read_text():
+            return
+        assert p.poll() is None, err.read_text()
+        time.sleep(0.002)
+    pytest.fail(f"uv never prepared the package: {err.read_text()}")
+
+
+@pytest.mark.parametrize("sig,after", [(signal.SIGINT, 0.0), (signal.SIGINT, 0.03),
+                                       (signal.SIGTERM, 0.06), (signal.SIGINT, 0.12),
+                                       (signal.SIGTERM, 0.25), (signal.SIGINT, 0.5)])
+def test_an_interrupted_repair_leaves_the_package_as_it_was_or_repaired(world, tmp_path, sig,
+                                                                        after):
+    work, env = world
+    site = next((work / ".megatron-env" / "tiny").resolve().glob("lib/python*/site-packages"))
+    pkg = site / "bigpkg"
+    gone = pkg / "m0700.py"
+    gone.unlink(missing_ok=True)
+    before = state(pkg)
+    assert len(before) == FILES  # the other files, and __init__.py
+    err = tmp_path / "err"
+    with err.open("w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "invoke", "env", "--profile", "tiny"],
+                             cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=f,
+                             start_new_session=True)
+    started_repairing(p, err)
+    time.sleep(after)
+    if sig == signal.SIGINT:
+        os.killpg(p.pid, sig)  # Ctrl-C: the terminal signals the whole group, uv with it
+    else:
+        os.kill(p.pid, sig)  # a scheduler's SIGTERM to the tool
+    p.wait(timeout=120)
+    text = err.read_text()
+    now = state(pkg)
+    undone = "repair interrupted: the reinstall of bigpkg was undone" in text
+    if p.returncode == 0:  # the signal came after the repair had finished
+        assert "repaired" in text and not undone, text
+    else:
+        assert p.returncode in (130, 143), text
+    if undone:
+        assert now == before, (f"said undone, but {len(now)} files of {len(before) + 1} "
+                               f"remain or differ:\n{text[-2000:]}")
+        assert "the environment is as it was before the repair" in text
+    else:
+        assert set(now) == {*before, gone.name}, f"{len(now)} files of {FILES + 1}:\n{text}"
+        assert all(now[n][1] == before[n][1] for n in before), text
+    assert not (site.parent.parent.parent / ".megatron-env-repair").exists()
+    # the next run repairs whatever is left, and the environment checks
+    r = invoke(work, env, "env", "--profile", "tiny")
+    assert r.returncode == 0 and gone.exists(), r.stdout + r.stderr
