@@ -4,6 +4,7 @@ environment block)."""
 
 from __future__ import annotations
 
+from json import dumps
 from pathlib import Path
 
 from megatron_env import findings, output, project, recipes
@@ -86,10 +87,33 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
     from megatron_env.fleet import preflight
 
     with json_error(json, "preflight"):
-        return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
-                             python=python, run_dir=run_dir, slow=slow,
-                             health=not no_gpu_health, size=size, against=against, nccl=nccl,
-                             nccl_args=nccl_args)
+        v = preflight.run(fleet=fleet, local=local, profile_name=profile, python=python,
+                          run_dir=run_dir, slow=slow, health=not no_gpu_health, size=size,
+                          against=against)
+        rep = v.report
+        if json:
+            output.block(dumps(rep.to_dict(), indent=2) + "\n")
+        else:
+            findings.print_fleet(rep.nodes, rep.exclude)
+        counts = {s: sum(n.status == s for n in rep.nodes) for s in findings.Status}
+        # on stderr: with --json, stdout is the document alone
+        output.status(f"preflight: {len(rep.nodes)} node(s) against {v.profile.name}: "
+                      + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
+                      + (f"; plot {v.plot}" if v.plot else "; no plot (matplotlib missing or "
+                         "no GPU results)") + f"; results in {v.root}")
+        if rep.exclude:
+            output.hint(f"srun/sbatch --exclude={','.join(rep.exclude)}")
+        if nccl and v.launched:  # only where this run launched the nodes itself
+            code = preflight.nccl_across(v, python, nccl_args)
+            if code is not None:
+                output.status(f"verify_nccl: {'pass' if code == 0 else 'fail'} across "
+                              f"{len(v.healthy())} node(s); results in {v.root / 'nccl'}")
+                if code:
+                    return 2
+        elif nccl:
+            output.status("verify_nccl: skipped: --nccl runs inside an allocation, after its "
+                          "preflight")
+        return rep.exit_code
 
 
 @command(profile="show this profile's pins only (default: every profile)",
