@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from megatron_env.errors import UserError
+from megatron_env.setup.steps import STEPS
 
 from .wheelhouse import cache_root
 from .wheelhouse import ensure as ensure_wheelhouse
@@ -159,3 +161,48 @@ def user_error(kind: str) -> Iterator[pytest.ExceptionInfo]:
     with pytest.raises(UserError) as e:
         yield e
     assert e.value.kind == kind, f"{e.value.kind!r} != {kind!r}: {e.value.message}"
+
+
+def statuses(out: str) -> dict[str, str]:
+    """The setup summary's table as {step: status} (`check  done`, `env  up to date`, ...): what
+    a user reads of each step, the rows of the steps that ran or were planned."""
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(rf"^({'|'.join(STEPS)})\s+(done|up to date|skipped|failed|not run|"
+                     r"would run)\b", line)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def tiny_profile(python: str, *, purpose: str, repo: str = "https://github.com/NVIDIA/Megatron-LM.git",
+                 commit: str = "a" * 40, packages: tuple[str, ...] = ("tinytop",)) -> str:
+    """The tests' small profile (CUDA 12.1, torch 2.1.0, Megatron core_v0.4.0, ninja from
+    conda-forge): one text for the flows that make a checkout of their own around it."""
+    listed = ", ".join(f'"{p}"' for p in packages)
+    return f"""description = "tiny: {purpose}"
+default = true
+
+[python]
+version = "{python}"
+
+[cuda]
+version = "12.1"
+min_driver = "530.30.02"
+archs = ["9.0"]
+
+[torch]
+version = "2.1.0"
+
+[megatron]
+repo = "{repo}"
+tag = "core_v0.4.0"
+commit = "{commit}"
+
+[requirements]
+packages = [{listed}]
+
+[conda]
+channels = ["conda-forge"]
+packages = ["ninja"]
+"""

@@ -11,27 +11,17 @@ are planted by editing exactly the values they concern.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import shutil
 from pathlib import Path
+
+from scripts import gpu_health  # the script preflight runs on each node, imported whole
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAPTURES = FIXTURES / "captures"
 REPO = Path(__file__).parent.parent
 H200_HEALTH = REPO / "bench/results/2026-12-02-h200-1gpu/flash-attn/gpu_health.json"
-GPU_HEALTH = REPO / "scripts" / "gpu_health.py"
 PROFILE = "core_v0.19.0-cu130"
-
-
-def gpu_health():
-    """scripts/gpu_health.py itself (loaded by path, as preflight runs it): its `judge` turns each
-    GPU's measurements into findings, so these fleets carry the findings that script would
-    write, thresholds included."""
-    spec = importlib.util.spec_from_file_location("gpu_health_script", GPU_HEALTH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def health(node: int, gpus: int = 8, slow: dict[int, float] | None = None) -> dict:
@@ -40,7 +30,7 @@ def health(node: int, gpus: int = 8, slow: dict[int, float] | None = None) -> di
     doc = json.loads(H200_HEALTH.read_text())
     real = doc["gpus"][0]
     doc["gpus"], doc["findings"] = [], []
-    judge = gpu_health().judge
+    judge = gpu_health.judge  # scripts/gpu_health.py's own thresholds
     for i in range(gpus):
         g = copy.deepcopy(real)
         jitter = 1 + 0.004 * ((node * gpus + i) % 5 - 2)

@@ -9,8 +9,8 @@ import sysconfig
 import venv
 from pathlib import Path
 
+from megatron_env import bug_report as report
 from megatron_env import profile, redact
-from megatron_env.diagnose import report
 from megatron_env.host import snapshot
 from megatron_env.kernels import build
 
@@ -231,7 +231,7 @@ def test_report_says_megatron_is_not_verified_while_setup_fails(tmp_path):
     assert report.setup_unverified(prefix) is None
     facts = {"megatron": {"tag": "t", "commit": "c" * 40, "patches": [], "checkout": "x",
                           "installed": "0.4", "unverified": None}}
-    assert report._megatron_line(facts["megatron"]).endswith("; verified by setup")
+    assert report.megatron_line(facts["megatron"]).endswith("; verified by setup")
     facts["megatron"]["unverified"] = report.setup_unverified(tmp_path / "other")
-    assert report._megatron_line(facts["megatron"]).endswith(
+    assert report.megatron_line(facts["megatron"]).endswith(
         "; not verified (setup's lock step has no stamp: it failed or has not run)")

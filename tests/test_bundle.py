@@ -379,9 +379,9 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
         "conda/linux-64/cuda-nvcc-12.1.105-0.tar.bz2", "conda/linux-64/gxx_linux-64-11.4.0-0.tar.bz2",
         "conda/linux-64/python-3.10.13-0.tar.bz2", "conda/noarch/ninja-1.11.1-0.tar.bz2"]
     said = []
-    files = make._conda_fetch(pkgs, said.append)
+    files = make.fetch_conda_packages(pkgs, said.append)
     assert len(said) == 6 and "conda: 1/6 downloading" in said[0]
-    assert make._conda_fetch(pkgs, said.append) == files and len(said) == 6  # cached
+    assert make.fetch_conda_packages(pkgs, said.append) == files and len(said) == 6  # cached
     root = tmp_path / "bundle"
     for p, f in zip(pkgs, files, strict=True):
         (root / p["path"]).parent.mkdir(parents=True, exist_ok=True)
@@ -399,7 +399,7 @@ def test_a_conda_layer_travels_as_its_packages_and_installs_with_its_channel_gon
     # a channel that serves another file than the one locked
     bad = [{**pkgs[0], "url": (root / pkgs[0]["path"]).as_uri(), "sha256": "0" * 64}]
     with pytest.raises(UserError, match="does not match the sha256 in conda-lock.yml"):
-        make._conda_fetch(bad, said.append)
+        make.fetch_conda_packages(bad, said.append)
     assert not list((tmp_path / "cache" / "conda-pkgs").glob("*.tmp-*"))
 
 
@@ -441,6 +441,7 @@ def test_a_bundle_made_by_a_tool_without_torch_takes_the_sdist_from_the_index(
                                   "PIP_INDEX_URL": served, "PYTHONPATH": path})
     finally:
         server.shutdown()
+        server.server_close()
     assert f"flash-attn: downloading {fa.source.url} from {served}" in flat(r), flat(r)[-3000:]
     assert tuple(p for p, _a in Index.seen if "simple/flash" in p) == ("/simple/flash-attn/", )
     with tarfile.open(out) as tar:

@@ -223,3 +223,43 @@ def test_nvml_and_topo_text_disagreeing_is_reported(make_snapshot):
     agree = make_snapshot(nvidia_smi_topo_m="topo-8gpu-h100-nv18-nics.txt")
     (agree / "nvml.json").write_text(json.dumps({"nvlink_p2p": [[True] * 8 for _ in range(8)]}))
     assert verdicts(agree)["gpu.topology"].status == "pass"
+
+
+def test_memlock_on_an_ib_node_names_the_error_and_no_missing_port(make_snapshot):
+    """With an active IB port the limit fails NCCL: the line says so, and nothing more."""
+    f = verdicts(make_snapshot(ulimit_l="ulimit-l-64.txt",
+                               ibstatus="ibstatus-cx3-fdr-ok.txt"))["limits.memlock"]
+    assert f.summary == ("locked memory limited to 64 KiB: NCCL over IB fails with "
+                         "'unhandled system error'")
+    g = verdicts(make_snapshot(ulimit_l="ulimit-l-64.txt", ibstatus=None))["limits.memlock"]
+    assert g.summary == f.summary + " (no active IB port here)"
+
+
+def test_no_driver_without_nvidia_smi_nor_an_nvml_error_says_not_installed(make_snapshot):
+    """No nvidia-smi output and NVML without an error text: the evidence is the one line a
+    user can act on, not an empty or made-up excerpt."""
+    snap = make_snapshot(base=None, ulimit_l="ulimit-l-8192.txt",
+                         **{"meta.json": '{"files": {}}'})
+    (snap / "nvml.json").write_text("{}")
+    f = verdicts(snap)["driver.version"]
+    assert (f.status, f.summary) == ("fail", "no NVIDIA driver: nvidia-smi and NVML are "
+                                             "unavailable")
+    assert f.evidence == ["nvidia-smi: not installed"]
+
+
+def test_no_driver_shows_the_first_three_lines_nvidia_smi_printed(make_snapshot):
+    said = ["NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+            "Make sure that the latest NVIDIA driver is installed and running.", "",
+            "This line is the fourth.", "And the fifth."]
+    f = verdicts(make_snapshot(nvidia_smi="\n".join(said) + "\n",
+                               nvidia_smi_q=None))["driver.version"]
+    assert f.status == "fail" and f.evidence == said[:3]
+
+
+def test_a_display_clock_setting_is_no_throttle(make_snapshot):
+    """`Display Clock Setting: Active` is a clock the display asked for, as benign as Idle."""
+    text = (H200 / "nvidia-smi-q.txt").read_text()
+    active = text.replace("Display Clock Setting                          : Not Active",
+                          "Display Clock Setting                          : Active")
+    assert active != text
+    assert verdicts(make_snapshot(nvidia_smi_q=active))["gpu.throttle"].status == "pass"

@@ -10,6 +10,7 @@ setting (index_config.Config.cert), as a user would."""
 from __future__ import annotations
 
 import base64
+import gc
 import hashlib
 import http.server
 import json
@@ -18,6 +19,7 @@ import shutil
 import ssl
 import subprocess
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,6 +85,11 @@ class Server:
     def route(self, path: str, kind: str, value: object) -> None:
         self.httpd.routes[path] = (kind, value)  # type: ignore[attr-defined]
 
+    def close(self) -> None:
+        """Stop the loop and close the listening socket (shutdown() alone leaves it open)."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
     def with_user(self) -> str:
         scheme, rest = self.base.split("://")
         return f"{scheme}://user:s3cret-pass@{rest}"
@@ -96,7 +103,7 @@ def servers() -> Iterator[dict[str, Server]]:
         pytest.skip(f"no second loopback address: {e}")
     yield made
     for s in made.values():
-        s.httpd.shutdown()
+        s.close()
 
 
 def _fetch(index_url: str, dest: Path, cert: str | None = None) -> index.Fetched:
@@ -194,15 +201,26 @@ def test_https_to_http_is_refused_before_the_http_server_is_asked(servers, tls, 
         t.route("/simple/tinyk/", "page", f"/files/{NAME}")
         t.route(f"/files/{NAME}", "redirect", f"{a.base}/files/{NAME}")  # down to http
         a.route(f"/files/{NAME}", "file", BODY)
-        with user_error("http.downgrade") as e:
-            _fetch(t.with_user() + "/simple", tmp_path / NAME, cert=str(cert))
-        assert "from https to plain http; refused" in e.value.message
-        assert "s3cret-pass" not in str(e.value)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", ResourceWarning)
+            said = _refused(t.with_user() + "/simple", tmp_path / NAME, str(cert))
+            gc.collect()
+        assert "from https to plain http; refused" in said
+        assert "s3cret-pass" not in said
+        assert [str(w.message) for w in seen if w.category is ResourceWarning] == []  # closed
         assert a.seen == []  # never asked, with or without credentials
         assert t.seen == [("/simple/tinyk/", BASIC), (f"/files/{NAME}", BASIC)]
         assert not list(tmp_path.glob(f"{NAME}*"))  # nothing written, no temporary left
     finally:
-        t.httpd.shutdown()
+        t.close()
+
+
+def _refused(index_url: str, dest: Path, cert: str) -> str:
+    """What the refused download says, whole; the error itself goes with this frame (pytest's
+    traceback keeps the frame that caught it alive until the frame returns)."""
+    with user_error("http.downgrade") as e:
+        _fetch(index_url, dest, cert=cert)
+    return str(e.value)
 
 
 def test_origin_fills_default_ports_and_ignores_case():

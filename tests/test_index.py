@@ -3,12 +3,14 @@ of the package run: the simple API's two forms parsed on real pages (fixtures/in
 pip's and uv's configuration read, and a real local index (http.server) serving an sdist whose
 setup.py would raise and leave a mark if anything executed it."""
 
+import gc
 import hashlib
 import http.server
 import io
 import json
 import tarfile
 import threading
+import warnings
 from pathlib import Path
 
 import pytest
@@ -180,6 +182,7 @@ def served(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/simple"
     server.shutdown()
+    server.server_close()  # shutdown() stops the loop; the listening socket is closed here
     _reset()  # test_bundle serves this class too
 
 
@@ -254,9 +257,20 @@ def test_credentials_in_the_index_url_go_in_a_header_and_never_in_messages(serve
     index.fetch("tinyk", sdist.name, hashlib.sha256(sdist.read_bytes()).hexdigest(),
                 tmp_path / "a", index_config.Config([with_cred]), echo=said.append)
     assert "s3cret" not in " ".join(said) and "***@127.0.0.1" in said[0]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", ResourceWarning)
+        said = _refused(served.replace("http://", "http://me:wrong@"))
+        gc.collect()
+    assert "HTTP 401" in said and "wrong" not in said
+    assert [str(w.message) for w in seen if w.category is ResourceWarning] == []  # answer closed
+
+
+def _refused(index_url: str) -> str:
+    """The message index.files raises for `index_url`; the error itself goes with this frame
+    (pytest's traceback keeps the frame that caught it alive until the frame returns)."""
     with pytest.raises(UserError) as e:
-        index.files("tinyk", served.replace("http://", "http://me:wrong@"), index_config.Config())
-    assert "HTTP 401" in e.value.message and "wrong" not in e.value.message
+        index.files("tinyk", index_url, index_config.Config())
+    return e.value.message
 
 
 def test_a_file_index_and_a_find_links_directory(tmp_path):

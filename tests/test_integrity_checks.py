@@ -171,18 +171,18 @@ def _conda_pkg(tmp_path: Path, data: bytes, pinned: bytes) -> dict[str, str]:
 def test_a_conda_package_with_another_hash_is_refused_and_not_cached(tmp_path):
     pkg = _conda_pkg(tmp_path, b"swapped on the channel", b"the package that was locked")
     with user_error("source.sha256"):
-        make._conda_fetch([pkg], lambda *_: None, cache=tmp_path / "cache")
+        make.fetch_conda_packages([pkg], lambda *_: None, cache=tmp_path / "cache")
     assert list((tmp_path / "cache" / "conda-pkgs").iterdir()) == []
 
 
 def test_a_cached_conda_package_that_changed_is_downloaded_again(tmp_path):
     data = b"the package that was locked"
     pkg = _conda_pkg(tmp_path, data, data)
-    (got,) = make._conda_fetch([pkg], lambda *_: None, cache=tmp_path / "cache")
+    (got,) = make.fetch_conda_packages([pkg], lambda *_: None, cache=tmp_path / "cache")
     assert got.read_bytes() == data
     got.write_bytes(b"changed in the cache")
     said: list[str] = []
-    assert make._conda_fetch([pkg], said.append, cache=tmp_path / "cache") == [got]
+    assert make.fetch_conda_packages([pkg], said.append, cache=tmp_path / "cache") == [got]
     assert got.read_bytes() == data and said == ["conda: 1/1 downloading tinyk-1.0-0.conda"]
 
 
@@ -272,8 +272,8 @@ def test_an_environment_from_another_lock_is_not_up_to_date(tmp_path):
     manifest.save(manifest.scan([str(site)]), prefix / env.MANIFEST)
     (prefix / env.STAMP).write_text(json.dumps({"lock_digest": "built-from", "mode": "uv"}))
     prof = profile.load("core_v0.4.0-cu121")
-    assert env._unchanged(prof, prefix, "built-from").action == "up to date"
-    assert env._unchanged(prof, prefix, "the lock now") is None
+    assert env.unchanged_summary(prof, prefix, "built-from").action == "up to date"
+    assert env.unchanged_summary(prof, prefix, "the lock now") is None
 
 
 # --- bundles: bundle/unpack.py, bundle/offline.py -----------------------------------------------

@@ -25,6 +25,7 @@ from megatron_env.errors import UserError
 from megatron_env.pyenv import lockdiff, lockdiff_markdown
 from megatron_env.sources import index as sources_index
 
+from .conftest import tiny_profile
 from .gitrepo import project_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,32 +134,7 @@ def index(tmp_path):
     idx.close()
 
 
-PROFILE = f"""description = "tiny: the refresh flow's test profile"
-default = true
-
-[python]
-version = "{PY}"
-
-[cuda]
-version = "12.1"
-min_driver = "530.30.02"
-archs = ["9.0"]
-
-[torch]
-version = "2.1.0"
-
-[megatron]
-repo = "https://github.com/NVIDIA/Megatron-LM.git"
-tag = "core_v0.4.0"
-commit = "{'a' * 40}"
-
-[requirements]
-packages = ["tinytop"]
-
-[conda]
-channels = ["conda-forge"]
-packages = ["ninja"]
-"""
+PROFILE = tiny_profile(PY, purpose="the refresh flow's test profile")
 
 
 def git(*args: str, cwd: Path) -> subprocess.CompletedProcess:

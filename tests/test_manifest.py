@@ -29,7 +29,7 @@ def small_env(tmp_path, monkeypatch):
                      env=uv.env())
     assert r.ok, r.output
     python = env.python_of(venv)
-    env._uv_install(python, lockfile, env.Sources([], False), tmp_path / "uv.log")
+    env.uv_install_lock(python, lockfile, env.Sources([], False), tmp_path / "uv.log")
     return python, lockfile, env.Sources([], False)
 
 
@@ -110,7 +110,7 @@ def test_corrupt_uv_cache_entry_is_detected_and_refreshed(small_env, tmp_path):
     other = tmp_path / "other"
     assert env.proc.run([uv.exe(), "venv", "-q", "--python", sys.executable, other],
                         env=uv.env()).ok
-    env._uv_install(env.python_of(other), lockfile, env.Sources([], False),
+    env.uv_install_lock(env.python_of(other), lockfile, env.Sources([], False),
                     tmp_path / "uv2.log")
     m = record(env.python_of(other))
     bad = manifest.hash_check(m)

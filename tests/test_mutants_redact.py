@@ -5,6 +5,8 @@ repository."""
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from megatron_env import redact
 from megatron_env.redact import structure
@@ -98,8 +100,8 @@ def test_a_header_value_is_replaced_keeping_its_name_scheme_and_trailing_space()
 def test_a_header_name_in_an_argv_list_marks_the_next_item_secret() -> None:
     """`x-<anything>key` is a header name even where the name rules do not know it: the item
     after it in an argv list is masked."""
-    assert structure._header_kind("x-hubkey") == "strong"
-    assert structure._header_kind("path") is None
+    assert structure.header_name_kind("x-hubkey") == "strong"
+    assert structure.header_name_kind("path") is None
     assert redact.text("('x-hubkey', 'plainword')", NO_ENV) == "('x-hubkey', '<redacted>')"
 
 
@@ -152,3 +154,33 @@ def test_a_base64_line_is_masked_between_its_blanks_and_digits_alone_are_not() -
     b64 = structure._B64_LINE
     assert b64.sub(structure._b64_line, f"  {blob} ") == "  <redacted> "
     assert b64.sub(structure._b64_line, "1" * 44) == "1" * 44
+
+
+# the word before `_key` that makes the key one a service issued (names._STRONG_PAIRS beyond the
+# ones test_redact.STRONG spells): such a key is masked whatever its value looks like
+PAIRED_KEYS = ["admin", "service", "user", "webhook", "bot", "integration", "ingest", "write",
+               "read", "project", "personal", "crypt", "hmac", "aes", "fernet", "age", "sk",
+               "jwt", "session"]
+
+
+@pytest.mark.parametrize("word", PAIRED_KEYS)
+def test_a_key_named_for_what_it_opens_is_masked_even_when_its_value_reads_as_a_word(word):
+    """`READ_KEY=hunter` is a password-like key: masked; a plain `SSH_KEY=hunter` (a weak name)
+    keeps a value that reads as a word, so only the pair's strength masks it."""
+    for name in (f"{word.upper()}_KEY", f"--{word}-key", f"{word}Key"):
+        sep = " " if name.startswith("--") else "="
+        assert redact.text(f"{name}{sep}hunter", NO_ENV) == f"{name}{sep}<redacted>"
+    assert redact.text("SSH_KEY=hunter", NO_ENV) == "SSH_KEY=hunter"  # the weak contrast
+
+
+hex_body = st.text("0123456789abcdef", min_size=1).map(lambda s: (s * 64)[:64])
+
+
+@settings(max_examples=25)
+@given(body=hex_body)
+def test_a_vendor_prefix_masks_a_hex_body_the_shape_pass_would_keep(body):
+    """Keys whose body is hex after a known prefix (a digest-like body the shape pass keeps):
+    masked by the prefix alone, so every prefix of the vendor table must be in its hints."""
+    for token in (f"glimt-{body[:24]}", f"shpat_{body[:32]}", f"shpca_{body[:32]}",
+                  f"PMAK-{body[:24]}"):
+        assert redact.text(f"log: {token} here", NO_ENV) == "log: <redacted> here", token

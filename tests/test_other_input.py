@@ -117,7 +117,7 @@ def test_failure_hint_names_a_log_that_exists(tmp_path):
     venv.create(tmp_path / "v", with_pip=False)
     (tmp_path / "gone").mkdir()
     with pytest.raises(UserError) as e:
-        env._uv_install(tmp_path / "v" / "bin" / "python", lockfile, env.Sources([], True),
+        env.uv_install_lock(tmp_path / "v" / "bin" / "python", lockfile, env.Sources([], True),
                         tmp_path / "gone" / "uv.log")
     shutil.rmtree(tmp_path / "gone")  # what the TemporaryDirectory does on the way out
     named = Path(e.value.fix.rsplit("full log: ", 1)[1])

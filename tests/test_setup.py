@@ -2,7 +2,6 @@
 for Megatron-LM upstream: tag checks, patches, stamps, a kill mid-step, changed pins."""
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import in_own_copy, kill_when_installing
+from .conftest import in_own_copy, kill_when_installing, statuses
 from .gitrepo import git, repo_with
 from .test_lock import copy_repo
 
@@ -101,16 +100,6 @@ def setup(repo, wheelhouse, *args, wait=True):
         return subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=1800)
-
-
-def statuses(out):
-    rows = {}
-    for line in out.splitlines():
-        m = re.match(r"^(check|lock|env|sources|patches|builds|megatron|verify)\s+"
-                     r"(done|up to date|skipped|failed|not run|would run)\b", line)
-        if m:
-            rows[m.group(1)] = m.group(2)
-    return rows
 
 
 def python(repo):

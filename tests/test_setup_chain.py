@@ -21,7 +21,6 @@ import csv
 import hashlib
 import io
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -41,6 +40,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from .conftest import statuses, tiny_profile
 from .gitrepo import git, repo_with
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,33 +140,6 @@ diff --git a/megatron/core/__init__.py b/megatron/core/__init__.py
 +PATCHED = 1
 """
 
-PROFILE = """description = "tiny: the setup chain's test profile"
-default = true
-
-[python]
-version = "{py}"
-
-[cuda]
-version = "12.1"
-min_driver = "530.30.02"
-archs = ["9.0"]
-
-[torch]
-version = "2.1.0"
-
-[megatron]
-repo = "{repo}"
-tag = "core_v0.4.0"
-commit = "{commit}"
-
-[requirements]
-packages = ["torch", "tinytop"]
-
-[conda]
-channels = ["conda-forge"]
-packages = ["ninja"]
-"""
-
 
 def make_world(root: Path) -> tuple[Path, dict[str, str]]:
     """(a checkout of this tool holding the tiny profile and its lock, the variables to run it
@@ -189,7 +162,9 @@ def make_world(root: Path) -> tuple[Path, dict[str, str]]:
             (work / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / rel, work / rel)
     (work / "envs/tiny").mkdir(parents=True)
-    (work / "envs/tiny/profile.toml").write_text(PROFILE.format(py=PY, repo=bare, commit=commit))
+    (work / "envs/tiny/profile.toml").write_text(tiny_profile(
+        PY, purpose="the setup chain's test profile", repo=str(bare), commit=commit,
+        packages=("torch", "tinytop")))
     (work / "patches/megatron/core_v0.4.0").mkdir(parents=True)
     (work / "patches/megatron/core_v0.4.0/0001-mark-patched.patch").write_text(PATCH)
     # uv 0.13.9 reads no UV_NO_INDEX: an empty local index stands in for "no index" (nothing
@@ -210,16 +185,6 @@ def make_world(root: Path) -> tuple[Path, dict[str, str]]:
 def invoke(work: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=work, env=env,
                           capture_output=True, text=True, timeout=600)
-
-
-def statuses(out: str) -> dict[str, str]:
-    rows = {}
-    for line in out.splitlines():
-        m = re.match(rf"^({'|'.join(STEPS)})\s+(done|up to date|skipped|failed|not run|"
-                     r"would run)\b", line)
-        if m:
-            rows[m.group(1)] = m.group(2)
-    return rows
 
 
 class Chain:

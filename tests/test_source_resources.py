@@ -177,7 +177,7 @@ def test_a_bundle_carries_each_resource_verifies_it_and_uses_it_without_variable
     monkeypatch.delenv("MEGATRON_ENV_SOURCE_CUDNN_FRONTEND_HEADERS")
     import shutil
     shutil.rmtree(upstream["repo"])
-    offline._check_resources(doc, {"pkg": pkg}, {"pkg"})
+    offline.check_carried_resources(doc, {"pkg": pkg}, {"pkg"})
     given = Given(resources={r.name: root / r.path for r in doc.resources})  # as `use` does
     src = tmp_path / "src"
     src.mkdir()
@@ -198,7 +198,7 @@ def test_a_bundle_carries_each_resource_verifies_it_and_uses_it_without_variable
                         given=given.resource("cudnn-frontend-headers"))
     # a bundle made before resources travelled is refused up front, naming what it lacks
     with user_error("bundle.resource-missing") as e:
-        offline._check_resources(manifest(resources=[]), {"pkg": pkg}, {"pkg"})
+        offline.check_carried_resources(manifest(resources=[]), {"pkg": pkg}, {"pkg"})
     assert "cutlass-headers (pkg)" in e.value.message
-    offline._check_resources(manifest(resources=[]), {"pkg": pkg}, set())  # none to build
+    offline.check_carried_resources(manifest(resources=[]), {"pkg": pkg}, set())  # none to build
     assert layout.role(carried[0]["path"]) == "resource"

@@ -4,18 +4,11 @@ holds; of the held-out half, the checks that held when it was measured (the miss
 in the README, not hidden here)."""
 
 import hashlib
-import importlib.util
 
 import pytest
 
+from bench import triage_corpus as corpus
 from megatron_env.diagnose import jobs
-
-from .conftest import FIXTURES
-
-ROOT = FIXTURES.parent.parent
-_spec = importlib.util.spec_from_file_location("triage_corpus", ROOT / "bench" / "triage_corpus.py")
-corpus = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus)
 
 
 def _readme_split() -> dict[str, str]:

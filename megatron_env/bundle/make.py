@@ -27,7 +27,7 @@ from megatron_env.bundle.layout import (
     repo_path,
     role,
 )
-from megatron_env.bundle.manifest import FORMAT, Manifest
+from megatron_env.bundle.manifest import FileEntry, Item, MadeFor, Manifest
 from megatron_env.errors import UserError
 from megatron_env.kernels import build, compiler, source_trees
 from megatron_env.profile import Profile
@@ -217,7 +217,7 @@ def conda_packages(prof: Profile) -> list[dict[str, Any]]:
     return out
 
 
-def _conda_fetch(pkgs: list[dict[str, Any]], echo: output.Echo, *,
+def fetch_conda_packages(pkgs: list[dict[str, Any]], echo: output.Echo, *,
                  cache: Path | None = None) -> list[Path]:
     """Each conda package downloaded once into the cache and checked against the lock's sha256
     (md5 where the lock has none), as the lock's wheels are."""
@@ -411,6 +411,13 @@ def _git(prof: Profile, without: Iterable[str], kernels: Mapping[str, Package],
     return bares
 
 
+def _items(rows: list[dict[str, Any]]) -> tuple[Item, ...]:
+    """The manifest's items from the rows gathered for them (an absent tag is no field)."""
+    return tuple(Item(r["name"], r["path"], {k: v for k, v in r.items()
+                                             if k not in ("name", "path") and v is not None})
+                 for r in rows)
+
+
 def _hashed(entries: list[Entry], base: Manifest | None, bares: list[dict[str, Any]]
             ) -> tuple[dict[str, dict[str, Any]], list[Entry]]:
     """The manifest's files (sha256, size, role) and the entries this archive writes: those a
@@ -499,8 +506,8 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
             prof.python, echo, prof.lock_file,
             frozenset() if adopt else frozenset(tool.normal_names(prof.lock_file)))
             if f"wheels/{w.name}" not in have]
-        entries += [Entry(c["path"], f, "")
-                    for c, f in zip(conda, _conda_fetch(conda, echo, cache=cache), strict=True)]
+        entries += [Entry(c["path"], f, "") for c, f in
+                    zip(conda, fetch_conda_packages(conda, echo, cache=cache), strict=True)]
         sdists = _sdists(kernels, without, entries, echo, cache)
         carried = _resources(kernels, without, stage, entries, echo)
         bares = _git(prof, without, kernels, base, stage, entries, echo)
@@ -510,19 +517,16 @@ def make(prof: Profile, out: Path, *, adopt: bool = False, with_builds: bool = F
                  f"for {prof.name}")
             entries += [Entry(a, p, "") for a, p in found]
         listed, written = _hashed(entries, base, bares)
-        manifest = {
-            "format": FORMAT, "tool": {"name": "megatron-env", "version": __version__},
-            "made_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "profile": {"name": prof.name, "digest": profile_digest(prof), "python": prof.python,
-                        "torch": prof.torch, "cuda": prof.cuda},
-            "python": prof.python, "platform": {"system": "linux", "machine": MACHINE,
-                                                "wheels": lock.PLATFORM},
-            "mode": "adopt" if adopt else "full", "with_builds": with_builds,
-            "base": manifest_digest(base) if base else None, "without": without,
-            "git": bares, "sources": sdists, "resources": carried,
-            "conda": [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda],
-            "files": dict(sorted(listed.items())),
-        }
+        made = Manifest(
+            MadeFor(prof.name, profile_digest(prof), prof.python, prof.torch, prof.cuda),
+            prof.python, MACHINE, "adopt" if adopt else "full", with_builds,
+            time.strftime("%Y-%m-%dT%H:%M:%S%z"), manifest_digest(base) if base else None,
+            tuple(without), _items(bares), _items(sdists), _items(
+                [{"name": c["name"], "url": c["url"], "path": c["path"]} for c in conda]),
+            {rel: FileEntry(r["sha256"], r["size"], r["role"], r.get("in") == "base")
+             for rel, r in listed.items()},
+            _items(carried), __version__, lock.PLATFORM)
+        manifest = made.to_doc()
         (stage / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         _write(out, stage, written, echo)
     by_role = {r: sum(e.size for e in written if e.role == r) for r in {e.role for e in written}}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -98,8 +98,33 @@ class Manifest:
     sources: tuple[Item, ...]
     conda: tuple[Item, ...]
     files: Mapping[str, FileEntry]
-    doc: Mapping[str, Any]  # as read: its digest names this bundle in a delta chain
     resources: tuple[Item, ...] = ()  # recipe resources (name, path, package, digest)
+    tool_version: str = ""  # the megatron-env that made it (what a reader may print)
+    wheels: str = ""  # the wheel platform its lock was resolved for
+    # as read (or as written): its digest names this bundle in a delta chain
+    doc: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def to_doc(self) -> dict[str, Any]:
+        """The manifest.json document of these fields: the one writer of the format, so what
+        `parse` reads is what was written (test_bundle_manifest round-trips it)."""
+        return {
+            "format": FORMAT, "tool": {"name": "megatron-env", "version": self.tool_version},
+            "made_at": self.made_at,
+            "profile": {"name": self.profile.name, "digest": self.profile.digest,
+                        "python": self.profile.python, "torch": self.profile.torch,
+                        "cuda": self.profile.cuda},
+            "python": self.python,
+            "platform": {"system": "linux", "machine": self.machine, "wheels": self.wheels},
+            "mode": self.mode, "with_builds": self.with_builds, "base": self.base,
+            "without": list(self.without),
+            "git": [_item_doc(i) for i in self.git],
+            "sources": [_item_doc(i) for i in self.sources],
+            "resources": [_item_doc(i) for i in self.resources],
+            "conda": [_item_doc(i) for i in self.conda],
+            "files": {rel: {"sha256": f.sha256, "size": f.size, "role": f.role,
+                            **({"in": "base"} if f.in_base else {})}
+                      for rel, f in sorted(self.files.items())},
+        }
 
     @classmethod
     def parse(cls, doc: object, source: str) -> Manifest:
@@ -130,13 +155,19 @@ class Manifest:
         if not all(isinstance(w, str) for w in without):
             raise _Bad("without holds something that is not a package name")
         base = _field(doc, "base", (str, type(None)), "", optional=True)
+        tool = _field(doc, "tool", dict, "", optional=True) or {}
         return cls(made, _field(doc, "python", str, ""), _field(platform, "machine", str,
                                                                 "platform."),
                    mode, _field(doc, "with_builds", bool, ""), _field(doc, "made_at", str, ""),
                    base, tuple(without), _items(doc, "git", ("commit",)),
                    _items(doc, "sources", ("sha256",)), _items(doc, "conda", ("url",)),
-                   _files(_field(doc, "files", dict, "")), doc,
-                   _items(doc, "resources", ("digest",)))
+                   _files(_field(doc, "files", dict, "")), _items(doc, "resources", ("digest",)),
+                   _field(tool, "version", str, "tool.", optional=True) or "",
+                   _field(platform, "wheels", str, "platform.", optional=True) or "", doc)
+
+
+def _item_doc(item: Item) -> dict[str, str]:
+    return {"name": item.name, "path": item.path, **item.extra}
 
 
 def _items(doc: Mapping[str, Any], key: str, required: tuple[str, ...]) -> tuple[Item, ...]:

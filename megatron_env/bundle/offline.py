@@ -233,7 +233,7 @@ def use(paths: Iterable[str | Path], profile_name: str | None,
         raise UserError(f"the bundle was made without {', '.join(missing)}: it carries no "
                         "source to build from", fix="set up with --no-builds, or bundle again "
                         f"without `--without {missing[0]}`", kind="bundle.left-out")
-    _check_resources(doc, kernels, wanted)
+    check_carried_resources(doc, kernels, wanted)
     echo(f"bundle: {root}: {len(doc.files)} files match {MANIFEST} "
          f"({time.monotonic() - t0:.1f} s); "
          f"profile {prof.name}, Python {doc.python}, made {doc.made_at}")
@@ -246,7 +246,8 @@ def use(paths: Iterable[str | Path], profile_name: str | None,
                   local_conda_lock(prof, root, doc.conda) if doc.conda else None, kernels)
 
 
-def _check_resources(doc: Manifest, kernels: Mapping[str, Package], wanted: set[str]) -> None:
+def check_carried_resources(doc: Manifest, kernels: Mapping[str, Package], wanted: set[str]
+                            ) -> None:
     """Every recipe resource of the kernels to build is in the bundle (or named by the user's
     MEGATRON_ENV_SOURCE_ variable): refused before anything is installed, not at the build."""
     have = {r.name for r in doc.resources}

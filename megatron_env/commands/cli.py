@@ -13,6 +13,7 @@ import contextlib
 import errno
 import functools
 import inspect
+import json
 import os
 import signal
 import sys
@@ -77,8 +78,6 @@ def json_error(enabled: bool, command: str) -> Iterator[None]:
         yield
     except (UserError, OSError) as e:
         if enabled:
-            import json
-
             said = e if isinstance(e, UserError) else os_error(e)  # ENOSPC: disk.full
             err = {"kind": said.kind or "error", "message": said.message, "fix": said.fix}
             output.block(json.dumps({"command": command, "ok": False, "error": err},

@@ -11,6 +11,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 
+from megatron_env import recipes
+from megatron_env.errors import UserError
+from megatron_env.profile import load_all
+
 SHELLS = ("bash", "zsh", "fish")
 _GLOBAL_VALUES = ("--project", "--cache-dir")  # global options that take a directory
 
@@ -22,10 +26,7 @@ def _subparsers(top: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPars
 
 def names() -> dict[str, list[str]]:
     """The values to offer, by what they are: profiles, kernels, steps."""
-    from megatron_env import recipes
-    from megatron_env.errors import UserError
-    from megatron_env.profile import load_all
-    from megatron_env.setup.steps import STEPS
+    from megatron_env.setup.steps import STEPS  # the setup wing: only when completing
 
     profiles: list[str] = []
     with contextlib.suppress(UserError, OSError):  # a project without profiles: none offered

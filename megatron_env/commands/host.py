@@ -4,9 +4,10 @@ environment block)."""
 
 from __future__ import annotations
 
+from json import dumps
 from pathlib import Path
 
-from megatron_env import findings, output, project
+from megatron_env import findings, output, project, recipes
 from megatron_env.commands import cli
 from megatron_env.commands.cli import command, json_error
 from megatron_env.host import checks, snapshot
@@ -86,10 +87,33 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
     from megatron_env.fleet import preflight
 
     with json_error(json, "preflight"):
-        return preflight.run(fleet=fleet, local=local, as_json=json, profile_name=profile,
-                             python=python, run_dir=run_dir, slow=slow,
-                             health=not no_gpu_health, size=size, against=against, nccl=nccl,
-                             nccl_args=nccl_args)
+        v = preflight.run(fleet=fleet, local=local, profile_name=profile, python=python,
+                          run_dir=run_dir, slow=slow, health=not no_gpu_health, size=size,
+                          against=against)
+        rep = v.report
+        if json:
+            output.block(dumps(rep.to_dict(), indent=2) + "\n")
+        else:
+            findings.print_fleet(rep.nodes, rep.exclude)
+        counts = {s: sum(n.status == s for n in rep.nodes) for s in findings.Status}
+        # on stderr: with --json, stdout is the document alone
+        output.status(f"preflight: {len(rep.nodes)} node(s) against {v.profile.name}: "
+                      + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
+                      + (f"; plot {v.plot}" if v.plot else "; no plot (matplotlib missing or "
+                         "no GPU results)") + f"; results in {v.root}")
+        if rep.exclude:
+            output.hint(f"srun/sbatch --exclude={','.join(rep.exclude)}")
+        if nccl and v.launched:  # only where this run launched the nodes itself
+            code = preflight.nccl_across(v, python, nccl_args)
+            if code is not None:
+                output.status(f"verify_nccl: {'pass' if code == 0 else 'fail'} across "
+                              f"{len(v.healthy())} node(s); results in {v.root / 'nccl'}")
+                if code:
+                    return 2
+        elif nccl:
+            output.status("verify_nccl: skipped: --nccl runs inside an allocation, after its "
+                          "preflight")
+        return rep.exit_code
 
 
 @command(profile="show this profile's pins only (default: every profile)",
@@ -97,8 +121,6 @@ def preflight(fleet: str | None = None, local: bool = False, json: bool = False,
                  "what each stands in for and the pin it must hold")
 def kernels(profile: str | None = None, mirrors: bool = False) -> int:
     """List the kernel recipes with each profile's pins and variants."""
-    from megatron_env import recipes
-
     profs = [load_profile(profile)] if profile else load_all()
     if mirrors:
         from megatron_env.commands import mirrors as table
@@ -143,7 +165,7 @@ def triage(logs: str | list[str], json: bool = False) -> int:
 def bug_report(profile: str | None = None, prefix: str | None = None, json: bool = False,
                imports: bool = False) -> int:
     """One block to paste into a bug report: host, GPUs, environment, builds, check, variables."""
-    from megatron_env.diagnose import report
+    from megatron_env import bug_report as report
     from megatron_env.pyenv import env
 
     with json_error(json, "report"):

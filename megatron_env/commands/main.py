@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from megatron_env import __version__, project
+from megatron_env import __version__, commands, project
 from megatron_env.commands import cli, completion
 from megatron_env.errors import UserError
 
@@ -77,8 +77,6 @@ def _usage(message: str, prog: str) -> UserError:
 
 
 def parser() -> argparse.ArgumentParser:
-    from megatron_env import commands
-
     top = _Parser(
         prog=_PROG, description="Reproducible, verified Megatron-LM training environments.")
     top.add_argument("--project", metavar="DIR",

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -118,8 +120,6 @@ def env(profile: str | None = None, prefix: str | None = None, python: str | Non
         bundle: list[str] | None = None, expect_sha256: list[str] | None = None,
         trust: str | None = None) -> int:
     """Build the profile's environment from its locks and verify it (seconds when unchanged)."""
-    import os
-    import sys
 
     from megatron_env.pyenv import env
 

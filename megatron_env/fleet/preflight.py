@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -233,15 +234,31 @@ def _measure(root: Path, profile_name: str | None, python: str | None, *, local:
     return expected
 
 
-def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
-        profile_name: str | None = None, python: str | None = None, run_dir: str | None = None,
+@dataclass
+class Verdict:
+    """What a preflight found: the fleet report, the profile it was judged against, where the
+    nodes wrote, and whether the plot was drawn. The command prints it (commands/host.py)."""
+
+    report: analysis.Report
+    profile: profile.Profile
+    root: Path
+    plot: Path | None
+    nodes: list[analysis.Node]  # every node read (a reference fleet's too)
+    launched: bool  # this run launched the nodes through srun itself
+
+    def healthy(self) -> list[str]:
+        return [n.host for n in self.report.nodes if n.status is not findings.Status.FAIL]
+
+
+def run(*, fleet: str | None = None, local: bool = False, profile_name: str | None = None,
+        python: str | None = None, run_dir: str | None = None,
         slow: str | float | None = None, health: bool = True, size: str | int = 8192,
-        against: str | None = None, nccl: bool = False, nccl_args: str = "") -> int:
+        against: str | None = None) -> Verdict:
     """`invoke preflight`: every node of the allocation through srun (or `local`: this node; or
-    `fleet`: a directory analysed again), then the fleet verdict. Exit 0 pass, 1 warnings, 2 a
-    node fails. `against`: a reference fleet directory whose nodes the medians and majorities
-    include (a Slurm prolog or HealthCheckProgram judging one node against the last fleet run).
-    `nccl`: then scripts/verify_nccl.py through srun across the nodes that did not fail."""
+    `fleet`: a directory analysed again), then the fleet verdict (its exit code: 0 pass, 1
+    warnings, 2 a node fails). `against`: a reference fleet directory whose nodes the medians
+    and majorities include (a Slurm prolog or HealthCheckProgram judging one node against the
+    last fleet run). The nodes' progress goes to stderr as it comes; the verdict is returned."""
     slow, size = _slow_and_size(slow, size)
     expected: list[str] = []
     if fleet:
@@ -264,33 +281,17 @@ def run(*, fleet: str | None = None, local: bool = False, as_json: bool = False,
         drawn = analysis.plot(nodes, png, slow)
     except OSError:
         drawn = False
-    if as_json:
-        output.block(json.dumps(rep.to_dict(), indent=2) + "\n")
-    else:
-        findings.print_fleet(rep.nodes, rep.exclude)
-    counts = {s: sum(n.status == s for n in rep.nodes) for s in findings.Status}
-    # on stderr: with --json, stdout is the document alone
-    output.status(f"preflight: {len(rep.nodes)} node(s) against {prof.name}: "
-                  + ", ".join(f"{c} {s}" for s, c in counts.items() if c)
-                  + (f"; plot {png}" if drawn else "; no plot (matplotlib missing or no GPU "
-                     "results)") + f"; results in {root}")
-    if rep.exclude:
-        output.hint(f"srun/sbatch --exclude={','.join(rep.exclude)}")
-    if nccl and not (fleet or local):  # only where this run launched the nodes itself
-        healthy = [n.host for n in rep.nodes if n.status is not findings.Status.FAIL]
-        per_node = max((len(analysis.gpus(n)) for n in nodes if n.host in healthy), default=0)
-        code = verify_nccl(root, healthy, max(per_node, 1),
-                           fingerprint.interpreter(prof, python), shlex.split(nccl_args),
-                           echo=lambda s: output.status(s.rstrip("\n")))
-        if code is not None:
-            output.status(f"verify_nccl: {'pass' if code == 0 else 'fail'} across "
-                          f"{len(healthy)} node(s); results in {root / 'nccl'}")
-            if code:
-                return 2
-    elif nccl:
-        output.status("verify_nccl: skipped: --nccl runs inside an allocation, after its "
-                      "preflight")
-    return rep.exit_code
+    return Verdict(rep, prof, root, png if drawn else None, nodes, not (fleet or local))
+
+
+def nccl_across(v: Verdict, python: str | None, nccl_args: str) -> int | None:
+    """scripts/verify_nccl.py through srun across the nodes of `v` that did not fail (its exit
+    code; None when skipped: fewer than two healthy nodes)."""
+    healthy = v.healthy()
+    per_node = max((len(analysis.gpus(n)) for n in v.nodes if n.host in healthy), default=0)
+    return verify_nccl(v.root, healthy, max(per_node, 1),
+                       fingerprint.interpreter(v.profile, python), shlex.split(nccl_args),
+                       echo=lambda s: output.status(s.rstrip("\n")))
 
 
 def _fleet_profile(nodes: list[analysis.Node]) -> str | None:

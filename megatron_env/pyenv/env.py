@@ -160,8 +160,8 @@ def check_free_space(where: Path, echo: output.Echo = output.status) -> None:
 _PACKAGES = "the packages of {}"  # what a full disk had no room for
 
 
-def _uv_install(python: Path, lockfile: Path, sources: Sources, log: Path,
-                extra: tuple[str, ...] | list[str] = ()) -> None:
+def uv_install_lock(python: Path, lockfile: Path, sources: Sources, log: Path,
+                    extra: tuple[str, ...] | list[str] = ()) -> None:
     """uv installs `lockfile` into `python`; on failure the hint names the full log, which
     must still exist when it is read: the log (in a temporary directory, or beside the
     environment a failed install removes) is copied out to a file of its own first. A disk
@@ -253,7 +253,7 @@ def build(profile: Profile, prefix: Path | None = None, *, python: str | None = 
     wanted = digest.of_file(lockfile)
     min_free_gb()  # a bad value is reported before anything is written
     _refuse(prefix, profile)
-    if not deep and (s := _unchanged(profile, prefix, wanted)) is not None:
+    if not deep and (s := unchanged_summary(profile, prefix, wanted)) is not None:
         s.seconds = time.monotonic() - t0
         return s
     store = prefix.with_name(prefix.name + ".d")
@@ -396,7 +396,7 @@ def changes(prefix: Path) -> list[manifest.Difference] | None:
                                    if d.package not in ON_TOP]
 
 
-def _unchanged(profile: Profile, prefix: Path, wanted: str) -> Summary | None:
+def unchanged_summary(profile: Profile, prefix: Path, wanted: str) -> Summary | None:
     """The environment, when it was built from this very lock and nothing in it changed (by
     stat alone): verified without taking the lock or writing anything, so that a complete
     environment on a read-only mount checks. None when anything must be looked at closer."""
@@ -467,7 +467,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
             tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
         subset.write_text(lock.subset(lock.read(lockfile), set(names)))
-        _uv_install(python, subset, sources, Path(tmp) / "uv.log", extra)
+        uv_install_lock(python, subset, sources, Path(tmp) / "uv.log", extra)
     bad = manifest.hash_check(manifest.scan(sites), set(names))
     if bad:
         raise UserError("reinstalling from the lock still gives files that differ from their "
@@ -509,7 +509,7 @@ def _create(profile: Profile, target: Path, lockfile: Path, *, python: str | Non
         mode = "uv"
     echo(f"installing {lockfile} with hashes required")
     try:
-        _uv_install(python_of(target), lockfile, sources, log)
+        uv_install_lock(python_of(target), lockfile, sources, log)
     except UserError as e:
         shutil.rmtree(target, ignore_errors=True)
         if e.kind == "disk.full":  # the free space said as it is with the failed install gone
@@ -541,6 +541,6 @@ def adopt(profile: Profile, python: str | None, install_missing: bool,
             subset = Path(tmp) / "missing.txt"
             subset.write_text(lock.subset(lock.read(lockfile), set(v.missing)))
             how = Sources(find_links or [], no_index, dict(child_env or {}))
-            _uv_install(Path(exe), subset, how, Path(tmp) / "uv.log")
+            uv_install_lock(Path(exe), subset, how, Path(tmp) / "uv.log")
         v = verify(exe, profile, lockfile)
     return v

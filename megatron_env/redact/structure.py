@@ -408,7 +408,7 @@ def _pairs(s: str) -> str:
     out, pos = [], 0
     for m in _PAIR.finditer(s):
         if m.start() < pos or m.group(4).startswith("-") or not secret_value(name_kind(
-                m.group(2)) or _header_kind(m.group(2)), m.group(4).strip()):
+                m.group(2)) or header_name_kind(m.group(2)), m.group(4).strip()):
             continue  # (an option after a command's name is the next pair's name)
         start = m.end() + s[m.end():].index(m.group(3))
         out += [s[pos:start + 1], REDACTED]
@@ -416,7 +416,8 @@ def _pairs(s: str) -> str:
     return "".join(out) + s[pos:] if out else s
 
 
-def _header_kind(name: str) -> str | None:
+def header_name_kind(name: str) -> str | None:
+    """"strong" when `name` is a header that carries a credential (the header rule's names)."""
     return "strong" if _HEADER.match(name + ": x") else None
 
 

@@ -21,6 +21,7 @@ import base64
 import netrc
 import os
 import ssl
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
@@ -104,6 +105,7 @@ class _Redirects(urllib.request.HTTPRedirectHandler):
                          headers: Any, newurl: str) -> urllib.request.Request | None:
         target = urllib.parse.urljoin(req.full_url, newurl)
         if origin(req.full_url)[0] == "https" and origin(target)[0] != "https":
+            fp.close()  # the redirect's answer: urllib closes it only when a request follows
             raise UserError(f"{mask_urls(req.full_url)} redirects to {mask_urls(target)}: "
                             "from https to plain http; refused",
                             fix="use the https address the server should give, or a mirror "
@@ -116,7 +118,9 @@ def open_url(url: str, *, timeout: float = 60.0, cafile: str | None = None,
              also: tuple[str, ...] = (), environ: Mapping[str, str] | None = None) -> Any:
     """urlopen of `url`: its credentials (userinfo, else netrc) sent to its origin only, and
     those of the URLs in `also` (the index a file is listed on) to theirs. The response as
-    urlopen gives it; urllib's errors (OSError, ValueError) as urllib raises them."""
+    urlopen gives it; urllib's errors (OSError, ValueError) as urllib raises them, an HTTPError
+    closed first: it holds the answer's socket, and every caller keeps only its code and reason
+    (which outlive the close), so one caught and dropped would leave the socket open."""
     bare, header = without_userinfo(url)
     by_origin: dict[Origin, str] = {}
     for other in also:
@@ -135,4 +139,8 @@ def open_url(url: str, *, timeout: float = 60.0, cafile: str | None = None,
     opener = urllib.request.build_opener(*handlers)
     req = urllib.request.Request(bare, headers={"User-Agent": "megatron-env", **(headers or {})},
                                  method=method)
-    return opener.open(req, timeout=timeout)
+    try:
+        return opener.open(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        e.close()
+        raise

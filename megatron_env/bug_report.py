@@ -236,7 +236,8 @@ def _gpus(gpus: list[dict[str, Any]]) -> str:
     return ", ".join(f"{n} x {k}" for k, n in kinds.items())
 
 
-def _megatron_line(mg: dict[str, Any]) -> str:
+def megatron_line(mg: dict[str, Any]) -> str:
+    """The report's Megatron row: tag and commit, installed or not, fetched, verified."""
     return (f"{mg['tag']} @ {mg['commit'][:12]}"
             + (f", installed {mg['installed']}" if mg.get("installed") else ", not installed")
             + ("" if mg.get("checkout") else " (not fetched)")
@@ -274,7 +275,7 @@ def render(facts: dict[str, Any]) -> str:
         ("environment", envf["prefix"] + (f" -> {envf['resolved']}" if envf.get("resolved")
                                           else "") + (f": {envf['error']}"
                                                       if envf.get("error") else "")),
-        ("megatron", _megatron_line(mg)),
+        ("megatron", megatron_line(mg)),
         ("patches", ", ".join(mg["patches"]) or "none"),
     ]
     width = max(len(k) for k, _ in rows) + 2
