@@ -32,13 +32,13 @@ import os
 import re
 from collections.abc import Mapping
 
-from megatron_env.redact import context, envtypes, shape, structure
+from megatron_env.redact import context, envtypes, shape, structure, tokens
 from megatron_env.redact.names import is_secret_name, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking
 from megatron_env.redact.structure import mask_urls, secret_value
 
-__all__ = ["REDACTED", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind",
-           "random_looking", "scrub", "secret_value", "text", "variables"]
+__all__ = ["REDACTED", "Evidence", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind",
+           "quoted", "random_looking", "scrub", "secret_value", "text", "variables"]
 
 _MIN_SECRET = 4  # a shorter environment value would blank out ordinary words
 # a JSON Web Key's private members (RFC 7518 6.2.2, 6.3.2, 6.4.1): short names no rule knows
@@ -164,3 +164,17 @@ class Lines:
         if "-----BEGIN " in line and "-----END " not in line:
             self.inside = True
         return text(line, self.environ)
+
+
+def quoted(s: str, environ: Mapping[str, str] | None = None) -> str:
+    """`text`, then pass 4 for text quoted from a log that triage did not parse (a finding's
+    summary and evidence): every token that is none of the harmless kinds is masked
+    (megatron_env.redact.tokens)."""
+    return tokens.mask(text(s, environ))
+
+
+class Evidence(Lines):
+    """`Lines` for a finding's evidence, each line then through pass 4 (`quoted`)."""
+
+    def __call__(self, line: str) -> str:
+        return tokens.mask(super().__call__(line))
