@@ -64,6 +64,8 @@ def _walk(obj: object, environ: Mapping[str, str], name: object = None,
             return REDACTED
         if isinstance(name, str) and envtypes.governed(name) and not envtypes.parses(name, obj):
             return envtypes.shape(obj)  # `{"NCCL_X": "..."}`: a variable's value by its type
+        if isinstance(name, str) and kind is None and shape.KEPT_ID.fullmatch(f"{name}={obj}"):
+            return obj  # `{"request_id": "..."}`: a generated id in its place
         return _text(obj, environ)
     if isinstance(obj, (int, float)) and not isinstance(obj, bool) and isinstance(name, str) \
             and _NUMBER_SECRET.search(name):

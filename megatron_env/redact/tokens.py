@@ -70,12 +70,22 @@ def _piece(p: str) -> bool:
         any(c.isupper() for c in p) and any(c.islower() for c in p))
 
 
+# symbols that join no words, paths, hosts or numbers, standing between letters or digits: what
+# a generated password holds (`%` of a percent-encoding and of a printf format excepted)
+# (`$WORK` a variable's reference, `%ib0` an IPv6 address's zone)
+_INNER_SYMBOL = re.compile(r"[A-Za-z0-9](?:[!#^*&|]|\$(?![A-Z_{])|%(?!(?:ib|en|eth|bond|mlx|lo)"
+                           r"[A-Za-z0-9_]*(?![^<>\]\s,;)])))[A-Za-z0-9]")
+_PERCENT_CODE = re.compile(r"%[0-9A-Fa-f]{2}|%[hpdsi](?![A-Za-z0-9])")
+
+
 @functools.lru_cache(maxsize=1 << 16)
 def harmless(token: str) -> bool:
     """Whether one token (no spaces) reads as one of the harmless kinds (module docstring)."""
     core = token.strip(_WRAP)
     if not core or _MASK.fullmatch(core) or harmless_id(core) or harmless_whole(core):
         return True
+    if _INNER_SYMBOL.search(core) and not _PERCENT_CODE.search(core):
+        return False  # `hb7j_6E_Ma#Kl%Hh`: a symbol no word or path holds, between characters
     pieces = [p for p in _PIECES.split(core) if p]
     if core.islower() and "-" in core and any(p.isalpha() and len(p) >= 3 for p in pieces):
         # a Kubernetes name (`pytorchjob-example-t8x8pnd8-master-0`): words and the short
