@@ -41,7 +41,7 @@ import re
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from megatron_env.redact.shape import random_segment
+from megatron_env.redact.shape import REDACTED, random_segment
 
 Grammar = Callable[[str], bool]
 
@@ -70,7 +70,7 @@ _GPU = re.compile(rf"\d+|GPU-[0-9a-fA-F-]{{4,36}}|MIG-(?:GPU-)?{_UUID}(?:/\d+/\d
 # an interface's name as the kernel and NCCL's docs write them (`eth0`, `enp220s0np0`, `ib0`,
 # `bond0.100`, `docker0`, `lo`): letters, then digits and short letter runs; at most 15 chars
 _IFACE = re.compile(r"[a-z]{1,8}(?:\d+(?:[a-z]{1,3}\d+)*)?(?:\.\d+)?")
-_HCA = re.compile(r"[a-z]+\d*(?:_\d+)?(?::\d+)?")
+_HCA = re.compile(r"[a-z]+(?:_[a-z]+)*\d*(?:_\d+)?(?::\d+)?")
 _NODE = re.compile(r"[A-Za-z][\w-]*(?:\[[\d,-]+\][\w-]*)*")
 _TASKS = re.compile(r"\d+(?:\(x\d+\))?(?:,\d+(?:\(x\d+\))?)*")
 _TRES = re.compile(r"[\w/]+[:=]\d+(?:,[\w/]+[:=]\d+)*")
@@ -118,8 +118,9 @@ def host(v: str) -> bool:
     if _IPV4.fullmatch(v) or ":" in v and _IPV6.fullmatch(v):
         return True
     labels = v.rstrip(".").split(".")
-    return len(v) <= 253 and all(_HOST_LABEL.fullmatch(x) for x in labels) and not any(
-        random_segment(x) for x in labels)
+    # a host name is written in one case (`node03`, `DGX-A100-01`): a label of both is no host's
+    return len(v) <= 253 and all(_HOST_LABEL.fullmatch(x) and (x.lower() == x or x.upper() == x)
+                                 for x in labels) and not any(random_segment(x) for x in labels)
 
 
 def host_port(v: str) -> bool:
@@ -447,6 +448,7 @@ def governed(var: str) -> bool:
     return var in TABLE or var.startswith(PREFIXES)
 
 
+_MASKED = re.compile(r"<redacted(?:: \d+ chars)?>")
 # a reference to another variable (`$NCCL_IFACE`, `${HOME}`), not a value; a mask already made
 _REFERENCE = re.compile(r"\$\{?[A-Za-z_]\w*\}?")
 
@@ -457,7 +459,7 @@ def plainly_harmless(value: str) -> bool:
     v = value.strip()
     return not v or v.lower() in _BOOL or v.lower() in ("none", "null", "(null)") or (
         _INT.fullmatch(v) is not None and len(v.lstrip("-")) <= 6) or _REFERENCE.fullmatch(
-        v) is not None or v.startswith("<redacted")
+        v) is not None or _MASKED.fullmatch(v) is not None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -501,9 +503,14 @@ def _assign(m: re.Match[str]) -> str:
     if value[:1] in "\"'" and len(value) >= 2:
         inner = value[1:-1]
         return m.group(0) if parses(var, inner) else f"{var}={value[0]}{shape(inner)}{value[0]}"
-    # a sentence's stop or a closing bracket after the value is no part of it
-    bare = value[:value.index(")")] if ")" in value and "(" not in value else value
-    bare = bare.rstrip(".,;:)]}")
+    # a sentence's stop or a closing bracket the value did not open is no part of it
+    bare = value
+    for close, opening in ((")", "("), ("]", "["), ("}", "{")):
+        if close in bare and bare.count(close) > bare.count(opening):
+            bare = bare[:bare.index(close)] if opening not in bare else bare.rstrip(close)
+    bare = bare.rstrip(".,;:")
+    if "<redacted" in bare and not _MASKED.fullmatch(bare):  # partly masked: masked whole
+        return f"{var}={REDACTED}{value[len(bare):]}"
     if parses(var, bare):
         return m.group(0)
     return f"{var}={shape(bare)}{value[len(bare):]}"
