@@ -155,8 +155,8 @@ def url(v: str) -> bool:
     except ValueError:
         return False
     return (u.password is None and u.username is None and not u.query and not u.fragment
-            and netloc_host is not None and host(netloc_host) and netloc_port in (None, *range(
-                65536)) and path(u.path or "/"))
+            and netloc_host is not None and host(netloc_host) and (
+                netloc_port is None or 0 <= netloc_port < 65536) and path(u.path or "/"))
 
 
 def gpus(v: str) -> bool:
@@ -256,9 +256,10 @@ def requires(v: str) -> bool:
 
 
 def flags(v: str) -> bool:
-    """NVCC_APPEND_FLAGS and the like: options and their word or number values."""
-    return all(re.fullmatch(r"-{1,2}[\w.=+,-]*|[\w.=+,/-]+", t) and _words(t.lstrip("-").replace(
-        "=", "-").replace(",", "-")[:64] or "x") for t in v.split())
+    """NVCC_APPEND_FLAGS and the like: options (`-allow-unsupported-compiler`,
+    `--threads=4`, `-gencode=arch=compute_90,code=sm_90`), each part words or numbers."""
+    return all(re.fullmatch(r"-{0,2}[\w.=+,/-]+", t) and all(
+        _words(p) for p in re.split(r"[=,]", t.lstrip("-")) if p) for t in v.split())
 
 
 def words(v: str) -> bool:
@@ -283,26 +284,26 @@ TABLE: dict[str, Grammar] = {
     "NCCL_TOPO_DUMP_FILE": P, "NCCL_GRAPH_FILE": P, "NCCL_GRAPH_DUMP_FILE": P,
     "NCCL_HOME": P, "NCCL_VERSION": version, "NCCL_IB_ROCE_VERSION_NUM": N,
     **{f"NCCL_{n}": B for n in (
-        "P2P_DISABLE", "SHM_DISABLE", "IB_DISABLE", "NVLS_ENABLE", "PXN_DISABLE", "NVB_DISABLE",
+        "P2P_DISABLE", "SHM_DISABLE", "IB_DISABLE", "PXN_DISABLE", "NVB_DISABLE",
         "CUMEM_ENABLE", "CUMEM_HOST_ENABLE", "COLLNET_ENABLE", "NET_GDR_READ",
         "IGNORE_CPU_AFFINITY", "GRAPH_REGISTER", "SET_STACK_SIZE", "SET_THREAD_NAME",
         "DMABUF_ENABLE", "CHECK_POINTERS", "CHECKS_DISABLE", "IB_ADAPTIVE_ROUTING",
         "IB_MERGE_NICS", "IB_PCI_RELAXED_ORDERING", "RAS_ENABLE", "P2P_USE_CUDA_MEMCPY",
         "NET_SHARED_BUFFERS", "NET_SHARED_COMMS", "GRAPH_MIXING_SUPPORT", "LOCAL_REGISTER",
-        "P2P_DIRECT_DISABLE", "RUNTIME_CONNECT", "NVLSTREE_MAX_CHUNKSIZE",
-        "ASYNC_ERROR_HANDLING", "BLOCKING_WAIT", "DESYNC_DEBUG", "MNNVL_ENABLE",
-        "CROSS_NIC", "IB_SPLIT_DATA_ON_QPS", "COMM_BLOCKING", "NVLS_CHUNKSIZE")},
+        "P2P_DIRECT_DISABLE", "RUNTIME_CONNECT", "BLOCKING_WAIT", "DESYNC_DEBUG",
+        "IB_SPLIT_DATA_ON_QPS", "COMM_BLOCKING", "PAT_ENABLE")},
     **{f"NCCL_{n}": N for n in (
         "IB_TIMEOUT", "IB_RETRY_CNT", "IB_GID_INDEX", "IB_SL", "IB_TC", "IB_QPS_PER_CONNECTION",
         "NTHREADS", "MIN_NCHANNELS", "MAX_NCHANNELS", "MIN_CTAS", "MAX_CTAS", "NCHANNELS",
         "SOCKET_NTHREADS", "NSOCKS_PERTHREAD", "P2P_PXN_LEVEL", "NCHANNELS_PER_NET_PEER",
         "NVLS_NCHANNELS", "COLLNET_NODE_THRESHOLD", "WORK_FIFO_DEPTH", "IB_FIFO_TC",
         "NET_GDR_C2C", "PROGRESS_APPENDOP_FREQ", "CREATE_THREAD_CONTEXT", "MAX_P2P_NCHANNELS",
-        "MIN_P2P_NCHANNELS", "IB_AR_THRESHOLD", "SOCKET_RETRY_CNT", "SOCKET_RETRY_SLEEP_MSEC")},
+        "MIN_P2P_NCHANNELS", "IB_AR_THRESHOLD", "SOCKET_RETRY_CNT", "SOCKET_RETRY_SLEEP_MSEC",
+        "ASYNC_ERROR_HANDLING", "CROSS_NIC", "MNNVL_ENABLE", "NVLS_ENABLE")},
     **{f"NCCL_{n}": S for n in (
         "BUFFSIZE", "P2P_NET_CHUNKSIZE", "P2P_NVL_CHUNKSIZE", "P2P_PCI_CHUNKSIZE",
         "P2P_LL_THRESHOLD", "LL_THRESHOLD", "LL128_THRESHOLD", "TREE_THRESHOLD",
-        "SINGLE_RING_THRESHOLD", "CHUNK_SIZE", "PAT_ENABLE")},
+        "SINGLE_RING_THRESHOLD", "CHUNK_SIZE", "NVLSTREE_MAX_CHUNKSIZE", "NVLS_CHUNKSIZE")},
     # CUDA Programming Guide, CUDA Environment Variables; the MPS appendix
     "CUDA_VISIBLE_DEVICES": gpus, "CUDA_LAUNCH_BLOCKING": B, "CUDA_DEVICE_MAX_CONNECTIONS": N,
     "CUDA_DEVICE_MAX_COPY_CONNECTIONS": N, "CUDA_MODULE_LOADING": enum("LAZY", "EAGER"),
