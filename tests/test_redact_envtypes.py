@@ -115,6 +115,8 @@ def test_a_value_that_does_not_parse_shows_its_shape(case: tuple[str, str]) -> N
     assert json.loads(redact.text(json.dumps({name: value}), {})) == {name: shape}
     line = redact.text(f"{name}={value}", {})
     assert "<redacted" in line and not grammar.leaked(line, value), line
+    # a file of them (collect's env.txt) is written through the redaction again: unchanged
+    assert redact.text(f"{name}={shape}\n", {}) == f"{name}={shape}\n"
 
 
 @SETTINGS

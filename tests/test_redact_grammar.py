@@ -80,3 +80,17 @@ def test_evidence_is_quoted_by_what_it_is_through_a_real_triage(tmp_path: Path) 
         printed.append(out)
         assert not g.leaked(out, c.value), (c.text, out)
     assert any("<redacted" in out for out in printed)
+
+
+@pytest.mark.parametrize("side", ["tune", "held"])
+def test_no_command_prints_a_secret_drawn_from_the_grammar(side: str, tmp_path: Path) -> None:
+    """The issue's places: each case's text planted as an NCCL_/TORCH_ variable, in env.txt, in
+    nvidia-smi's output and a job log, through report, report --json, collect (and its files),
+    check --json of this host and of a snapshot, triage, triage --json and command logs."""
+    from .test_redact_generated import _command_outputs
+
+    cases = g.cases(side, 12, seed=7)
+    outs = _command_outputs([([c.value], c.text) for c in cases], tmp_path)
+    printed = [(name, c.text) for name, out in outs.items() for c in cases
+               if g.leaked(out, c.value)]
+    assert printed == []

@@ -486,8 +486,8 @@ def parses(var: str, value: str) -> bool:
 
 # `NAME=value` in any text (env.txt, a check's evidence, a log's `export` line): the name an
 # environment variable's (upper case), under a prefix the table governs or in the table
-_ASSIGN = re.compile(r"(?<![\w.$-])([A-Z][A-Z0-9_]*[A-Z0-9]|[A-Z]+_MCA_\w+)=(\"[^\"\n]*\"|'[^'\n]*'"
-                     r"|[^\s\"']*)")
+_ASSIGN = re.compile(r"(?<![\w.$-])([A-Z][A-Z0-9_]*[A-Z0-9]|[A-Z]+_MCA_\w+)=(<redacted: \d+ chars>"
+                     r"|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']*)")
 _HINT = re.compile(r"(?:" + "|".join(PREFIXES + ("MASTER_", "RANK", "WORLD_SIZE", "PATH",
                                                    "HOME", "PWD", "HOSTNAME", "MAX_JOBS")) + ")")
 
