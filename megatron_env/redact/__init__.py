@@ -40,7 +40,7 @@ from megatron_env.redact.structure import mask_urls, secret_value
 __all__ = ["REDACTED", "Evidence", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind",
            "quoted", "random_looking", "scrub", "secret_value", "text", "variables"]
 
-_MIN_SECRET = 4  # a shorter environment value would blank out ordinary words
+_MIN_SECRET = envtypes.MIN_SECRET
 # a JSON Web Key's private members (RFC 7518 6.2.2, 6.3.2, 6.4.1): short names no rule knows
 _JWK_PRIVATE = frozenset({"d", "p", "q", "dp", "dq", "qi", "k", "oth", "r", "t"})
 # the names under which a number is a password: unambiguous ones (`pass`, `passes` are counts,

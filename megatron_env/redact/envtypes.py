@@ -449,16 +449,19 @@ def governed(var: str) -> bool:
     return var in TABLE or var.startswith(PREFIXES)
 
 
+# a value shorter is no secret worth its mask (masking it would blank out ordinary words, and a
+# bad value the tool's own error quotes, `MEGATRON_ENV_MIN_FREE_GB='abc'`, would say nothing)
+MIN_SECRET = 4
 _MASKED = re.compile(r"<redacted(?:: \d+ chars)?>")
 # a reference to another variable (`$NCCL_IFACE`, `${HOME}`), not a value; a mask already made
 _REFERENCE = re.compile(r"\$\{?[A-Za-z_]\w*\}?")
 
 
 def plainly_harmless(value: str) -> bool:
-    """What no name makes a secret: empty, a boolean, an integer of at most 6 digits, a
-    reference to a variable, a mask."""
+    """What no name makes a secret: shorter than MIN_SECRET, a boolean, an integer of at most
+    6 digits, a reference to a variable, a mask."""
     v = value.strip()
-    return not v or v.lower() in _BOOL or v.lower() in ("none", "null", "(null)") or (
+    return len(v) < MIN_SECRET or v.lower() in _BOOL or v.lower() in ("none", "null", "(null)") or (
         _INT.fullmatch(v) is not None and len(v.lstrip("-")) <= 6) or _REFERENCE.fullmatch(
         v) is not None or _MASKED.fullmatch(v) is not None
 
