@@ -64,14 +64,19 @@ def detect_secrets(tmp: Path) -> Reported | None:
 
 
 def credsweeper(tmp: Path) -> Reported | str:
+    """credsweeper as a redactor: the one beside this Python where it is installed, else one
+    installed into a throwaway environment."""
+    exe = Path(sys.executable).parent / "credsweeper"
     venv = tmp / "credsweeper-venv"
-    try:
-        subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True,
-                       capture_output=True, timeout=300)
-        subprocess.run(["uv", "pip", "install", "-q", "-p", str(venv), "credsweeper"],
-                       check=True, capture_output=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"not installed: {type(e).__name__}"
+    if not exe.exists():
+        try:
+            subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True,
+                           capture_output=True, timeout=300)
+            subprocess.run(["uv", "pip", "install", "-q", "-p", str(venv), "credsweeper"],
+                           check=True, capture_output=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"not installed: {type(e).__name__}"
+        exe = venv / "bin" / "credsweeper"
 
     def run(texts: list[str]) -> list[list[str]]:
         cases = tmp / "cases"
@@ -80,7 +85,7 @@ def credsweeper(tmp: Path) -> Reported | str:
         for i, text in enumerate(texts):
             (cases / f"{i:05d}.txt").write_text(text)
         report = tmp / "credsweeper.json"
-        subprocess.run([str(venv / "bin" / "credsweeper"), "--path", str(cases), "--save-json",
+        subprocess.run([str(exe), "--path", str(cases), "--save-json",
                         str(report)], check=True, capture_output=True, timeout=3600)
         found: list[list[str]] = [[] for _ in texts]
         for cand in json.loads(report.read_text()):

@@ -212,7 +212,8 @@ def test_no_generated_secret_survives_text(planted, where):
     text = _contain(where, x)
     out = redact.text(text, {})
     assert not _leaks(out, secrets), (text, out)
-    assert redact.REDACTED in out or "***" in out
+    # a governed variable's value that does not parse prints as its shape (redact.envtypes)
+    assert redact.REDACTED in out or "***" in out or "<redacted: " in out
     if where == "json":
         assert json.loads(out)["step"] == 1  # still a JSON document
 
@@ -257,7 +258,10 @@ LOOKALIKES = [
 @TEXT
 @given(keep=st.sampled_from(LOOKALIKES), where=st.sampled_from(sorted(CONTAINERS)))
 def test_lookalikes_are_kept(keep, where):
-    text = _contain(where, keep)
+    # under an NCCL_/TORCH_ name the value is typed (redact.envtypes: an unknown name shows its
+    # value's shape); the look-alikes are judged as text under a name nothing governs
+    text = _contain(where, keep).replace("NCCL_PLANTED", "PLANTED_REF").replace(
+        "TORCH_PLANTED", "PLANTED_CMD")
     assert redact.text(text, {}) == text
 
 

@@ -20,7 +20,7 @@ VALUES = [v for v in (FIXTURES / "harmless" / "values.txt").read_text().splitlin
 
 
 def _forms(v: str) -> list[str]:
-    return [v, f"[rank0]: step 10 {v} done", f"NCCL_PLANTED={v}",
+    return [v, f"[rank0]: step 10 {v} done", f"PLANTED_REF={v}",
             json.dumps({"value": v, "n": 1}, indent=2)]
 
 

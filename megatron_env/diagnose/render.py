@@ -3,7 +3,9 @@
 Why a step of its own: the events keep log lines whole (bounded only by the line reader's
 limit), because a line cut before redaction can keep half a secret that no longer looks like
 one (`https://user:pass` without its `@host`). Cutting for people is presentation, so it is
-done last, on text that has already been through `redact.text`.
+done last, on text that has already been through the redaction. What a log said is quoted by
+what it is (`redact.quoted`, `redact.Evidence`): a token that reads as none of the harmless
+kinds is masked, whatever syntax carried it.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def shown(findings: list[Finding], family: bool = False) -> list[Finding]:
     """The findings as printed: summary, evidence and fix redacted, then cut to length; with
     `family`, a failing finding's fix ends with its family and what that means (for people:
     JSON has the family as `kind`)."""
-    return [Finding(f.id, f.status, cut_middle(redact.text(f.summary), SUMMARY),
-                    [cut(e, EVIDENCE) for e in map(redact.Lines(), f.evidence)],  # in context
+    return [Finding(f.id, f.status, cut_middle(redact.quoted(f.summary), SUMMARY),
+                    [cut(e, EVIDENCE) for e in map(redact.Evidence(), f.evidence)],  # in context
                     redact.text(f.fix) + (_family(f) if family else ""), f.kind)
             for f in findings]
 

@@ -32,15 +32,15 @@ import os
 import re
 from collections.abc import Mapping
 
-from megatron_env.redact import context, shape, structure
+from megatron_env.redact import context, envtypes, shape, structure, tokens
 from megatron_env.redact.names import is_secret_name, name_kind
 from megatron_env.redact.shape import REDACTED, random_looking
 from megatron_env.redact.structure import mask_urls, secret_value
 
-__all__ = ["REDACTED", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind",
-           "random_looking", "scrub", "secret_value", "text", "variables"]
+__all__ = ["REDACTED", "Evidence", "Lines", "cut", "is_secret_name", "mask_urls", "name_kind",
+           "quoted", "random_looking", "scrub", "secret_value", "text", "variables"]
 
-_MIN_SECRET = 4  # a shorter environment value would blank out ordinary words
+_MIN_SECRET = envtypes.MIN_SECRET
 # a JSON Web Key's private members (RFC 7518 6.2.2, 6.3.2, 6.4.1): short names no rule knows
 _JWK_PRIVATE = frozenset({"d", "p", "q", "dp", "dq", "qi", "k", "oth", "r", "t"})
 # the names under which a number is a password: unambiguous ones (`pass`, `passes` are counts,
@@ -60,7 +60,13 @@ def _walk(obj: object, environ: Mapping[str, str], name: object = None,
         if jwk and name in _JWK_PRIVATE and obj:
             return REDACTED
         kind = name_kind(name) if isinstance(name, str) else None
-        return REDACTED if secret_value(kind, obj.strip()) else _text(obj, environ)
+        if secret_value(kind, obj.strip()):
+            return REDACTED
+        if isinstance(name, str) and envtypes.governed(name) and not envtypes.parses(name, obj):
+            return envtypes.shape(obj)  # `{"NCCL_X": "..."}`: a variable's value by its type
+        if isinstance(name, str) and kind is None and shape.KEPT_ID.fullmatch(f"{name}={obj}"):
+            return obj  # `{"request_id": "..."}`: a generated id in its place
+        return _text(obj, environ)
     if isinstance(obj, (int, float)) and not isinstance(obj, bool) and isinstance(name, str) \
             and _NUMBER_SECRET.search(name):
         return REDACTED  # `"password": 1234`: a PIN is a number
@@ -101,7 +107,7 @@ def _text(s: str, environ: Mapping[str, str]) -> str:
     if "\n" in s.rstrip("\n"):
         s = context.mask_text(s)
     s = shape.mask(structure.mask(s), lambda t: _text(t, environ))
-    return _environment(s, environ)
+    return _environment(envtypes.mask(s), environ)
 
 
 def text(s: str, environ: Mapping[str, str] | None = None) -> str:
@@ -123,8 +129,14 @@ def cut(s: str, width: int, environ: Mapping[str, str] | None = None) -> str:
 
 
 def variables(environ: Mapping[str, str]) -> dict[str, str]:
-    """Each variable, sorted, its value redacted (a secret name's) or passed through `text`."""
-    return {k: REDACTED if secret_value(name_kind(k), v) else text(v, environ)
+    """Each variable, sorted, its value as printed: `<redacted>` for a secret name's (or the
+    value of one), its shape (`<redacted: 24 chars>`) where it does not parse as what the
+    variable can hold (megatron_env.redact.envtypes: a name it does not know holds nothing
+    it can show), else passed through `text`."""
+    secrets = {v for k, v in environ.items()
+               if len(v) >= _MIN_SECRET and secret_value(name_kind(k), v)}
+    return {k: REDACTED if secret_value(name_kind(k), v) or v in secrets else
+            text(v, environ) if envtypes.parses(k, v) else envtypes.shape(v)
             for k, v in sorted(environ.items())}
 
 
@@ -154,3 +166,17 @@ class Lines:
         if "-----BEGIN " in line and "-----END " not in line:
             self.inside = True
         return text(line, self.environ)
+
+
+def quoted(s: str, environ: Mapping[str, str] | None = None) -> str:
+    """`text`, then pass 4 for text quoted from a log that triage did not parse (a finding's
+    summary and evidence): every token that is none of the harmless kinds is masked
+    (megatron_env.redact.tokens)."""
+    return tokens.mask(text(s, environ))
+
+
+class Evidence(Lines):
+    """`Lines` for a finding's evidence, each line then through pass 4 (`quoted`)."""
+
+    def __call__(self, line: str) -> str:
+        return tokens.mask(super().__call__(line))

@@ -102,7 +102,7 @@ def _harmless_piece(p: str) -> bool:
     network interface's name (`enp220s0np0`, `ib0`), a temporary file's, a generated name's
     (`_GENERATED_PIECE`)."""
     if not p or _HEX.fullmatch(p) or _NIC.fullmatch(p) or _TEMP.fullmatch(p) or (
-            _GENERATED_PIECE.fullmatch(p)):
+            _GENERATED_PIECE.fullmatch(p)) or harmless_id(p):
         return True
     digits = sum(c.isdigit() for c in p)
     return digits * 2 >= len(p) and _NUMBERISH.fullmatch(p) is not None and len(
@@ -194,11 +194,23 @@ def _decoded(seg: str, redact: Callable[[str], str]) -> str | None:
     return "harmless" if _WORD.search(plain) else None
 
 
+def harmless_whole(chunk: str) -> bool:
+    """A chunk kept whole by what it is: a host name, a mangled C++ symbol, NCCL's
+    `host:pid:tid`."""
+    return _HOST.fullmatch(chunk) is not None or _MANGLED.fullmatch(chunk) is not None or (
+        _NCCL_PREFIX.fullmatch(chunk) is not None)
+
+
+def nic(piece: str) -> bool:
+    """A network interface's name (`enp220s0np0`, `enP43105s1`, `ib0`)."""
+    return _NIC.fullmatch(piece.lower()) is not None
+
+
 def _whole(chunk: str, redact: Callable[[str], str]) -> str | None:
     """The verdict on a chunk as a whole, where it has one: kept (a host name, a mangled C++
     symbol, NCCL's `host:pid:tid`, base64 of harmless text) or masked (base64 or
     percent-encoding of a secret); None: judged segment by segment."""
-    if _HOST.fullmatch(chunk) or _MANGLED.fullmatch(chunk) or _NCCL_PREFIX.fullmatch(chunk):
+    if harmless_whole(chunk):
         return chunk
     decoded = _decoded(chunk, redact) if len(chunk) >= 12 else None
     if decoded == "harmless":
@@ -298,6 +310,57 @@ def _mark(seg: str) -> str:
     return "neutral" if len(seg) <= 8 else "clean"
 
 
+# ------------------------------------------------------------------ generated ids, a family
+# Ids that tools generate are recognised by their alphabet, their length and, where the grammar
+# has one, a check of their own: a time-ordered id's time lies in a plausible range (ULID: 48
+# bits of milliseconds in Crockford base32, 2015-2040), a content id decodes to a multihash of
+# the length its code says (CIDv0 `Qm...` in base58, CIDv1 `b...` in base32). A random
+# upper-case secret of a ULID's alphabet and length passes about one time in 1,500 (its first
+# character and its time), a CID's multihash bytes about never. Ids whose grammar has no check
+# (a KSUID: 27 base62, any time passes one time in 14; a snowflake, a serial, a request id in
+# base64) are kept by their place (`KEPT_ID`: after a key that names an id) or by their kind
+# (digits, hex: harmless forms already).
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+_ULID = re.compile(r"[0-7][0-9A-HJKMNP-TV-Z]{25}")
+_CID0 = re.compile(r"Qm[1-9A-HJ-NP-Za-km-z]{44}")
+_CID1 = re.compile(r"b[a-z2-7]{58,}")
+_MS_2015, _MS_2040 = 1_420_070_400_000, 2_208_988_800_000
+
+
+def _number(s: str, alphabet: str) -> int:
+    n = 0
+    for c in s:
+        n = n * len(alphabet) + alphabet.index(c)
+    return n
+
+
+def harmless_id(tok: str) -> bool:
+    """A generated id by its grammar and its own check (above): a ULID whose time is
+    2015-2040, a CIDv0/CIDv1 that decodes to a sha2-256 multihash."""
+    n = len(tok)
+    if n == 26 and _ULID.fullmatch(tok):
+        return _MS_2015 <= _number(tok[:10], _CROCKFORD) <= _MS_2040
+    if n == 46 and _CID0.fullmatch(tok):
+        return _number(tok, _B58).to_bytes(35, "big")[1:3] == b"\x12\x20"
+    if n >= 59 and _CID1.fullmatch(tok):
+        try:
+            raw = base64.b32decode(tok[1:].upper() + "=" * (-len(tok[1:]) % 8))
+        except (binascii.Error, ValueError):
+            return False
+        return raw[:1] == b"\x01" and b"\x12\x20" in raw[1:4] and len(raw) >= 36
+    return False
+
+
+# an id by its place: the value after a key that names an id of a request, a trace, a run, a
+# job ... (never a credential's: `session_id`, `secret_id`, `key_id` are not among them)
+_ID_KEY = (r"(?i:\b(?:x-)?(?:request|req|trace|span|correlation|run|job|task|object|build|"
+           r"commit|instance|device|container|pod|image|event|message|upload|operation|"
+           r"execution|submission|workflow|artifact|deployment|revision|amz-request|"
+           r"amz-cf|cf-ray|activity|invocation|transaction|serial)[ _-]?(?:id|number|no)\b)")
+KEPT_ID = re.compile(_ID_KEY + r"[\"']?[ \t]*[:=][ \t]*[\"']?[A-Za-z0-9+/_=.-]{4,96}")
+
+
 # generated names by their grammar where they are printed, kept whole: a Kubernetes pod's
 # ReplicaSet hash and suffix (its alphabet has no vowels, no 0, 1, 3), a Ray submission id, SRI
 # and go.sum digests (`sha512-<base64>`, `h1:<base64>`), S3's extended request id, a tracker's
@@ -309,9 +372,10 @@ _KEPT = re.compile(
     r"|(?<![\w-])(?:sha(?:1|256|384|512)-|h1:)[A-Za-z0-9+/]{27,86}={0,2}(?![\w+/=-])"
     r"|(?i:x-amz-id-2|extended request id)[\"']?[ \t]*[:=][ \t]*[\"']?[A-Za-z0-9+/]{40,}={0,2}"
     r"|/runs/[a-z0-9]{8}(?![\w-])|/(?:d|d-solo|uid)/[A-Za-z0-9_-]{9,14}(?=/|\?|[\s\"']|$)"
-    r"|/archive-v0/(?:[A-Za-z0-9_-]{21}|[A-Za-z0-9_-]{16})(?![\w-])|/var/folders/\w{2}/\w{30}/T/")
+    r"|/archive-v0/(?:[A-Za-z0-9_-]{21}|[A-Za-z0-9_-]{16})(?![\w-])|/var/folders/\w{2}/\w{30}/T/"
+    r"|" + KEPT_ID.pattern)
 _KEPT_HINT = ("-", "raysubmit", "h1:", "amz", "equest", "/runs/", "/d", "/uid/", "archive",
-              "/var/folders/")
+              "/var/folders/", "id", "Id", "ID", "erial", "umber")
 
 
 def _chunks(s: str, redact: Callable[[str], str]) -> str:

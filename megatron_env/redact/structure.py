@@ -181,7 +181,7 @@ _VALUE = (r"(?P<scheme>(?:[Bb]asic|BASIC|[Bb]earer|BEARER|[Tt]oken|TOKEN|[Dd]ige
 # separator `=`, `:`, `=>`, a full-width colon, `is:`, with spaces or no-break spaces around
 _KV = re.compile(
     r"(?P<key>(?<![\w.-])(?:(?P<dash>--?)|[bBuU]?(?P<kq>\\{0,3}[\"'])?)(?P<name>[^\W\d][\w.-]*)"
-    r"(?(kq)(?P=kq)))(?P<sep>[ \t\u00a0]*(?:=>|[:=\uff1a])[ \t\u00a0]*|[ \t]+is[ \t]*:[ \t]*|"
+    r"(?(kq)(?P=kq)))(?P<sep>[ \t\u00a0]*(?:=>|->|:=|[:=\uff1a])[ \t\u00a0]*|[ \t]+is[ \t]*:[ \t]*|"
     r"(?(dash)[ \t]+(?!-)|(?!)))(?=" + _VALUE + ")", re.M)
 _SPACE = re.compile(r"[\s\"'`]")
 # `NAME=value` (an env file) or `name: value` (YAML) on a line of its own, or after what a log
