@@ -1,9 +1,8 @@
 """On a GPU, the built kernels proven by one small call each, not only imported:
 scripts/gpu_health.py run once on one GPU (a small GEMM, no attention timing), and its
 `kernel.<check>` findings read for the kernels the setup built (each recipe names its check,
-Recipe.gpu_check: flash-attn's causal forward, apex's FusedLayerNorm, Transformer Engine's
-Linear against PyTorch). `verdicts` is pure: a gpu_health results document in, a verdict per
-kernel out; `run` is the one call of the program."""
+Recipe.gpu_check: one small call of the package against PyTorch). `verdicts` is pure: a
+gpu_health results document in, a verdict per kernel out; `run` is the one call of the program."""
 
 from __future__ import annotations
 
