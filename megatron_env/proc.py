@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from megatron_env import redact
+from megatron_env import interrupts, redact
 
 
 @dataclass(frozen=True)
@@ -76,32 +76,44 @@ def run(
     exe = args[0]
     if os.sep not in exe and which(exe, path=(env or os.environ).get("PATH")) is None:
         return Result(args, 127, "", f"{exe}: command not found", missing=True)
-    try:
-        if stream:
+    if stream:
+        try:
             return _run_streaming(args, cwd, env, timeout, log, on_line)
+        except FileNotFoundError:
+            return Result(args, 127, "", f"{exe}: command not found", missing=True)
+        except PermissionError as e:
+            return Result(args, 126, "", f"{exe}: {e}")
+    child: subprocess.Popen[str] | None = None
+    try:
         with (stdin_file.open("rb") if stdin_file is not None and input is None
-              else contextlib.nullcontext(None if input is not None else subprocess.DEVNULL)
-              ) as stdin:
-            cp = subprocess.run(
-                args,
-                cwd=cwd,
-                env=dict(env) if env is not None else None,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout,
-                input=input,
-                stdin=stdin,
-            )
+              else contextlib.nullcontext(subprocess.PIPE if input is not None
+                                          else subprocess.DEVNULL)) as stdin:
+            with interrupts.held():  # the child is held before an interrupt is raised
+                child = subprocess.Popen(args, cwd=cwd, env=dict(env) if env is not None else None,
+                                         stdin=stdin, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, errors="replace")
+            try:
+                out, err = child.communicate(input, timeout=timeout)
+            except subprocess.TimeoutExpired as e:
+                # killed and reaped; not read to its end (a grandchild may hold the pipe open):
+                # the output so far is what communicate gathered before the timeout
+                child.kill()
+                child.wait()
+                so_far = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (
+                    e.stdout or "")
+                return Result(args, 124, so_far, f"{exe}: timed out after {timeout}s",
+                              timed_out=True)
     except FileNotFoundError:
         return Result(args, 127, "", f"{exe}: command not found", missing=True)
     except PermissionError as e:
         return Result(args, 126, "", f"{exe}: {e}")
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
-        return Result(args, 124, out, f"{exe}: timed out after {timeout}s", timed_out=True)
-    _interrupted(cp.returncode)
-    result = Result(args, cp.returncode, cp.stdout, cp.stderr)
+    except BaseException:  # an interrupt or SIGTERM of this process: the child goes with it
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        raise
+    _interrupted(child.returncode)
+    result = Result(args, child.returncode, out, err)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(redact.text(f"$ {' '.join(args)}\n{result.output}"))
@@ -116,14 +128,17 @@ def feed(argv: Sequence[str | os.PathLike[str]], produce: Callable[[IO[bytes]], 
     reading ends the feed, and its exit status and output say why."""
     args = tuple(str(a) for a in argv)
     with tempfile.TemporaryFile() as out:
+        p: subprocess.Popen[bytes] | None = None
         try:
-            p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                                 env=dict(env) if env is not None else None,
-                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        except FileNotFoundError:
-            return Result(args, 127, "", f"{args[0]}: command not found", missing=True)
-        assert p.stdin is not None
-        try:
+            try:
+                with interrupts.held():  # the child is held before an interrupt is raised
+                    p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=out,
+                                         stderr=subprocess.STDOUT,
+                                         env=dict(env) if env is not None else None,
+                                         preexec_fn=_DIE_WITH_PARENT)
+            except FileNotFoundError:
+                return Result(args, 127, "", f"{args[0]}: command not found", missing=True)
+            assert p.stdin is not None
             try:
                 produce(p.stdin)
                 p.stdin.close()
@@ -131,12 +146,27 @@ def feed(argv: Sequence[str | os.PathLike[str]], produce: Callable[[IO[bytes]], 
                 pass  # the child stopped reading: its status and output say why
             rc = p.wait()
         except BaseException:
-            p.kill()
-            p.wait()
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
             raise
         _interrupted(rc)
         out.seek(0)
         return Result(args, rc, out.read().decode(errors="replace"), "")
+
+
+def _logged(fh: IO[str], line: str) -> IO[str] | None:
+    """`line` written to the log `fh`; None (no more logging) where the log cannot be written:
+    a log on the disk the child is filling (beside the environment uv installs) must not end
+    the run in this process's own write error. The output is still kept in memory and shown."""
+    try:
+        fh.write(line)
+        fh.flush()
+    except OSError:
+        with contextlib.suppress(OSError):
+            fh.close()
+        return None
+    return fh
 
 
 def _interrupted(returncode: int) -> None:
@@ -163,27 +193,27 @@ def _run_streaming(args: tuple[str, ...], cwd: str | Path | None, env: Mapping[s
                    on_line: Callable[[str], object] | None = None) -> Result:
     lines: list[str] = []
     scrub = redact.Lines()  # one per stream: a PEM block's lines are masked until its END
-    fh = log.open("w") if log is not None else None
+    fh: IO[str] | None = log.open("w") if log is not None else None
     p: subprocess.Popen[str] | None = None
     try:
-        p = subprocess.Popen(
-            args,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-        )
+        with interrupts.held():  # the child is held before an interrupt is raised
+            p = subprocess.Popen(
+                args,
+                preexec_fn=_DIE_WITH_PARENT,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+            )
         assert p.stdout is not None
         for line in p.stdout:
             lines.append(line)
             shown = scrub(line)
             if fh:
-                fh.write(shown)
-                fh.flush()
+                fh = _logged(fh, shown)
             if on_line is None:
                 sys.stderr.write(shown)  # progress of a tool: status, not a result
                 sys.stderr.flush()
@@ -200,3 +230,6 @@ def _run_streaming(args: tuple[str, ...], cwd: str | Path | None, env: Mapping[s
         if fh:
             fh.close()
     return Result(args, rc, "".join(lines), "")
+
+
+_DIE_WITH_PARENT = _die_with_parent if sys.platform == "linux" else None

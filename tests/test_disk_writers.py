@@ -146,7 +146,9 @@ def test_env_filling_its_disk_is_said_once_as_a_full_disk(small_fs, wheelhouse):
     r = _run("env", "--profile", "core_v0.4.0-cu121", "--prefix", str(mnt / "env"),
              "--find-links", str(wheelhouse), "--no-index", MEGATRON_ENV_MIN_FREE_GB="0")
     assert r.returncode == 2, r.stderr[-3000:]
-    (err,) = [x for x in r.stderr.splitlines() if x.startswith("error: no space")]
+    said = [x for x in r.stderr.splitlines() if x.startswith("error: no space")]
+    assert len(said) == 1, r.stderr[-3000:]
+    err = said[0]
     assert err.startswith(f"error: no space on {mnt} for the packages of requirements.lock: ")
     assert err.endswith(" free") and int(err.split(": ")[-1].split()[0]) > 250, err  # ~300 MiB
     (hint,) = [x for x in r.stderr.splitlines() if x.startswith("hint: ")]

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from megatron_env import files, output
+from megatron_env import files, interrupts, output
 from megatron_env.pyenv import manifest
 
 ASIDE = ".megatron-env-repair"  # in the environment's root, beside bin/ and lib/
@@ -40,30 +40,37 @@ def reinstalling(root: Path, sites: list[str], names: set[str],
     where = root / ASIDE
     files.remove(where)  # a killed repair's (the environment's lock is held: it is dead)
     where.mkdir()
-    kept, absent = _installed(sites, names)
-    # what the directories holding them held besides (uv's temporary files, a half-written
-    # package of the reinstall are removed on the way back; nothing else is touched)
-    listed = {d: sorted(os.listdir(d)) for d in {os.path.dirname(p) for p in kept}}
-    index = {}
-    for i, path in enumerate(kept):
-        try:
-            os.link(path, where / str(i))
-        except OSError:  # a file system without hard links
-            shutil.copy2(path, where / str(i))
-        index[str(i)] = path
-    (where / "index.json").write_text(json.dumps({"files": index, "absent": absent,
-                                                  "listed": listed}))
+    try:
+        kept, absent = _installed(sites, names)
+        # what the directories holding them held besides (uv's temporary files, a half-written
+        # package of the reinstall are removed on the way back; nothing else is touched)
+        listed = {d: sorted(os.listdir(d)) for d in {os.path.dirname(p) for p in kept}}
+        index = {}
+        for i, path in enumerate(kept):
+            try:
+                os.link(path, where / str(i))
+            except OSError:  # a file system without hard links
+                shutil.copy2(path, where / str(i))
+            index[str(i)] = path
+        (where / "index.json").write_text(json.dumps({"files": index, "absent": absent,
+                                                      "listed": listed}))
+    except BaseException:  # interrupted before the reinstall began: nothing was changed
+        with interrupts.held():
+            shutil.rmtree(where, ignore_errors=True)
+        raise
     try:
         yield
     except BaseException as e:
-        _put_back(sites, names, where, index, absent, listed)
-        why = ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
-        echo(f"repair {why}: the reinstall of {', '.join(sorted(names))} was undone, "
-             f"{len(index)} file(s) put back: the environment is as it was before the repair "
-             "(the next run repairs it)")
+        with interrupts.held():  # a second Ctrl-C cuts neither the putting back nor its word
+            _put_back(sites, names, where, index, absent, listed)
+            why = ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+            echo(f"repair {why}: the reinstall of {', '.join(sorted(names))} was undone, "
+                 f"{len(index)} file(s) put back: the environment is as it was before the "
+                 "repair (the next run repairs it)")
         raise
     finally:
-        shutil.rmtree(where, ignore_errors=True)
+        with interrupts.held():  # an interrupt as the repair ends leaves no set-aside behind
+            shutil.rmtree(where, ignore_errors=True)
 
 
 def _put_back(sites: list[str], names: set[str], where: Path, index: dict[str, str],

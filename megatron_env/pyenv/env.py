@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megatron_env import digest, files, mutex, output, proc, project
+from megatron_env import digest, files, mutex, output, proc, project, redact
 from megatron_env.errors import UserError
 from megatron_env.profile import Profile
 from megatron_env.pyenv import aside, audit, lock, lock_conda, manifest, uv
@@ -179,7 +179,7 @@ def uv_install_lock(python: Path, lockfile: Path, sources: Sources, log: Path,
     if not r.ok:
         text = r.output
         # the log lies beside (or in) what a failed install removes: a copy that outlives it
-        kept = _kept(log)
+        kept = _kept(text)
         said = f"full log: {kept}" if kept else "uv's output is above"
         if files.said_full(text):  # the disk, not the index: said as every writer says it
             where = python.parent.parent
@@ -198,14 +198,16 @@ def uv_install_lock(python: Path, lockfile: Path, sources: Sources, log: Path,
                             f"original files; {said}", kind="env.install-failed")
 
 
-def _kept(log: Path) -> Path | None:
-    """A copy of `log` in the temporary directory, where it outlives the failed environment
-    (or temporary directory) it was written in; None where even that cannot be written."""
+def _kept(output: str) -> Path | None:
+    """uv's output, masked, in a file of its own in the temporary directory, where it outlives
+    the failed environment (or temporary directory) its log was written in, and is whole where
+    that log could not be (a disk that filled stops the log, not the output held here); None
+    where even that cannot be written."""
     name = None
     try:
         fd, name = tempfile.mkstemp(prefix="megatron-env-uv-", suffix=".log")
-        with os.fdopen(fd, "wb") as out:
-            out.write(log.read_bytes() if log.exists() else b"")
+        with os.fdopen(fd, "w") as out:
+            out.write(redact.text(output))
     except OSError:  # a full temporary directory too: no copy, not half of one
         if name:
             Path(name).unlink(missing_ok=True)
