@@ -1,7 +1,9 @@
 """scripts/gpu_health.py's Transformer Engine check, on the CPU.
 
-TE needs a GPU, so a stand-in package takes its place at the import boundary: te.Linear and
-te.LayerNormLinear as plain bf16 torch modules (what TE computes, without its kernels). The check's
+TE needs a GPU, so a stand-in package takes its place at the import boundary: te.Linear,
+te.LayerNormLinear and te.DotProductAttention as plain bf16 torch modules (what TE computes,
+without its kernels; the attention raising, where asked, the error TE raised on an H100 node,
+bench/results/2026-12-06-h100-converge/4-preflight.txt). The check's
 own comparison against fp32 PyTorch is what runs for real: a faithful module passes, one whose
 output carries a NaN or is 5% off fails, an absent TE is a skip, a TE whose PyTorch part does not
 import is a failure that says why."""
@@ -41,14 +43,34 @@ class LayerNormLinear(Linear):
     def forward(self, x):
         x = F.layer_norm(x, x.shape[-1:], self.layer_norm_weight, self.layer_norm_bias, self.eps)
         return super().forward(x)
+
+class DotProductAttention(torch.nn.Module):
+    def __init__(self, heads, head_dim, attn_mask_type="causal", qkv_format="bshd"):
+        super().__init__()
+        assert attn_mask_type == "causal" and qkv_format == "bshd"
+
+    def forward(self, q, k, v):
+        ATTENTION_RAISES()
+        o = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True)
+        return SPOIL(o.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1))
 '''
 
+#: what TE's fused attention raised on the H100 node (4-preflight.txt there, path shortened)
+H100_ERROR = ("/tmp/build/transformer_engine/common/fused_attn/fused_attn_f16_arbitrary_seqlen.cu"
+              ":419 in function operator(): cuDNN Error: CUDNN_BACKEND_TENSOR_DESCRIPTOR "
+              "cudnnFinalize failedptrDesc->finalize() cudnn_status: "
+              "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED. For more information, enable cuDNN error "
+              "logging by setting CUDNN_LOGERR_DBG=1 and CUDNN_LOGDEST_DBG=stderr in the "
+              "environment.")
 
-def plant(root: Path, spoil: str = "lambda y: y", pytorch: str | None = None) -> None:
+
+def plant(root: Path, spoil: str = "lambda y: y", pytorch: str | None = None,
+          attention_raises: str = "lambda: None") -> None:
     pkg = root / "transformer_engine"
     (pkg / "pytorch").mkdir(parents=True)
     (pkg / "__init__.py").write_text('__version__ = "2.17.1"\n')
-    body = pytorch if pytorch is not None else f"SPOIL = {spoil}\n" + textwrap.dedent(STAND_IN)
+    body = pytorch if pytorch is not None else (
+        f"SPOIL = {spoil}\nATTENTION_RAISES = {attention_raises}\n" + textwrap.dedent(STAND_IN))
     (pkg / "pytorch" / "__init__.py").write_text(body)
 
 
@@ -72,7 +94,9 @@ def test_faithful_bf16_modules_pass(tmp_path, monkeypatch, clean_modules):
     assert r["status"] == "pass" and r["version"] == "2.17.1" and r["finite"]
     assert set(r["errors"]) == {"Linear.out", "Linear.dgrad", "Linear.grad0", "Linear.grad1",
                                 "LayerNormLinear.out", "LayerNormLinear.dgrad",
-                                *(f"LayerNormLinear.grad{i}" for i in range(4))}
+                                *(f"LayerNormLinear.grad{i}" for i in range(4)),
+                                "DotProductAttention.out", "DotProductAttention.dq",
+                                "DotProductAttention.dk", "DotProductAttention.dv"}
     assert 0 < r["rel_err"] < 1e-2 and 0 < r["grad_rel_err"] < 1e-2  # bf16 rounding, not zero
 
 
@@ -96,6 +120,33 @@ def test_absent_is_a_skip_and_broken_is_a_failure(tmp_path, monkeypatch, clean_m
     assert r["status"] == "fail" and "ModuleNotFoundError" in r["why"]
     finding = gpu_health.judge(_report(r))[-1]
     assert finding["status"] == "fail" and "does not import" in finding["summary"]
+
+
+def test_attention_that_raises_fails_with_its_error_and_the_cudnn_hint(tmp_path, monkeypatch,
+                                                                      clean_modules):
+    """Before: the check called te.Linear and te.LayerNormLinear only, so the H100 node whose
+    TE fused attention raised CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED passed it ("ready")."""
+    (tmp_path / "h100_error.txt").write_text(H100_ERROR)
+    raises = (f"lambda: (_ for _ in ()).throw(RuntimeError(open({str(tmp_path / 'h100_error.txt')!r})"
+              ".read()))")
+    r = check(tmp_path, monkeypatch, attention_raises=raises)
+    assert r["status"] == "fail", r
+    assert r["why"].startswith("DotProductAttention raised RuntimeError: ") and (
+        "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED" in r["why"]), r["why"]
+    finding = gpu_health.judge(_report(r))[-1]
+    assert finding["id"] == "kernel.transformer_engine" and finding["status"] == "fail"
+    assert "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED" in finding["summary"]
+    assert "CUDNN_LOGERR_DBG=1" in finding["fix"] and "--attention-backend flash" in finding["fix"]
+
+
+def test_attention_a_little_off_fails(tmp_path, monkeypatch, clean_modules):
+    """Attention's own tolerance (2e-2 on gradients) is not loose enough to pass 5% off."""
+    plant(tmp_path, spoil="lambda y: y")
+    src = (tmp_path / "transformer_engine" / "pytorch" / "__init__.py")
+    src.write_text(src.read_text().replace("return SPOIL(o.transpose", "return 1.05 * SPOIL(o.transpose"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = gpu_health.te_check(torch, torch.device("cpu"), tokens=64, hidden=128, features=96)
+    assert r["status"] == "fail" and 0.04 < r["errors"]["DotProductAttention.out"] < 0.06, r
 
 
 def _report(kernel: dict) -> dict:
