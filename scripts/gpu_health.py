@@ -292,12 +292,14 @@ def te_check(torch, dev, tokens=2048, hidden=4096, features=4096) -> dict:
             lambda x, g, b, w, c: F.linear(F.layer_norm(x, (hidden,), g, b, 1e-5), w, c),
             [lnl.layer_norm_weight, lnl.layer_norm_bias, lnl.weight, lnl.bias])
     version = getattr(transformer_engine, "__version__", None)
-    try:
-        te_attention(torch, te, dev, errs)
-    except Exception as e:  # noqa: BLE001 - the kernel cannot run: said with its first line
-        return {"status": "fail", "version": version, "errors": errs,
-                "why": f"DotProductAttention raised {type(e).__name__}: "
-                       f"{(str(e).strip().splitlines() or [''])[0]}"}
+    for what, call in (("torch's own cuDNN, with TE imported,", torch_cudnn),
+                       ("DotProductAttention", te_attention)):
+        try:
+            call(torch, te, dev, errs)
+        except Exception as e:  # noqa: BLE001 - the kernel cannot run: said with its first line
+            return {"status": "fail", "version": version, "errors": errs,
+                    "why": f"{what} raised {type(e).__name__}: "
+                           f"{(str(e).strip().splitlines() or [''])[0]}"}
     # NaN compares false with any tolerance: a non-finite error is a failure, named as such
     finite = all(math.isfinite(e) for e in errs.values())
     within = all(e < (2e-2 if k.startswith("DotProductAttention.d") else 1e-2)
@@ -306,6 +308,21 @@ def te_check(torch, dev, tokens=2048, hidden=4096, features=4096) -> dict:
             "rel_err": max(e for k, e in errs.items() if k.endswith(".out")),
             "grad_rel_err": max(e for k, e in errs.items() if not k.endswith(".out")),
             "errors": errs, "finite": finite}
+
+
+def torch_cudnn(torch, te, dev, errs) -> None:
+    """torch's own cuDNN once TE is imported: its version check, and on a GPU one cuDNN SDPA
+    call. TE loads a cuDNN of its own choosing RTLD_GLOBAL; where that is another copy than
+    torch's (a system libcudnn9 beside the nvidia-cudnn wheel), torch's check raised "compiled
+    against (9, 19, 0) but found runtime version (9, 14, 0)" on an H100 node
+    (bench/results/2026-12-06-h100-te-cudnn) while TE's own calls passed."""
+    torch.backends.cudnn.version()  # raises on a mismatch
+    attention = getattr(torch.nn, "attention", None)
+    if dev.type != "cuda" or not hasattr(attention, "SDPBackend"):
+        return
+    q = torch.randn(1, 2, 128, 64, device=dev, dtype=torch.bfloat16)
+    with attention.sdpa_kernel(attention.SDPBackend.CUDNN_ATTENTION):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
 
 
 def te_attention(torch, te, dev, errs, batch=2, seq=256, heads=4, head_dim=128) -> None:
@@ -328,9 +345,10 @@ def te_attention(torch, te, dev, errs, batch=2, seq=256, heads=4, head_dim=128) 
 
 # cuDNN's own status in a kernel's error: the library failed inside the call, not the build's
 # numbers; its debug log names the library (a sub-library cuDNN could not load, an engine)
-CUDNN_FIX = ("cuDNN failed inside the call: rerun with CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr "
-             "to see which of its libraries; meanwhile Megatron can train with "
-             "--attention-backend flash")
+CUDNN_FIX = ("cuDNN failed inside the call; a second cuDNN beside torch's (a system libcudnn9 "
+             "package) is the usual cause: CUDNN_PATH=<site-packages>/nvidia/cudnn points TE at "
+             "torch's (megatron-env's TE build does so itself), CUDNN_LOGERR_DBG=1 "
+             "CUDNN_LOGDEST_DBG=stderr names the library that failed")
 
 
 def judge(rep: dict) -> list[dict]:
@@ -361,7 +379,7 @@ def judge(rep: dict) -> list[dict]:
             continue
         if "rel_err" not in k:  # it could not even run
             fs.append(finding(f"kernel.{name}", "fail", f"{gpu}: {name}: {k['why']}",
-                              fix=CUDNN_FIX if "CUDNN_STATUS_" in k["why"] else
+                              fix=CUDNN_FIX if "cudnn" in k["why"].lower() else
                               f"rebuild and reinstall {name} (invoke build)"))
             continue
         errs = f"rel err {k['rel_err']:.1e}" + (

@@ -136,7 +136,32 @@ def test_attention_that_raises_fails_with_its_error_and_the_cudnn_hint(tmp_path,
     finding = gpu_health.judge(_report(r))[-1]
     assert finding["id"] == "kernel.transformer_engine" and finding["status"] == "fail"
     assert "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED" in finding["summary"]
-    assert "CUDNN_LOGERR_DBG=1" in finding["fix"] and "--attention-backend flash" in finding["fix"]
+    assert "CUDNN_LOGERR_DBG=1" in finding["fix"] and "CUDNN_PATH=" in finding["fix"]
+
+
+#: torch's own check on the H100 node once TE had loaded the system cuDNN beside torch's
+#: (bench/results/2026-12-06-h100-te-cudnn/probe/te.stderr.txt)
+TORCH_CUDNN_ERROR = ("cuDNN version incompatibility: PyTorch was compiled  against (9, 19, 0) but "
+                     "found runtime version (9, 14, 0). PyTorch already comes bundled with cuDNN. "
+                     "One option to resolving this error is to ensure PyTorch can find the "
+                     "bundled cuDNN. one possibility is that there is a conflicting cuDNN in "
+                     "LD_LIBRARY_PATH.")
+
+
+def test_torch_cudnn_broken_by_importing_te_fails(tmp_path, monkeypatch, clean_modules):
+    """Before: TE's own calls passed while TE's import had put a second cuDNN in the process,
+    so torch's first cuDNN use in training would raise; the check called only TE. Now torch's
+    cuDNN is asked after TE is imported (the GPU itself is the boundary: its error stands in)."""
+    def version():
+        raise RuntimeError(TORCH_CUDNN_ERROR)
+
+    monkeypatch.setattr(torch.backends.cudnn, "version", version)
+    r = check(tmp_path, monkeypatch)
+    assert r["status"] == "fail", r
+    assert r["why"].startswith("torch's own cuDNN, with TE imported, raised RuntimeError: cuDNN "
+                               "version incompatibility"), r["why"]
+    finding = gpu_health.judge(_report(r))[-1]
+    assert finding["status"] == "fail" and "CUDNN_PATH=" in finding["fix"]
 
 
 def test_attention_a_little_off_fails(tmp_path, monkeypatch, clean_modules):
