@@ -70,10 +70,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _usage(message: str, prog: str) -> UserError:
     sub = prog[len(_PROG):].strip()
-    return UserError(f"{prog}: {message}",
-                     fix=f"`{_PROG} {sub} --help` lists its options" if sub else
+    return cli.usage(f"{prog}: {message}",
+                     f"`{_PROG} {sub} --help` lists its options" if sub else
                      f"`{_PROG} --help` lists the commands, `{_PROG} COMMAND --help` their "
-                     "options", kind="input.usage")
+                     "options")
 
 
 def parser() -> argparse.ArgumentParser:
