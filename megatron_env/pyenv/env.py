@@ -463,7 +463,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
     sites = probe(python, torch=False)["sites"]
     # all or nothing: an interrupt or a failure puts the files of `names` back as they were
-    with aside.reinstalling(Path(python).parent.parent, sites, set(names), echo), \
+    with aside.reinstalling(aside.root_of(python), sites, set(names), echo), \
             tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
         subset.write_text(lock.subset(lock.read(lockfile), set(names)))
