@@ -18,7 +18,8 @@ class _Task(Task):
     always the help, as in the `megatron-env` command (before: `invoke lock -h` was --channel)."""
 
     def arg_opts(self, name, default, taken_names):
-        fixed = {s for s in cli.SHORTS.values() if s} | {"h"}
+        # "-" is no letter: a flag short of letters got `--` (`--=STRING` in preflight's help)
+        fixed = {s for s in cli.SHORTS.values() if s} | {"h", "-"}
         opts = super().arg_opts(name, default, taken_names | fixed)
         if name in cli.SHORTS:
             opts["names"] = [opts["names"][0], *filter(None, [cli.SHORTS[name]])]

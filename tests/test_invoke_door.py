@@ -10,6 +10,7 @@ script and `python -m invoke` both (invoke's own entry points, a plain Program).
 from __future__ import annotations
 
 import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,20 @@ def test_a_task_still_runs_and_its_numbers_still_parse(empty):
     r = subprocess.run(_invoke(1, "preflight", "--size", "64", "--help"), cwd=cwd, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--size=INT" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", list(commands.registry()))
+def test_every_short_flag_is_a_letter(name, empty):
+    """Before: preflight's --nccl-args had the short flag `--` (invoke gives the first
+    character of the name not yet taken, and of n, c, c, l and - only - was left), listed
+    in its help as `--=STRING`."""
+    _tmp, cwd, env = empty
+    r = subprocess.run(_invoke(0, name, "--help"), cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    names = [re.split(r"\[?=| ", part)[0]
+             for line in r.stdout.split("Options:", 1)[1].splitlines()
+             if (m := re.match(r"  (-\S.*?)(?:\s{2,}|$)", line))
+             for part in m.group(1).split(", ")]
+    assert names and all(re.fullmatch(r"-[a-zA-Z]|--\S+", n) and n != "--" for n in names), \
+        names
