@@ -44,7 +44,7 @@ class Flag(Argument):
     (before: "Flag <Argument: out (o) *> needed value"); a word where a number goes is
     `Refused` naming the flag (before: a ValueError traceback from int()), and so is an
     option where a value goes, as argparse refuses it (before: `invoke collect --bogus` wrote
-    a snapshot into ./--bogus, `invoke setup --prefix --bogus` made an environment there).
+    a snapshot into ./--bogus, `invoke setup --prefix --bogus` took it for the prefix).
     `--help` where a positional goes is the task's help (tasks.py)."""
 
     def __init__(self, task: str | None, **opts: Any) -> None:

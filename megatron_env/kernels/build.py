@@ -309,9 +309,12 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
     wheel = found
     t_install = time.monotonic()
     # all or nothing (pyenv/aside.py): an interrupt or a failure of the (re)install puts the
-    # kernel's files back as they were; never half a kernel in the live environment
-    with aside.reinstalling(aside.root_of(python), probe.sites(python),
-                            {manifest.normalize(pkg.name)}, echo):
+    # kernel's files back as they were; never half a kernel in the live environment. Set
+    # aside in site-packages, which the install must be able to write anyway (an adopted
+    # interpreter's root, /usr in a container, may not be writable)
+    platlib = p.torch.get("platlib")
+    with aside.reinstalling(Path(platlib) if platlib else aside.root_of(python),
+                            probe.sites(python), {manifest.normalize(pkg.name)}, echo):
         if hit and installed_from(wheel, p.torch.get("platlib")):
             echo(f"{pkg.name}: cache hit, {wheel.name} is installed already (same files)")
         else:

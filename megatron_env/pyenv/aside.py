@@ -6,9 +6,10 @@ then exactly as it was before the repair, never half uninstalled. On success the
 Both ways a live environment is reinstalled into go through here: a lock package repaired
 (env.repair) and a kernel's wheel installed, from the wheel cache or just built
 (kernels/build.py). One reinstall at a time per process (the kernels install from threads of
-one pool): a put-back removes what appeared beside the files it restores, and the set-aside
-directory is one per environment; across processes the callers' own locks keep them apart
-(the environment's, the setup state's).
+one pool): a put-back removes what appeared beside the files it restores, and a set-aside
+directory left by a killed run is removed by the next; across processes the callers' own locks
+keep them apart (the environment's, the setup state's). The directory goes where the caller
+says: a repair's in the environment's root, a kernel's in the site-packages it installs into.
 
 A run killed outright (SIGKILL) cannot put anything back: its set-aside directory is removed by
 the next repair (which holds the environment's lock, so that run is dead), and the stat check
