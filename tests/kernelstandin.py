@@ -2,7 +2,8 @@
 recipe (written into a test checkout's megatron_env/recipes/, where the registry finds it like
 any other) whose sdist holds one real compiled extension, `tinykern._C`, built from C by an
 in-tree PEP 517 backend with the system's C compiler (no setuptools, no torch headers, no
-CUDA: `cuda = False`, so the builds step runs here). It goes through the same machinery as
+CUDA: `cuda = False`, so the builds step runs here). The wheel records the torch it was built
+with (`tinykern._built_for.TORCH`), as a real kernel's compiled code is bound to one. It goes through the same machinery as
 flash-attn: fetch by sha256 (MEGATRON_ENV_SOURCE_TINYKERN), patches, `uv build
 --no-build-isolation` into the content-addressed wheel cache, install, import check.
 """
@@ -60,6 +61,12 @@ BACKEND = textwrap.dedent('''\
         files = {f"tinykern/{n}": open(f"tinykern/{n}", "rb").read()
                  for n in sorted(os.listdir("tinykern")) if os.path.isfile(f"tinykern/{n}")}
         files["tinykern/_C" + sysconfig.get_config_var("EXT_SUFFIX")] = open(so, "rb").read()
+        try:  # the torch it was built against, as a real kernel's compiled code holds it
+            from importlib.metadata import version
+            built_for = version("torch")
+        except Exception:
+            built_for = ""
+        files["tinykern/_built_for.py"] = ("TORCH = %r\\n" % built_for).encode()
         files[f"{DIST}/METADATA"] = f"Metadata-Version: 2.1\\nName: {NAME}\\nVersion: {VERSION}\\n".encode()
         files[f"{DIST}/WHEEL"] = (f"Wheel-Version: 1.0\\nGenerator: test\\n"
                                   f"Root-Is-Purelib: false\\nTag: {_tag()}\\n").encode()

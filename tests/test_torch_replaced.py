@@ -8,12 +8,11 @@ profile does not accept is refused with a hint, and nothing is called ready.
 The real tool on the setup chain's tiny world with the kernel stand-in (tests/kernelstandin.py),
 adopting a venv whose stand-in torch has a compiled core on disk (`torch/_C.*.so`, read only by
 stat, as the adoption's fingerprint reads real torch's). Which torch a kernel was built for is
-read from outside the tool: the wheel cache's record of the build whose files are installed.
+asked of the interpreter: the stand-in's wheel records the torch it was built with.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -22,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from megatron_env.kernels import build
 from megatron_env.pyenv import uv
 
 from . import kernelstandin
@@ -81,13 +79,11 @@ def replace_torch(n: Node, root: Path, version: str) -> None:
 
 
 def kernel_built_for(n: Node) -> str | None:
-    """The torch version the installed kernel was built for: the cached build whose wheel's
-    files are the ones installed (None: no cached build is installed)."""
-    for meta in (n.work / ".cache" / "wheels").glob("tinykern-*/meta.json"):
-        wheel = next(meta.parent.glob("*.whl"))
-        if build.installed_from(wheel, str(n.site())):
-            return str(json.loads(meta.read_text())["key"]["torch"])
-    return None
+    """The torch the installed kernel was built against, asked of the interpreter (the
+    stand-in's wheel records it at build time; None: no kernel imports)."""
+    r = subprocess.run([n.python(), "-c", "from tinykern import _built_for; "
+                        "print(_built_for.TORCH)"], capture_output=True, text=True, cwd="/")
+    return r.stdout.strip() if r.returncode == 0 else None
 
 
 def test_a_torch_of_another_build_gets_kernels_built_for_it(world):
@@ -121,3 +117,18 @@ def test_a_torch_the_profile_does_not_accept_is_refused_with_a_hint(world):
     # and again: a second setup does not take the refusal for a pass
     again = n.setup()
     assert again.returncode != 0 and "setup ready" not in again.stdout, again.stdout[-2000:]
+
+
+def test_the_same_torch_reinstalled_is_named_and_costs_no_compile(world):
+    """The same version installed again (its compiled core has a new mtime): named as another
+    build of it, checked again; the kernel's key is the same, so its cached build serves
+    (no compiler may run) and setup is ready."""
+    _work, _env, root = world
+    n = adopted_node(world, "reinstalled")
+    replace_torch(n, root, "2.1.0")
+    n.env = {**n.env, "CC": "/bin/false"}
+    r = n.setup()
+    said = r.stdout + r.stderr
+    assert r.returncode == 0 and "setup ready" in r.stdout, said[-3000:]
+    assert "torch 2.1.0 replaced by another build of it" in said, said[-3000:]
+    assert kernel_built_for(n) == "2.1.0" and n.proven() == []
