@@ -315,7 +315,7 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
     platlib = p.torch.get("platlib")
     with aside.reinstalling(Path(platlib) if platlib else aside.root_of(python),
                             probe.sites(python), {manifest.normalize(pkg.name)}, echo):
-        if hit and installed_from(wheel, p.torch.get("platlib")):
+        if hit and installed_from(wheel, platlib):
             echo(f"{pkg.name}: cache hit, {wheel.name} is installed already (same files)")
         else:
             echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")

@@ -136,7 +136,7 @@ def adopt_checked(ctx: Context) -> str:
             f"other differences from the lock: {others}")
 
 
-def torch_change(before: str | None, now: str | None) -> str:
+def _torch_change(before: str | None, now: str | None) -> str:
     """A replaced torch said by name: `torch 2.1.0 -> 2.2.0`, or, the version the same, that
     its compiled core is another build's."""
     if before == now:
@@ -160,7 +160,7 @@ def _env_verify(ctx: Context) -> str | None:
         now, then = probe.torch_stamp(ctx.adopt), env.adopted_torch(ctx.prefix)
         if now.get("stamp") != then["stamp"]:
             return (f"the torch of {ctx.adopt} changed since it was adopted: "
-                    f"{torch_change(then.get('torch'), now.get('torch'))}")
+                    f"{_torch_change(then.get('torch'), now.get('torch'))}")
         return None
     if ctx.deep:
         return "--verify-deep given"
