@@ -83,7 +83,7 @@ def test_an_interrupted_kernel_reinstall_leaves_it_as_it_was_or_installed(world,
     gone = pkg / "m0700.py"
     gone.unlink(missing_ok=True)
     before = state(pkg)
-    assert len(before) == FILES + 1  # the other modules, __init__.py and _C
+    assert len(before) == FILES + 2  # the other modules, __init__.py, _C and _built_for.py
     err, out = tmp_path / "err", tmp_path / "out"
     with err.open("w") as f, out.open("w") as o:
         p = subprocess.Popen([sys.executable, "-m", "invoke", "setup", "--profile", "tiny"],
@@ -108,7 +108,7 @@ def test_an_interrupted_kernel_reinstall_leaves_it_as_it_was_or_installed(world,
                                f"or differ:\n{text[-3000:]}")
         assert "the environment is as it was before the repair" in text
     else:
-        assert set(now) == {*before, gone.name}, f"{len(now)} files of {FILES + 2}:\n{text}"
+        assert set(now) == {*before, gone.name}, f"{len(now)} files of {FILES + 3}:\n{text}"
         assert all(now[n][1] == before[n][1] for n in before), text
         assert answers(python), text[-3000:]
     assert not [p for p in (prefix, site) if (p / ".megatron-env-repair").exists()]
