@@ -168,3 +168,17 @@ def test_every_short_flag_is_a_letter(name, empty):
              for part in m.group(1).split(", ")]
     assert names and all(re.fullmatch(r"-[a-zA-Z]|--\S+", n) and n != "--" for n in names), \
         names
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+@pytest.mark.parametrize("args", [["build", "--what", "x", "--cache-dir"],
+                                  ["check", "--project"], ["--cache-dir"]])
+def test_a_global_option_given_no_value_is_a_usage_error(args, as_json, empty):
+    """megatron-env reads --project and --cache-dir before the command (build's --cache-dir
+    among them). Before: given no value, argparse's usage block and its own error line."""
+    tmp_path, cwd, env = empty
+    argv = [*args[:1], "--json", *args[1:]] if as_json else args
+    r = subprocess.run(_door("megatron-env", *argv), cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=120)
+    _said_as_usage(r, as_json)
+    assert _written(tmp_path) == []

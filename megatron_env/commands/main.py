@@ -117,10 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = _Parser(prog=_PROG, add_help=False)
     pre.add_argument("--project")
     pre.add_argument("--cache-dir")
-    known, _ = pre.parse_known_args(argv)
+    # a global option given no value is a usage error said as one (before: argparse's usage
+    # block), with --json its JSON error object too (the command is not known yet)
+    with cli.json_error("--json" in argv, _PROG):
+        known, _ = pre.parse_known_args(argv)
     project.choose(known.project)  # before any module reads the project root
     project.choose_cache(known.cache_dir)
     from megatron_env import commands
