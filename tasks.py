@@ -6,10 +6,11 @@ else lives here."""
 import inspect
 import signal
 
+import invoke.main
 from invoke import Collection, Exit, Program, Task
 
 from megatron_env import commands
-from megatron_env.commands import cli
+from megatron_env.commands import cli, invoke_door
 
 
 class _Task(Task):
@@ -17,11 +18,17 @@ class _Task(Task):
     always the help, as in the `megatron-env` command (before: `invoke lock -h` was --channel)."""
 
     def arg_opts(self, name, default, taken_names):
-        fixed = {s for s in cli.SHORTS.values() if s} | {"h"}
+        # "-" is no letter: a flag short of letters got `--` (`--=STRING` in preflight's help)
+        fixed = {s for s in cli.SHORTS.values() if s} | {"h", "-"}
         opts = super().arg_opts(name, default, taken_names | fixed)
         if name in cli.SHORTS:
             opts["names"] = [opts["names"][0], *filter(None, [cli.SHORTS[name]])]
         return opts
+
+    def get_arguments(self, ignore_unknown_help=None):
+        # each said as its flag in invoke's messages, a word for a number a usage error
+        return [invoke_door.Flag.of(a, self.name)
+                for a in super().get_arguments(ignore_unknown_help)]
 
 
 def _task(cmd: cli.Command) -> Task:
@@ -49,4 +56,6 @@ def _task(cmd: cli.Command) -> Task:
 
 # Ctrl-C interrupts even where SIGINT was inherited as ignored (a job started by a script with &)
 signal.signal(signal.SIGINT, signal.default_int_handler)
+# invoke's usage errors (unknown flag or task, a value missing or not a number) said as ours
+invoke_door.take_over(invoke.main.program)
 namespace = Collection(*(_task(cmd) for cmd in commands.registry().values()))

@@ -2,7 +2,8 @@
 recipe (written into a test checkout's megatron_env/recipes/, where the registry finds it like
 any other) whose sdist holds one real compiled extension, `tinykern._C`, built from C by an
 in-tree PEP 517 backend with the system's C compiler (no setuptools, no torch headers, no
-CUDA: `cuda = False`, so the builds step runs here). It goes through the same machinery as
+CUDA: `cuda = False`, so the builds step runs here). The wheel records the torch it was built
+with (`tinykern._built_for.TORCH`), as a real kernel's compiled code is bound to one. It goes through the same machinery as
 flash-attn: fetch by sha256 (MEGATRON_ENV_SOURCE_TINYKERN), patches, `uv build
 --no-build-isolation` into the content-addressed wheel cache, install, import check.
 """
@@ -57,12 +58,18 @@ BACKEND = textwrap.dedent('''\
         cc = shlex.split(os.environ.get("CC") or "cc")
         subprocess.run([*cc, "-shared", "-fPIC", "-O0", "-I", sysconfig.get_paths()["include"],
                         "csrc/k.c", "-o", so], check=True)
-        files = {"tinykern/__init__.py": open("tinykern/__init__.py", "rb").read(),
-                 "tinykern/_C" + sysconfig.get_config_var("EXT_SUFFIX"): open(so, "rb").read(),
-                 f"{DIST}/METADATA": f"Metadata-Version: 2.1\\nName: {NAME}\\n"
-                                     f"Version: {VERSION}\\n".encode(),
-                 f"{DIST}/WHEEL": f"Wheel-Version: 1.0\\nGenerator: test\\n"
-                                  f"Root-Is-Purelib: false\\nTag: {_tag()}\\n".encode()}
+        files = {f"tinykern/{n}": open(f"tinykern/{n}", "rb").read()
+                 for n in sorted(os.listdir("tinykern")) if os.path.isfile(f"tinykern/{n}")}
+        files["tinykern/_C" + sysconfig.get_config_var("EXT_SUFFIX")] = open(so, "rb").read()
+        try:  # the torch it was built against, as a real kernel's compiled code holds it
+            from importlib.metadata import version
+            built_for = version("torch")
+        except Exception:
+            built_for = ""
+        files["tinykern/_built_for.py"] = ("TORCH = %r\\n" % built_for).encode()
+        files[f"{DIST}/METADATA"] = f"Metadata-Version: 2.1\\nName: {NAME}\\nVersion: {VERSION}\\n".encode()
+        files[f"{DIST}/WHEEL"] = (f"Wheel-Version: 1.0\\nGenerator: test\\n"
+                                  f"Root-Is-Purelib: false\\nTag: {_tag()}\\n").encode()
         rec = io.StringIO()
         w = csv.writer(rec, lineterminator="\\n")
         for p, blob in files.items():
@@ -81,10 +88,13 @@ PYPROJECT = ('[build-system]\nrequires = []\nbuild-backend = "backend"\n'
              'backend-path = ["_build"]\n\n[project]\nname = "tinykern"\nversion = "1.0"\n')
 
 
-def make_sdist(root: Path) -> tuple[Path, str]:
-    """(root/tinykern-1.0.tar.gz, its sha256)."""
+def make_sdist(root: Path, modules: int = 0) -> tuple[Path, str]:
+    """(root/tinykern-1.0.tar.gz, its sha256). `modules`: that many more pure-Python modules
+    in the package (tinykern/m0000.py ...), so that installing its wheel takes long enough to
+    be interrupted in the middle."""
     src = root / f"{NAME}-{VERSION}"
-    for rel, text in {"csrc/k.c": C_SOURCE, "tinykern/__init__.py": "",
+    more = {f"tinykern/m{i:04d}.py": f"X = {i}\n" * 20 for i in range(modules)}
+    for rel, text in {"csrc/k.c": C_SOURCE, "tinykern/__init__.py": "", **more,
                       "_build/backend.py": BACKEND, "pyproject.toml": PYPROJECT}.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_text(text)

@@ -115,6 +115,12 @@ def _stdout_closed() -> int:
     return 141
 
 
+def usage(message: str, fix: str) -> UserError:
+    """A front door's usage error (an unknown option or command, a value left out or of the
+    wrong kind): the same kind and exit status 2 in both doors, whichever parser saw it."""
+    return UserError(message, fix=fix, kind="input.usage")
+
+
 def os_error(e: OSError) -> UserError:
     """An OSError as the one line it is said as (a full disk: `files.full`)."""
     if e.errno == errno.ENOSPC:

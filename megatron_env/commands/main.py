@@ -70,10 +70,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _usage(message: str, prog: str) -> UserError:
     sub = prog[len(_PROG):].strip()
-    return UserError(f"{prog}: {message}",
-                     fix=f"`{_PROG} {sub} --help` lists its options" if sub else
+    return cli.usage(f"{prog}: {message}",
+                     f"`{_PROG} {sub} --help` lists its options" if sub else
                      f"`{_PROG} --help` lists the commands, `{_PROG} COMMAND --help` their "
-                     "options", kind="input.usage")
+                     "options")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -117,10 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = _Parser(prog=_PROG, add_help=False)
     pre.add_argument("--project")
     pre.add_argument("--cache-dir")
-    known, _ = pre.parse_known_args(argv)
+    # a global option given no value is a usage error said as one (before: argparse's usage
+    # block), with --json its JSON error object too (the command is not known yet)
+    with cli.json_error("--json" in argv, _PROG):
+        known, _ = pre.parse_known_args(argv)
     project.choose(known.project)  # before any module reads the project root
     project.choose_cache(known.cache_dir)
     from megatron_env import commands

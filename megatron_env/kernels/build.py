@@ -30,7 +30,7 @@ from megatron_env.kernels.pool import Pool, driver_env
 from megatron_env.kernels.source_trees import patched
 from megatron_env.kernels.toolkit import cuda_home, site_paths
 from megatron_env.profile import Profile
-from megatron_env.pyenv import probe, uv
+from megatron_env.pyenv import aside, manifest, probe, uv
 from megatron_env.recipes import recipe
 from megatron_env.recipes.recipe import Package
 from megatron_env.sources import patches, repos
@@ -308,17 +308,24 @@ def build_and_install(pkg: Package, python: Path, archs: list[str], *, dry_run: 
                         fix="run the build again", kind="build.cache-changed")
     wheel = found
     t_install = time.monotonic()
-    if hit and installed_from(wheel, p.torch.get("platlib")):
-        echo(f"{pkg.name}: cache hit, {wheel.name} is installed already (same files)")
-    else:
-        echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
-        r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps", "--reinstall",
-                      wheel], env=uv.env(**(child_env or {})), timeout=1800)
-        uv.raise_for_cache(r)
-        if not r.ok:
-            raise UserError(f"installing {wheel.name} failed: {r.tail(5)}",
-                            kind="build.install-failed")
-    _install_requires(pkg, python, child_env)
+    # all or nothing (pyenv/aside.py): an interrupt or a failure of the (re)install puts the
+    # kernel's files back as they were; never half a kernel in the live environment. Set
+    # aside in site-packages, which the install must be able to write anyway (an adopted
+    # interpreter's root, /usr in a container, may not be writable)
+    platlib = p.torch.get("platlib")
+    with aside.reinstalling(Path(platlib) if platlib else aside.root_of(python),
+                            probe.sites(python), {manifest.normalize(pkg.name)}, echo):
+        if hit and installed_from(wheel, platlib):
+            echo(f"{pkg.name}: cache hit, {wheel.name} is installed already (same files)")
+        else:
+            echo(f"{pkg.name}: {'cache hit, installing' if hit else 'installing'} {wheel.name}")
+            r = proc.run([uv.exe(), "pip", "install", "--python", python, "--no-deps",
+                          "--reinstall", wheel], env=uv.env(**(child_env or {})), timeout=1800)
+            uv.raise_for_cache(r)
+            if not r.ok:
+                raise UserError(f"installing {wheel.name} failed: {r.tail(5)}",
+                                kind="build.install-failed")
+        _install_requires(pkg, python, child_env)
     t_verify = time.monotonic()
     missing, facts = probe.imports(python, pkg.modules)
     echo(f"{pkg.name}: plan {t_install - t0 - (built_in or 0):.1f} s, install "

@@ -162,16 +162,44 @@ def _stop_others(markers: dict[str, str], failed: str, echo: Callable[..., None]
 
 
 def _wait(threads: list[threading.Thread], failing: list[str], markers: dict[str, str],
-          outcomes: dict[str, Outcome], echo: Callable[..., None]) -> None:
+          outcomes: dict[str, Outcome], echo: Callable[..., None],
+          ended: list[threading.Event], failed: threading.Event) -> None:
     """Until every build thread ended; once one failed, the others are killed, again and
-    again: a build that was just starting is caught too."""
+    again: a build that was just starting is caught too. Interrupted (Ctrl-C, SIGTERM):
+    every build is stopped and each started thread let end (`ended`: its last act) before
+    the interrupt goes on up: a kernel's install puts back what it had begun
+    (pyenv/aside.py), and nothing runs on after the tool said "interrupted". Not
+    Thread.join there: on Python 3.11 a join cut by Ctrl-C marks the running thread ended."""
     told: set[str] = set()
-    while any(t.is_alive() for t in list(threads)):
-        if failing:
-            _stop_others({k: v for k, v in markers.items() if k not in outcomes},
-                         failing[0], echo, told)
-        for t in list(threads):
-            t.join(timeout=0.2)
+    try:
+        while any(t.is_alive() for t in list(threads)):
+            if failing:
+                _stop_others({k: v for k, v in markers.items() if k not in outcomes},
+                             failing[0], echo, told)
+            for t in list(threads):
+                t.join(timeout=0.2)
+    except BaseException:
+        failed.set()
+        for marker in markers.values():
+            stop(marker)
+        for t, end in zip(threads, ended, strict=True):
+            if t.ident is not None:
+                end.wait()
+        raise
+
+
+def _ended_by(name: str, e: UserError | KeyboardInterrupt, failed: threading.Event,
+              failing: list[str]) -> Outcome:
+    """A build thread's outcome when its build raised: the first failure stops the others
+    (`failed`); a failure after that, or an interrupt (its child died of the Ctrl-C the main
+    thread got too), is a stop."""
+    if isinstance(e, KeyboardInterrupt):
+        return Outcome(name, None, stopped=True)
+    if failed.is_set():
+        return Outcome(name, None, e, stopped=True)
+    failing.append(name)
+    failed.set()
+    return Outcome(name, None, e)
 
 
 def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
@@ -192,6 +220,7 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
     failed = threading.Event()
     markers = {p.name: uuid.uuid4().hex for p in pkgs}
     failing: list[str] = []
+    ended = {p.name: threading.Event() for p in pkgs}  # each thread's last act
     with tempfile.TemporaryDirectory(prefix="megatron-env-pool-") as tmp:
         try:
             shim = pool.shim(Path(tmp), path, width(size.slots))
@@ -227,14 +256,11 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
                             child_env=child_env, pool=given_pool)
                 assert isinstance(r, build.Result)
                 outcomes[pkg.name] = Outcome(pkg.name, r)
-            except UserError as e:
-                stopped = failed.is_set()
-                outcomes[pkg.name] = Outcome(pkg.name, None, e, stopped=stopped)
-                if not stopped:
-                    failing.append(pkg.name)
-                    failed.set()
+            except (UserError, KeyboardInterrupt) as e:
+                outcomes[pkg.name] = _ended_by(pkg.name, e, failed, failing)
             finally:
                 broker.forget(pkg.name)
+                ended[pkg.name].set()
 
         threads = [threading.Thread(target=one, args=(p,), name=f"build-{p.name}")
                    for p in pkgs]
@@ -242,7 +268,8 @@ def build_together(pkgs: list[Package], python: Path, archs: list[str], *,
         try:
             for t in threads:
                 t.start()
-            _wait(threads, failing, markers, outcomes, echo)
+            _wait(threads, failing, markers, outcomes, echo, [ended[p.name] for p in pkgs],
+                  failed)
         finally:
             broker.close()
         for p in pkgs:

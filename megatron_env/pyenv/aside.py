@@ -3,6 +3,14 @@ into a live environment are set aside first (hard links: no copy of torch's giga
 put back when the reinstall does not finish (Ctrl-C, SIGTERM, uv failing): the environment is
 then exactly as it was before the repair, never half uninstalled. On success they are dropped.
 
+Both ways a live environment is reinstalled into go through here: a lock package repaired
+(env.repair) and a kernel's wheel installed, from the wheel cache or just built
+(kernels/build.py). One reinstall at a time per process (the kernels install from threads of
+one pool): a put-back removes what appeared beside the files it restores, and a set-aside
+directory left by a killed run is removed by the next; across processes the callers' own locks
+keep them apart (the environment's, the setup state's). The directory goes where the caller
+says: a repair's in the environment's root, a kernel's in the site-packages it installs into.
+
 A run killed outright (SIGKILL) cannot put anything back: its set-aside directory is removed by
 the next repair (which holds the environment's lock, so that run is dead), and the stat check
 of the next setup finds what is missing and repairs it.
@@ -13,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +30,14 @@ from megatron_env import files, interrupts, output
 from megatron_env.pyenv import manifest
 
 ASIDE = ".megatron-env-repair"  # in the environment's root, beside bin/ and lib/
+
+_ONE_AT_A_TIME = threading.Lock()
+
+
+def root_of(python: Path) -> Path:
+    """The root of the environment `python` runs (<root>/bin/python): where the files set
+    aside go, on the file system of its packages (hard links, no copy)."""
+    return Path(python).parent.parent
 
 
 def _installed(sites: list[str], names: set[str]) -> tuple[list[str], list[str]]:
@@ -37,6 +54,13 @@ def reinstalling(root: Path, sites: list[str], names: set[str],
     """Around the reinstall of `names` into the environment at `root` (site-packages
     `sites`): on any exception inside, what the reinstall did to those distributions is
     undone, the reason said, and the exception goes on up."""
+    with _ONE_AT_A_TIME, _set_aside(root, sites, names, echo):
+        yield
+
+
+@contextmanager
+def _set_aside(root: Path, sites: list[str], names: set[str],
+               echo: output.Echo) -> Iterator[None]:
     where = root / ASIDE
     files.remove(where)  # a killed repair's (the environment's lock is held: it is dead)
     where.mkdir()

@@ -69,19 +69,25 @@ def setup_dir(prefix: Path) -> Path:
     return prefix.with_name(prefix.name + ".setup")
 
 
-def record_adopted(prefix: Path, python: Path, torch_stamp: Any = None) -> None:
+def record_adopted(prefix: Path, python: Path, torch: Mapping[str, Any] | None = None) -> None:
     """Remember that `prefix` is served by the adopted interpreter `python` (the setup's env
     step, once it has checked it): every command that runs the environment's interpreter then
-    runs this one (`interpreter`). `torch_stamp`: what probe.torch_stamp said of its torch then
-    (a torch replaced since is checked again: `adopted_torch_stamp`)."""
+    runs this one (`interpreter`). `torch`: what probe.torch_stamp said of its torch then, its
+    version and the stamp of its compiled core (a torch replaced since is checked again and
+    named, and the kernels are built for it: `adopted_torch`)."""
+    torch = torch or {}
     files.write_text(setup_dir(prefix) / ADOPTED, json.dumps(
-        {"python": os.path.abspath(python), "torch_stamp": torch_stamp}) + "\n")
+        {"python": os.path.abspath(python), "torch_stamp": torch.get("stamp"),
+         "torch": torch.get("torch")}) + "\n")
 
 
-def adopted_torch_stamp(prefix: Path) -> Any:
-    """The torch stamp recorded with the adoption of `prefix`'s interpreter (None: none)."""
+def adopted_torch(prefix: Path) -> dict[str, Any]:
+    """The torch recorded with the adoption of `prefix`'s interpreter: {"stamp", "torch" (its
+    version)}, each None when not recorded (no adoption, or a record made before versions
+    were kept)."""
     doc, _why = files.read_json(setup_dir(prefix) / ADOPTED)
-    return doc.get("torch_stamp") if isinstance(doc, dict) else None
+    doc = doc if isinstance(doc, dict) else {}
+    return {"stamp": doc.get("torch_stamp"), "torch": doc.get("torch")}
 
 
 def forget_adopted(prefix: Path) -> None:
@@ -465,7 +471,7 @@ def repair(python: Path, lockfile: Path, names: list[str], sources: Sources,
     extra = [a for n in names for a in ("--reinstall-package", n, "--refresh-package", n)]
     sites = probe(python, torch=False)["sites"]
     # all or nothing: an interrupt or a failure puts the files of `names` back as they were
-    with aside.reinstalling(Path(python).parent.parent, sites, set(names), echo), \
+    with aside.reinstalling(aside.root_of(python), sites, set(names), echo), \
             tempfile.TemporaryDirectory() as tmp:
         subset = Path(tmp) / "repair.txt"
         subset.write_text(lock.subset(lock.read(lockfile), set(names)))

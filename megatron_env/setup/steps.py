@@ -130,10 +130,18 @@ def adopt_checked(ctx: Context) -> str:
                         fix="adopt an environment with the profile's Python, torch and CUDA, "
                             "or build one (without --adopt)", kind="env.stack-mismatch")
     others = v.text() or "none"
-    env.record_adopted(ctx.prefix, ctx.adopt, probe.torch_stamp(ctx.adopt).get("stamp"))
+    env.record_adopted(ctx.prefix, ctx.adopt, probe.torch_stamp(ctx.adopt))
     return (f"adopted {f['executable']}: Python {f['python']}, torch {f.get('torch')}, CUDA "
             f"{f.get('torch_cuda')}, NCCL {f.get('nccl')}, cuDNN {f.get('cudnn')}; "
             f"other differences from the lock: {others}")
+
+
+def _torch_change(before: str | None, now: str | None) -> str:
+    """A replaced torch said by name: `torch 2.1.0 -> 2.2.0`, or, the version the same, that
+    its compiled core is another build's."""
+    if before == now:
+        return f"torch {now} replaced by another build of it (its compiled core changed)"
+    return f"torch {before or '(version not recorded)'} -> {now or '(none)'}"
 
 
 def _env_inputs(ctx: Context) -> str:
@@ -147,9 +155,12 @@ def _env_verify(ctx: Context) -> str | None:
         if env.adopted(ctx.prefix) != env.interpreter(ctx.prefix, ctx.adopt):
             return f"{ctx.prefix} does not record {ctx.adopt} as its interpreter"
         # torch's compiled core by path, size and mtime (read from files, ~50 ms): a torch
-        # replaced since the adoption is checked against the profile again
-        if probe.torch_stamp(ctx.adopt).get("stamp") != env.adopted_torch_stamp(ctx.prefix):
-            return f"the torch of {ctx.adopt} changed since it was adopted"
+        # replaced since the adoption is checked against the profile again, and the builds
+        # step's inputs hold the adopted torch (its kernels are built for the new one)
+        now, then = probe.torch_stamp(ctx.adopt), env.adopted_torch(ctx.prefix)
+        if now.get("stamp") != then["stamp"]:
+            return (f"the torch of {ctx.adopt} changed since it was adopted: "
+                    f"{_torch_change(then.get('torch'), now.get('torch'))}")
         return None
     if ctx.deep:
         return "--verify-deep given"
@@ -221,7 +232,11 @@ def _builds_inputs(ctx: Context) -> str:
     p = ctx.profile
     kernels = {k.name: build.recipe_inputs(k, patches.series(k.name, k.pin), p.archs)
                for k in _kernel_packages(ctx)}
-    return chain_digest(digest.of(kernels), digest.of_file(p.lock_file), str(ctx.adopt or ""))
+    # adopted: the torch the adoption recorded (the env step records a replaced one once the
+    # profile accepts it): kernels built against the torch it replaced are built again
+    adopted = [digest.of(env.adopted_torch(ctx.prefix))] if ctx.adopt else []
+    return chain_digest(digest.of(kernels), digest.of_file(p.lock_file), str(ctx.adopt or ""),
+                        *adopted)
 
 
 def _sources_inputs(ctx: Context) -> str:
