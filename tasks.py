@@ -7,7 +7,7 @@ import inspect
 import signal
 
 import invoke.main
-from invoke import Collection, Exit, Program, Task
+from invoke import Collection, Exit, Task
 
 from megatron_env import commands
 from megatron_env.commands import cli, invoke_door
@@ -39,7 +39,7 @@ def _task(cmd: cli.Command) -> Task:
         # invoke fills a positional still missing with the next word, `--help` too: that word
         # asks for this task's help, as argparse reads it (never a directory named --help)
         if any(options.get(name) in cli.HELP_WORDS for name in positional):
-            Program(namespace=namespace).run(["invoke", "--help", cmd.name], exit=False)
+            invoke_door.task_help(namespace, cmd.name)
             return
         if code := cmd.fn(**options):
             raise Exit(code=code)

@@ -10,6 +10,7 @@ script and `python -m invoke` both (invoke's own entry points, a plain Program).
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -182,3 +183,20 @@ def test_a_global_option_given_no_value_is_a_usage_error(args, as_json, empty):
                        text=True, timeout=120)
     _said_as_usage(r, as_json)
     assert _written(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv", [["setup", "--help"], ["bundle", "-h"], ["--list"]])
+def test_help_read_by_a_reader_that_left_is_no_traceback(argv):
+    """Before: `invoke setup --help | head -1` ended in a BrokenPipeError traceback; now as
+    the megatron-env door: nothing more said, exit 141 (as a program killed by SIGPIPE). The
+    reader has left before the first write (its end of the pipe closed): no race. (A bare
+    `invoke --help` is printed before tasks.py loads: invoke's own, out of this door's reach.)"""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([str(INVOKE), *argv], cwd=ROOT, stdout=write, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert "Traceback" not in r.stderr and r.stderr == "", r.stderr
+    assert r.returncode == 141, r.stderr

@@ -49,7 +49,7 @@ def guarded(fn: Callable[..., int]) -> Callable[..., int]:
                 output.error("interrupted")
                 return 130
             except BrokenPipeError:
-                return _stdout_closed()
+                return stdout_closed()
             except OSError as e:  # a path the user named cannot be used as asked
                 err = os_error(e)
                 output.error(err.message, err.fix)
@@ -106,7 +106,7 @@ def _interruptible() -> Iterator[None]:
             signal.signal(signal.SIGTERM, before_term)
 
 
-def _stdout_closed() -> int:
+def stdout_closed() -> int:
     """`cmd | head -1`: the reader is gone. Python's documented recipe: point stdout at
     /dev/null so that the flush at exit cannot raise again; no message (nobody reads it)."""
     with contextlib.suppress(OSError, ValueError):

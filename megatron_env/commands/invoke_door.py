@@ -15,7 +15,8 @@ tasks.py is imported (`invoke -r` with no directory) stay invoke's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from invoke.exceptions import Exit, ParseError
@@ -162,6 +163,39 @@ class Door(Program):
             super().parse_cleanup()
         except ParseError as e:
             raise Exit(code=_said(e, list(self.argv))) from None
+
+    # what invoke prints for people (help, the task list, its version): a reader that left
+    # (`invoke setup --help | head -1`) ends it as the megatron-env door does, exit 141 and
+    # nothing more said (before: a BrokenPipeError traceback)
+    def print_help(self) -> None:
+        _to_a_reader(super().print_help)
+
+    def print_task_help(self, name: str) -> None:
+        _to_a_reader(super().print_task_help, name)
+
+    def list_tasks(self) -> None:
+        _to_a_reader(super().list_tasks)
+
+    def print_version(self) -> None:
+        _to_a_reader(super().print_version)
+
+
+def _to_a_reader(show: Callable[..., None], *args: str) -> None:
+    try:
+        show(*args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise Exit(code=cli.stdout_closed()) from None
+
+
+def task_help(namespace: Any, task: str) -> None:
+    """`invoke TASK --help` where the task's positional took `--help`: that task's help, printed
+    as the door prints help (a reader that left: exit 141, said by raising invoke's Exit)."""
+    try:
+        Door(namespace=namespace).run(["invoke", "--help", task])
+    except SystemExit as e:
+        if e.code:
+            raise Exit(code=int(e.code)) from None
 
 
 def take_over(program: Program) -> None:
