@@ -3,12 +3,16 @@ re-hashed to match passes the corruption check (level none, as documented) and i
 --expect-sha256 and by --trust; unsigned, badly signed and foreign-signed bundles are refused
 under --trust; through the front door nothing is unpacked before the refusal."""
 
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from megatron_env.bundle import offline, provenance
 from tests.conftest import user_error
@@ -107,3 +111,48 @@ def test_setup_json_refusal_is_one_object_on_stdout(signed, tmp_path):
         doc = json.loads(r.stdout)
         assert doc["ok"] is False and doc["error"]["kind"] == kind, doc
         assert doc["command"] == "setup" and doc["error"]["message"] in r.stderr
+
+
+@settings(max_examples=25, deadline=None)
+@given(garbage=st.binary(min_size=0, max_size=512))
+def test_a_signing_key_ssh_keygen_cannot_read_is_refused(garbage):
+    with tempfile.TemporaryDirectory() as d:
+        key = Path(d) / "key"
+        key.write_bytes(garbage)
+        with user_error("bundle.sign-key") as e:
+            provenance.signing_key(key)
+        assert str(key) in e.value.message
+
+
+def test_the_keys_sign_takes_pass_the_early_check(tmp_path):
+    """A private key, with a passphrase too (asked for when signing), and the public half
+    alone (its private half in ssh-agent): each is one `ssh-keygen -Y sign` can use."""
+    plain = keypair(tmp_path, "plain")
+    locked = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-f",
+                    str(locked)], check=True)
+    Path(str(locked) + ".pub").unlink()  # the private file alone still names its public half
+    for key in (plain, locked, Path(str(plain) + ".pub")):
+        provenance.signing_key(key)
+    with user_error("bundle.sign-key"):
+        provenance.signing_key(tmp_path / "nowhere")
+
+
+def test_bundle_refuses_a_bad_signing_key_before_making_anything(tmp_path):
+    """Before: `invoke bundle --sign KEY` read the key only after the bundle was made, so a
+    wrong file cost the whole download (gigabytes of wheels) first."""
+    import json
+
+    key = tmp_path / "key"
+    key.write_text("not a key\n")
+    env = {**os.environ, "MEGATRON_ENV_CACHE": str(tmp_path / "cache"),
+           "MEGATRON_ENV_STATE": str(tmp_path / "state"), "UV_OFFLINE": "1",
+           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9",
+           "PIP_NO_INDEX": "1"}
+    r = subprocess.run([sys.executable, "-m", "megatron_env", "bundle", "--out",
+                        str(tmp_path / "out" / "b.tar"), "--sign", str(key), "--json"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["error"]["kind"] == "bundle.sign-key" and str(key) in doc["error"]["message"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["key"], r.stderr  # nothing made

@@ -34,11 +34,27 @@ def write_sum(archive: Path) -> str:
     return hexd
 
 
+def signing_key(key: Path) -> None:
+    """Refuse a `--sign` key that ssh-keygen cannot read, before the bundle is made: found only
+    at the end, it cost the whole download (gigabytes of wheels) first. `ssh-keygen -l` reads
+    the key's public half as `-Y sign` does first, without a passphrase or an agent, so a
+    key that passes here is one `sign` can use (a passphrase or an agent is asked for there)."""
+    fix = "pass an OpenSSH private key (ssh-keygen -t ed25519 -f KEY)"
+    if not key.is_file():
+        raise UserError(f"signing key {key} does not exist", fix=fix, kind="bundle.sign-key")
+    r = proc.run(["ssh-keygen", "-l", "-f", str(key)], timeout=60)
+    if r.missing:
+        raise UserError("--sign needs ssh-keygen, and it is not on PATH",
+                        fix="install OpenSSH's client tools (ssh-keygen >= 8.1)",
+                        kind="bundle.sign-failed")
+    if not r.ok:
+        raise UserError(f"signing key {key} is not a key ssh-keygen can read: {r.tail(1)}",
+                        fix=fix, kind="bundle.sign-key")
+
+
 def sign(archive: Path, key: Path) -> Path:
     """`ssh-keygen -Y sign` with the private key `key`: writes B.tar.sig."""
-    if not key.is_file():
-        raise UserError(f"signing key {key} does not exist", fix="pass an OpenSSH private key "
-                        "(ssh-keygen -t ed25519 -f KEY)", kind="bundle.sign-key")
+    signing_key(key)
     sig = sig_file(archive)
     sig.unlink(missing_ok=True)  # ssh-keygen refuses to overwrite
     r = proc.run(["ssh-keygen", "-Y", "sign", "-n", NAMESPACE, "-f", str(key), str(archive)],

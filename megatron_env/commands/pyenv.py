@@ -256,12 +256,18 @@ def use_bundle(bundle: list[str] | None, profile: str | None,
     an existing interpreter; `provenance`: (--expect-sha256, --trust), checked before anything
     is unpacked. What uv and pip, the child processes, must be told travels with the value
     (`Bundle.child_env`, given to each child process): nothing is set here."""
+    sums, trust = provenance
     if not bundle:
+        if sums or trust:  # ignored, the user would think a check passed that never ran
+            given = "--trust" if trust else "--expect-sha256"
+            raise UserError(f"{given} checks a bundle and no --bundle was given: nothing "
+                            "would be checked", fix=f"pass the bundle it vouches for "
+                            f"(--bundle B.tar {given} ...), or leave {given} out",
+                            kind="input.usage")
         return None
     from megatron_env.bundle import offline
     from megatron_env.bundle import provenance as prov
 
-    sums, trust = provenance
     output.status("bundle: " + prov.check([Path(p).absolute() for p in bundle], sums or (),
                                           Path(trust) if trust else None))
     return offline.use(bundle, profile, python, builds, adopt_flag=adopt_flag,

@@ -154,6 +154,8 @@ def bundle(out: str, profile: str | None = None, adopt: bool = False, with_build
 
     with json_error(json, "bundle"):
         prof = load_profile(profile)
+        if sign:
+            prov.signing_key(Path(sign))  # before the download, not after it
         places.announce(cache=repos.cache_dir(), out=Path(out).absolute())
         made = make.make(prof, Path(out), adopt=adopt, with_builds=with_builds,
                          since=Path(since) if since else None,
