@@ -140,12 +140,19 @@ def wheelhouse():
 def kill_when_installing(proc: subprocess.Popen, store: Path, old: Path | None = None,
                          timeout: float = 600) -> None:
     """SIGKILL `proc`'s process group as soon as a new environment under `store` (a directory
-    other than `old`) has started filling its site-packages: an interruption mid-install."""
+    other than `old`) has started filling its site-packages: an interruption mid-install. A
+    process that ended first fails the test at once, with what it said (before: the poll went
+    on for `timeout` seconds after it had exited)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         new = [d for d in store.glob("*") if d.is_dir() and d != old] if store.exists() else []
         if any(list(d.glob("lib/python3.10/site-packages/*")) for d in new):
             break
+        if proc.poll() is not None:
+            said = proc.stdout.read()[-3000:] if proc.stdout else ""
+            text = said if isinstance(said, str) else said.decode(errors="replace")
+            pytest.fail(f"the process ended (exit {proc.returncode}) before its install "
+                        f"started: {text}")
         time.sleep(0.05)
     else:
         pytest.fail("the install never started")
