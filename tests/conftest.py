@@ -213,3 +213,13 @@ packages = [{listed}]
 channels = ["conda-forge"]
 packages = ["ninja"]
 """
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the kernel's choice for port 0): torchrun's rendezvous
+    in two test runs at once on one machine must not meet on a fixed port (EADDRINUSE)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -179,20 +179,17 @@ def test_a_failure_stops_the_others_and_keeps_what_finished(tmp_path):
     # ordered, not raced: `broken` and `long` start once `quick` is cached (on a busy machine
     # `broken` failed before `quick` finished, and `quick` was stopped)
     quick_done = cache / "wheels" / "quick-key" / "meta.json"
-    t0 = time.monotonic()
     outcomes = together.build_together(
         [pkg("quick"), pkg("broken"), pkg("long")], Path(os.sys.executable), ["9.0"],
         echo=lambda *a: None, cache=cache, jobs=2,
         builder=ninja_builder(projects, started, {"broken": quick_done, "long": quick_done}))
-    took = time.monotonic() - t0
     by = {o.name: o for o in outcomes}
     assert by["quick"].result is not None  # finished: its cache entry stays
     assert (cache / "wheels" / "quick-key" / "meta.json").exists()
     assert by["broken"].error is not None and not by["broken"].stopped
     assert by["long"].result is None and by["long"].stopped  # stopped, not cached
     assert not (cache / "wheels" / "long-key").exists()
-    assert len(list(projects["long"].glob("*.o"))) < 40
-    assert took < 120
+    assert len(list(projects["long"].glob("*.o"))) < 40  # stopped midway, not run out
     with pytest.raises(UserError) as e:
         together.raise_for(outcomes)
     assert "broken" in e.value.message and "finished and cached: quick" in e.value.message

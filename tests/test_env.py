@@ -17,7 +17,7 @@ import pytest
 from megatron_env import profile
 from megatron_env.pyenv import lock
 
-from .conftest import OWN_STATE, kill_when_installing
+from .conftest import OWN_STATE, free_port, kill_when_installing
 from .test_lock import copy_repo, invoke
 
 pytestmark = pytest.mark.slow
@@ -247,7 +247,7 @@ def test_verify_nccl_on_torch_210_gloo_without_numpy(repo, wheelhouse, tmp_path)
     """The default profile's torch 2.1.0: its gloo has no _allgather_base, and numpy is hidden."""
     from .test_verify_nccl import run_gloo
 
-    r = run_gloo(prefix_of(repo) / "bin" / "python", tmp_path / "run", 2, 29547)
+    r = run_gloo(prefix_of(repo) / "bin" / "python", tmp_path / "run", 2, free_port())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert doc["results"] and all(c["all_gather"] is True for c in doc["correctness"])

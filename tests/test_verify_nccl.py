@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FIXTURES
+from .conftest import FIXTURES, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "verify_nccl.py"
@@ -127,7 +127,8 @@ def test_gloo_four_processes(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
-                        "--master_port=29533", str(SCRIPT), "--backend", "gloo", "--sizes", "4K:64K",
+                        f"--master_port={free_port()}", str(SCRIPT), "--backend", "gloo",
+                        "--sizes", "4K:64K",
                         "--iters", "3", "--warmup", "1", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -187,7 +188,7 @@ def run_gloo(python, out, nproc, port, *extra, timeout=300):
 
 def test_gloo_with_torch_alone_no_numpy(tmp_path):
     pytest.importorskip("torch")
-    r = run_gloo(sys.executable, tmp_path / "run", 2, 29541)
+    r = run_gloo(sys.executable, tmp_path / "run", 2, free_port())
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert [c["rank"] for c in doc["correctness"]] == [0, 1]
@@ -198,7 +199,7 @@ def test_gloo_with_torch_alone_no_numpy(tmp_path):
 
 def test_one_rank_marks_bandwidth_as_not_meaningful(tmp_path):
     pytest.importorskip("torch")
-    r = run_gloo(sys.executable, tmp_path / "run", 1, 29543)
+    r = run_gloo(sys.executable, tmp_path / "run", 1, free_port())
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "run" / "results.json").read_text())
     assert doc["results"] and not any(row["meaningful"] for row in doc["results"])
