@@ -223,3 +223,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: where an interrupt lands in a repair or reinstall under way: the signal (SIGINT to the
+#: process group, as a terminal's Ctrl-C; SIGTERM to the tool, as a scheduler's) and how many
+#: seconds after the work began
+INTERRUPTS = [(signal.SIGINT, 0.0), (signal.SIGINT, 0.03), (signal.SIGTERM, 0.06),
+              (signal.SIGINT, 0.12), (signal.SIGTERM, 0.25), (signal.SIGINT, 0.5)]
+
+
+def until_said(p: subprocess.Popen, err: Path, words: str, timeout: float, never: str) -> None:
+    """Wait (polling every 2 ms) until `err` holds `words`; fail with `never` and the output if
+    the process ends first or `timeout` seconds pass."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if words in err.read_text():
+            return
+        assert p.poll() is None, err.read_text()
+        time.sleep(0.002)
+    pytest.fail(f"{never}: {err.read_text()}")
+
+
+def interrupt(p: subprocess.Popen, sig: int, after: float) -> None:
+    """`after` seconds on, SIGINT to `p`'s process group (a terminal's Ctrl-C: its children,
+    uv, get it too) or `sig` to `p` alone (a scheduler's SIGTERM to the tool)."""
+    time.sleep(after)
+    if sig == signal.SIGINT:
+        os.killpg(p.pid, sig)
+    else:
+        os.kill(p.pid, sig)

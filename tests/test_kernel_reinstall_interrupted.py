@@ -14,17 +14,15 @@ modules so that uv's uninstall and install take long enough to be cut in the mid
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from . import kernelstandin
+from .conftest import INTERRUPTS, interrupt, until_said
 from .test_setup_chain import invoke, make_world
 
 pytestmark = pytest.mark.slow
@@ -60,19 +58,7 @@ def answers(python: Path) -> bool:
     return r.returncode == 0
 
 
-def started_installing(p: subprocess.Popen, err: Path) -> None:
-    end = time.monotonic() + 300
-    while time.monotonic() < end:
-        if SAID in err.read_text():
-            return
-        assert p.poll() is None, err.read_text()
-        time.sleep(0.002)
-    pytest.fail(f"setup never reinstalled the kernel: {err.read_text()}")
-
-
-@pytest.mark.parametrize("sig,after", [(signal.SIGINT, 0.0), (signal.SIGINT, 0.03),
-                                       (signal.SIGTERM, 0.06), (signal.SIGINT, 0.12),
-                                       (signal.SIGTERM, 0.25), (signal.SIGINT, 0.5)])
+@pytest.mark.parametrize("sig,after", INTERRUPTS)
 def test_an_interrupted_kernel_reinstall_leaves_it_as_it_was_or_installed(world, tmp_path, sig,
                                                                          after):
     work, env = world
@@ -88,12 +74,8 @@ def test_an_interrupted_kernel_reinstall_leaves_it_as_it_was_or_installed(world,
     with err.open("w") as f, out.open("w") as o:
         p = subprocess.Popen([sys.executable, "-m", "invoke", "setup", "--profile", "tiny"],
                              cwd=work, env=env, stdout=o, stderr=f, start_new_session=True)
-    started_installing(p, err)
-    time.sleep(after)
-    if sig == signal.SIGINT:
-        os.killpg(p.pid, sig)  # Ctrl-C: the terminal signals the whole group, uv with it
-    else:
-        os.kill(p.pid, sig)  # a scheduler's SIGTERM to the tool
+    until_said(p, err, SAID, 300, "setup never reinstalled the kernel")
+    interrupt(p, sig, after)
     p.wait(timeout=300)
     text = err.read_text()
     now = state(pkg) if pkg.is_dir() else {}

@@ -12,16 +12,15 @@ uv's uninstall and install take long enough to be cut in the middle.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from .conftest import INTERRUPTS, interrupt, until_said
 from .test_setup_chain import invoke, make_wheel, make_world
 
 pytestmark = pytest.mark.slow
@@ -53,19 +52,7 @@ def state(pkg: Path) -> dict[str, tuple[int, str]]:
             for p in sorted(pkg.iterdir()) if p.is_file()}
 
 
-def started_repairing(p: subprocess.Popen, err: Path) -> None:
-    end = time.monotonic() + 120
-    while time.monotonic() < end:
-        if "Prepared 1 package" in err.read_text():
-            return
-        assert p.poll() is None, err.read_text()
-        time.sleep(0.002)
-    pytest.fail(f"uv never prepared the package: {err.read_text()}")
-
-
-@pytest.mark.parametrize("sig,after", [(signal.SIGINT, 0.0), (signal.SIGINT, 0.03),
-                                       (signal.SIGTERM, 0.06), (signal.SIGINT, 0.12),
-                                       (signal.SIGTERM, 0.25), (signal.SIGINT, 0.5)])
+@pytest.mark.parametrize("sig,after", INTERRUPTS)
 def test_an_interrupted_repair_leaves_the_package_as_it_was_or_repaired(world, tmp_path, sig,
                                                                         after):
     work, env = world
@@ -80,12 +67,8 @@ def test_an_interrupted_repair_leaves_the_package_as_it_was_or_repaired(world, t
         p = subprocess.Popen([sys.executable, "-m", "invoke", "env", "--profile", "tiny"],
                              cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=f,
                              start_new_session=True)
-    started_repairing(p, err)
-    time.sleep(after)
-    if sig == signal.SIGINT:
-        os.killpg(p.pid, sig)  # Ctrl-C: the terminal signals the whole group, uv with it
-    else:
-        os.kill(p.pid, sig)  # a scheduler's SIGTERM to the tool
+    until_said(p, err, "Prepared 1 package", 120, "uv never prepared the package")
+    interrupt(p, sig, after)
     p.wait(timeout=120)
     text = err.read_text()
     now = state(pkg)
