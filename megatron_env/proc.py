@@ -76,15 +76,10 @@ def run(
     exe = args[0]
     if os.sep not in exe and which(exe, path=(env or os.environ).get("PATH")) is None:
         return Result(args, 127, "", f"{exe}: command not found", missing=True)
-    if stream:
-        try:
-            return _run_streaming(args, cwd, env, timeout, log, on_line)
-        except FileNotFoundError:
-            return Result(args, 127, "", f"{exe}: command not found", missing=True)
-        except PermissionError as e:
-            return Result(args, 126, "", f"{exe}: {e}")
     child: subprocess.Popen[str] | None = None
     try:
+        if stream:
+            return _run_streaming(args, cwd, env, timeout, log, on_line)
         with (stdin_file.open("rb") if stdin_file is not None and input is None
               else contextlib.nullcontext(subprocess.PIPE if input is not None
                                           else subprocess.DEVNULL)) as stdin:
@@ -108,7 +103,7 @@ def run(
     except PermissionError as e:
         return Result(args, 126, "", f"{exe}: {e}")
     except BaseException:  # an interrupt or SIGTERM of this process: the child goes with it
-        if child is not None and child.poll() is None:
+        if child is not None and child.poll() is None:  # (a streamed run kills its own)
             child.kill()
             child.wait()
         raise
@@ -188,6 +183,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+_DIE_WITH_PARENT = _die_with_parent if sys.platform == "linux" else None
+
+
 def _run_streaming(args: tuple[str, ...], cwd: str | Path | None, env: Mapping[str, str] | None,
                    timeout: float | None, log: Path | None,
                    on_line: Callable[[str], object] | None = None) -> Result:
@@ -231,5 +229,3 @@ def _run_streaming(args: tuple[str, ...], cwd: str | Path | None, env: Mapping[s
             fh.close()
     return Result(args, rc, "".join(lines), "")
 
-
-_DIE_WITH_PARENT = _die_with_parent if sys.platform == "linux" else None
