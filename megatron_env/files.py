@@ -381,8 +381,10 @@ def full_anywhere() -> UserError:
 
 
 def said_full(output: str) -> bool:
-    """Whether a child process's output says a write failed for space (its strerror text)."""
-    return NO_SPACE in output
+    """Whether a child process's output says a write failed for space (its strerror text), the
+    words compared across line breaks: uv wraps its causes to the terminal's width, and a long
+    path put the break inside "No space / left on device" (CI, 2026-12-06)."""
+    return NO_SPACE in " ".join(output.split())
 
 
 def child_full(output: str, where: str | os.PathLike[str], what: str) -> None:
