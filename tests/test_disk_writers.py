@@ -155,7 +155,8 @@ def test_env_filling_its_disk_is_said_once_as_a_full_disk(small_fs, wheelhouse):
     assert "index" not in hint, hint
     log = Path(hint.rsplit("full log: ", 1)[1].rstrip(")"))
     try:
-        assert log.is_file() and os.strerror(28) in log.read_text()
+        # uv wraps its lines: the words compared across the breaks, as files.said_full does
+        assert log.is_file() and os.strerror(28) in " ".join(log.read_text().split())
         assert not log.is_relative_to(mnt)
     finally:
         log.unlink(missing_ok=True)
